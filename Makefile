@@ -1,0 +1,32 @@
+# Two commands on a fresh machine:  `make demo`  and  `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# torch is pinned to the CPU wheel that lies on this machine's disk; an unpinned torch pulls a CUDA build.
+TORCH  ?= torch==2.13.0
+
+.PHONY: setup demo test lint bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check $(TORCH)
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
+	touch $@
+
+demo: setup
+	$(BIN)/dpdl run
+
+lint: setup
+	$(BIN)/ruff check src tests benchmarks
+
+test: lint
+	$(BIN)/pytest -q
+
+bench: setup
+	$(BIN)/python benchmarks/bench_accounting.py
+	$(BIN)/python benchmarks/bench_engine.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,19 @@
+"""dpdl: differentially private decentralized learning.
+
+Architecture (data flows one way)::
+
+    config -> data + topology + privacy schedule -> engine -> results -> report
+
+* ``dpdl.accounting``  pure math (numpy/scipy/dp_accounting, no torch): GDP, schedules,
+  certified PLD/RDP accountants, calibration, the privacy ledger, network DP, f-DP.
+* ``dpdl.topology``    graphs and their (column-stochastic) mixing matrices.
+* ``dpdl.algorithms``  the algorithms as small composable transformations.
+* ``dpdl.engine``      the stacked-tensor simulator and the torch.distributed runtime.
+* ``dpdl.data`` / ``dpdl.models``  loaders and models.
+* ``dpdl.experiments`` configs, runs, sweeps and reports.
+"""
+
+from dpdl.errors import DPDLError
+
+__version__ = "0.1.0"
+__all__ = ["DPDLError", "__version__"]

@@ -1,0 +1,5 @@
+import sys
+
+from dpdl.cli import main
+
+sys.exit(main())
