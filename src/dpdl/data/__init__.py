@@ -1,1 +1,30 @@
-"""data"""
+"""Data sets and their split across nodes (ARCHITECTURE.md, ``dpdl.data``).
+
+``load_dataset(name, data_dir=None, download=False, seed=0)`` returns a :class:`Dataset`
+for "digits", "breast-cancer", "diabetes" (scikit-learn, no download), "fashion-mnist"
+(IDX files), "cifar10" (python pickle batches) or "csv:<path>".
+``partition`` splits record indices over nodes; ``stack_node_data`` pads them into stacked
+(n, J_max, ...) arrays with a validity mask for the simulator.
+"""
+
+from dpdl.data.dataset import Dataset, dataset_names, load_dataset, register_loader
+from dpdl.data.partition import SCHEMES, label_distribution, partition, stack_node_data
+from dpdl.data.sklearn_sets import load_breast_cancer, load_diabetes, load_digits
+
+register_loader("digits", load_digits)
+register_loader("breast-cancer", load_breast_cancer)
+register_loader("diabetes", load_diabetes)
+
+__all__ = [
+    "SCHEMES",
+    "Dataset",
+    "dataset_names",
+    "label_distribution",
+    "load_breast_cancer",
+    "load_dataset",
+    "load_diabetes",
+    "load_digits",
+    "partition",
+    "register_loader",
+    "stack_node_data",
+]

@@ -1,0 +1,165 @@
+"""Splitting a training set across nodes, and stacking per-node data for the simulator."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dpdl.errors import DPDLError
+
+SCHEMES = ("iid", "dirichlet")
+
+
+def _check_nodes(n_records: int, n_nodes) -> int:
+    if isinstance(n_nodes, bool) or not isinstance(n_nodes, int | np.integer):
+        raise DPDLError(f"n_nodes must be an integer, got {n_nodes!r}")
+    n_nodes = int(n_nodes)
+    if n_nodes < 1:
+        raise DPDLError(f"n_nodes must be >= 1, got {n_nodes}")
+    if n_nodes > n_records:
+        raise DPDLError(
+            f"cannot split {n_records} records over n_nodes={n_nodes}: more nodes than records"
+        )
+    return n_nodes
+
+
+def partition(
+    y: np.ndarray,
+    n_nodes: int,
+    *,
+    scheme: str = "iid",
+    alpha: float = 0.5,
+    seed: int = 0,
+    min_records_per_node: int = 1,
+) -> list[np.ndarray]:
+    """Split record indices ``0..len(y)-1`` into ``n_nodes`` disjoint, sorted index arrays.
+
+    ``scheme="iid"`` (the SPEC §4 setting, "data shuffled and split evenly"): a seeded
+    shuffle cut into equal parts of ⌊N/n⌋ records each; the N mod n records that land last
+    in the shuffle are dropped, so every node has exactly the same size.
+
+    ``scheme="dirichlet"``: label-skewed non-IID split. First ``min_records_per_node`` records
+    drawn uniformly at random are reserved for every node (so no node is ever empty, which
+    would leave it with nothing to learn from); then, for each class c, a share vector
+    q_c ~ Dirichlet(alpha·1_n) over nodes is drawn and the remaining records of class c are
+    dealt to nodes by a multinomial with probabilities q_c. Smaller ``alpha`` means more skew;
+    every record is assigned. Labels must be integer class indices.
+    """
+    labels = np.asarray(y)
+    if labels.ndim != 1:
+        raise DPDLError(f"partition needs a 1-D label array, got shape {labels.shape}")
+    n_records = labels.shape[0]
+    n_nodes = _check_nodes(n_records, n_nodes)
+    rng = np.random.default_rng(seed)
+
+    if scheme == "iid":
+        per_node = n_records // n_nodes
+        shuffled = rng.permutation(n_records)[: per_node * n_nodes]
+        return [np.sort(part) for part in shuffled.reshape(n_nodes, per_node)]
+
+    if scheme != "dirichlet":
+        raise DPDLError(f"unknown partition scheme {scheme!r}; choose one of {SCHEMES}")
+    if not (np.issubdtype(labels.dtype, np.integer) or labels.dtype == np.bool_):
+        raise DPDLError(
+            "the dirichlet partition splits by class label and needs integer labels, "
+            f"got dtype {labels.dtype} (use scheme='iid' for regression targets)"
+        )
+    if not (np.isfinite(alpha) and alpha > 0):
+        raise DPDLError(f"dirichlet alpha must be a positive number, got {alpha!r}")
+    if isinstance(min_records_per_node, bool) or int(min_records_per_node) != min_records_per_node \
+            or min_records_per_node < 0:
+        raise DPDLError(
+            f"min_records_per_node must be a non-negative integer, got {min_records_per_node!r}"
+        )
+    min_records_per_node = int(min_records_per_node)
+    if min_records_per_node * n_nodes > n_records:
+        raise DPDLError(
+            f"cannot give each of n_nodes={n_nodes} at least min_records_per_node="
+            f"{min_records_per_node} records: only {n_records} records "
+            f"(at most {n_records // n_nodes} per node)"
+        )
+
+    shuffled = rng.permutation(n_records)
+    n_reserved = min_records_per_node * n_nodes
+    reserved_idx = shuffled[:n_reserved]
+    reserved_node = np.repeat(np.arange(n_nodes), min_records_per_node)
+
+    rest = shuffled[n_reserved:]
+    rest_labels = labels[rest]
+    classes = np.unique(rest_labels)
+    # Class-by-class (a handful of classes); within a class everything is vectorised.
+    order = np.argsort(rest_labels, kind="stable")
+    rest_sorted = rest[order]
+    class_counts = np.array([np.count_nonzero(rest_labels == c) for c in classes], dtype=np.int64)
+    shares = rng.dirichlet(np.full(n_nodes, float(alpha)), size=len(classes))
+    node_counts = np.stack(
+        [rng.multinomial(count, share) for count, share in zip(class_counts, shares, strict=True)]
+    ) if len(classes) else np.zeros((0, n_nodes), dtype=np.int64)
+    # Within each class block of rest_sorted, the first node_counts[c, 0] go to node 0, etc.
+    rest_node = np.concatenate(
+        [np.repeat(np.arange(n_nodes), counts) for counts in node_counts]
+    ) if len(classes) else np.zeros(0, dtype=np.int64)
+
+    all_idx = np.concatenate([reserved_idx, rest_sorted])
+    all_node = np.concatenate([reserved_node, rest_node])
+    by_node = np.argsort(all_node, kind="stable")
+    sizes = np.bincount(all_node, minlength=n_nodes)
+    return [np.sort(part) for part in np.split(all_idx[by_node], np.cumsum(sizes)[:-1])]
+
+
+def label_distribution(y: np.ndarray, parts: list[np.ndarray], num_classes: int) -> np.ndarray:
+    """(n_nodes, num_classes) matrix of per-node class frequencies (rows sum to 1; an empty
+    node's row is all zeros). Useful to report how skewed a partition is."""
+    labels = np.asarray(y)
+    sizes = np.array([len(p) for p in parts])
+    node_of = np.repeat(np.arange(len(parts)), sizes)
+    flat = np.concatenate(parts).astype(np.int64) if len(parts) else np.zeros(0, np.int64)
+    counts = np.zeros((len(parts), num_classes))
+    np.add.at(counts, (node_of, labels[flat]), 1.0)
+    return counts / np.maximum(sizes, 1)[:, None]
+
+
+def stack_node_data(x, y, parts: list[np.ndarray]):
+    """Gather each node's records into zero-padded stacked arrays for the simulator.
+
+    Returns ``(X, Y, mask)`` with X of shape ``(n, J_max, *x.shape[1:])``, Y of shape
+    ``(n, J_max, *y.shape[1:])`` and a boolean ``mask`` of shape ``(n, J_max)`` that is True
+    exactly on real records (node i's first ``len(parts[i])`` slots, in ``parts[i]`` order).
+    ``x`` and ``y`` may be numpy arrays or torch tensors; the outputs are of the same kind.
+    """
+    if len(parts) == 0:
+        raise DPDLError("stack_node_data needs at least one node part, got an empty list")
+    n_records = len(x)
+    if len(y) != n_records:
+        raise DPDLError(f"x has {n_records} records but y has {len(y)}")
+    index_arrays = [np.asarray(p, dtype=np.int64).reshape(-1) for p in parts]
+    sizes = np.array([len(p) for p in index_arrays], dtype=np.int64)
+    flat = np.concatenate(index_arrays)
+    if flat.size and (flat.min() < 0 or flat.max() >= n_records):
+        bad = flat[(flat < 0) | (flat >= n_records)][0]
+        raise DPDLError(f"partition index {bad} is out of range for {n_records} records")
+    n_nodes, j_max = len(parts), int(sizes.max())
+    node_of = np.repeat(np.arange(n_nodes), sizes)
+    slot_of = np.arange(flat.size) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    mask = np.zeros((n_nodes, j_max), dtype=bool)
+    mask[node_of, slot_of] = True
+
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a hard dependency of dpdl
+        torch = None
+    if torch is not None and isinstance(x, torch.Tensor):
+        flat_t = torch.from_numpy(flat).to(x.device)
+        rows, cols = torch.from_numpy(node_of), torch.from_numpy(slot_of)
+        x_stacked = x.new_zeros((n_nodes, j_max, *x.shape[1:]))
+        x_stacked[rows, cols] = x[flat_t]
+        y_t = y if isinstance(y, torch.Tensor) else torch.as_tensor(np.asarray(y))
+        y_stacked = y_t.new_zeros((n_nodes, j_max, *y_t.shape[1:]))
+        y_stacked[rows, cols] = y_t[flat_t.to(y_t.device)]
+        return x_stacked, y_stacked, torch.from_numpy(mask).to(x.device)
+
+    x_arr, y_arr = np.asarray(x), np.asarray(y)
+    x_stacked = np.zeros((n_nodes, j_max, *x_arr.shape[1:]), dtype=x_arr.dtype)
+    y_stacked = np.zeros((n_nodes, j_max, *y_arr.shape[1:]), dtype=y_arr.dtype)
+    x_stacked[node_of, slot_of] = x_arr[flat]
+    y_stacked[node_of, slot_of] = y_arr[flat]
+    return x_stacked, y_stacked, mask

@@ -1,0 +1,48 @@
+"""Train-statistics standardisation shared by the loaders (test data never leaks into them)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dpdl.errors import DPDLError
+
+
+def standardize(
+    x_train: np.ndarray, x_test: np.ndarray, axis: int | tuple[int, ...] | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Subtract the train mean and divide by the train std, both reduced over ``axis``.
+
+    Constant features (std 0) are only centred, so they become 0 instead of NaN.
+    Returns float32 ``(x_train, x_test, mean, std)``.
+    """
+    x_train64 = np.asarray(x_train, dtype=np.float64)
+    mean = x_train64.mean(axis=axis, keepdims=True)
+    std = x_train64.std(axis=axis, keepdims=True)
+    std = np.where(std > 0, std, 1.0)
+    x_train_std = ((x_train64 - mean) / std).astype(np.float32)
+    x_test_std = ((np.asarray(x_test, dtype=np.float64) - mean) / std).astype(np.float32)
+    return x_train_std, x_test_std, mean.squeeze(), std.squeeze()
+
+
+def l2_normalize_rows(x: np.ndarray) -> np.ndarray:
+    """Scale each record to unit L2 norm (all-zero records stay zero), SPEC §6 preprocessing:
+    with ||x|| <= 1 the logistic loss is 1-Lipschitz in the weights."""
+    flat = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
+    norms = np.linalg.norm(flat, axis=1, keepdims=True)
+    flat = flat / np.where(norms > 0, norms, 1.0)
+    return flat.reshape(np.shape(x)).astype(np.float32)
+
+
+def seeded_split(
+    n_records: int, test_fraction: float, seed: int, stratify: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Index arrays (train, test) of a deterministic, optionally stratified, shuffled split."""
+    if not 0.0 < test_fraction < 1.0:
+        raise DPDLError(f"test_fraction must lie in (0, 1), got {test_fraction!r}")
+    from sklearn.model_selection import train_test_split
+
+    indices = np.arange(n_records)
+    train_idx, test_idx = train_test_split(
+        indices, test_size=test_fraction, random_state=int(seed), shuffle=True, stratify=stratify
+    )
+    return np.sort(train_idx), np.sort(test_idx)
