@@ -1,0 +1,152 @@
+"""Gaussian differential privacy toolkit (SPEC §1, seed 000 Propositions 1-3).
+
+All conversions work in log space so that they stay finite for large ε (ε = 200 and beyond):
+``e^ε Φ(·)`` in eq. 4 is evaluated as ``exp(ε + log Φ(·))`` and the difference of the two
+terms as ``exp(log a) · (−expm1(log b − log a))``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.typing import ArrayLike
+from scipy.optimize import brentq
+from scipy.special import log_ndtr, logsumexp, ndtri
+
+from dpdl.errors import require
+
+__all__ = [
+    "log_delta_from_epsilon",
+    "delta_from_epsilon",
+    "epsilon_from_delta",
+    "mu_from_epsilon_delta",
+    "gaussian_sigma",
+    "clt_mu_total",
+    "log_clt_sum",
+]
+
+
+def _check_mu(mu: float) -> float:
+    require(
+        isinstance(mu, int | float | np.floating | np.integer) and math.isfinite(mu) and mu > 0,
+        f"mu must be a finite positive number, got {mu!r}",
+    )
+    return float(mu)
+
+
+def _check_epsilon(epsilon: float) -> float:
+    require(
+        isinstance(epsilon, int | float | np.floating | np.integer)
+        and math.isfinite(epsilon)
+        and epsilon >= 0,
+        f"epsilon must be a finite number >= 0, got {epsilon!r}",
+    )
+    return float(epsilon)
+
+
+def _check_delta(delta: float) -> float:
+    require(
+        isinstance(delta, int | float | np.floating | np.integer) and 0 < delta < 1,
+        f"delta must lie in (0, 1), got {delta!r}",
+    )
+    return float(delta)
+
+
+def log_delta_from_epsilon(epsilon: float, mu: float) -> float:
+    """log δ(ε; μ) of eq. 4, finite wherever δ > 0 is representable in log space."""
+    epsilon, mu = _check_epsilon(epsilon), _check_mu(mu)
+    log_first = float(log_ndtr(-epsilon / mu + mu / 2))
+    log_second = epsilon + float(log_ndtr(-epsilon / mu - mu / 2))
+    gap = log_second - log_first  # < 0: the second term is always the smaller one
+    if gap >= 0:  # only reachable through rounding when δ underflows even in log space
+        return -math.inf
+    return log_first + math.log(-math.expm1(gap))
+
+
+def delta_from_epsilon(epsilon: float, mu: float) -> float:
+    """δ(ε; μ) = Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2) (SPEC §1.2, eq. 4)."""
+    return math.exp(log_delta_from_epsilon(epsilon, mu))
+
+
+def epsilon_from_delta(delta: float, mu: float) -> float:
+    """The smallest ε ≥ 0 with δ(ε; μ) ≤ δ (SPEC §1.2); a root find in log δ.
+
+    δ(ε; μ) ≤ Φ(−ε/μ + μ/2) gives the upper bracket ε ≤ μ(μ/2 − Φ⁻¹(δ)).
+    """
+    delta, mu = _check_delta(delta), _check_mu(mu)
+    log_target = math.log(delta)
+    if log_delta_from_epsilon(0.0, mu) <= log_target:
+        return 0.0
+    upper = max(mu * (mu / 2 - float(ndtri(delta))), 1e-12)
+    while log_delta_from_epsilon(upper, mu) > log_target:  # guards the bound against rounding
+        upper *= 2
+    return float(
+        brentq(
+            lambda eps: log_delta_from_epsilon(eps, mu) - log_target,
+            0.0,
+            upper,
+            xtol=1e-14,
+            rtol=1e-13,
+        )
+    )
+
+
+def mu_from_epsilon_delta(epsilon: float, delta: float) -> float:
+    """The μ with δ(ε; μ) = δ (SPEC §1.2): δ grows with μ, so a 1-D root find in log μ."""
+    epsilon, delta = _check_epsilon(epsilon), _check_delta(delta)
+    log_target = math.log(delta)
+
+    def gap(log_mu: float) -> float:
+        return log_delta_from_epsilon(epsilon, math.exp(log_mu)) - log_target
+
+    # At ε = 0, δ = 2Φ(μ/2) − 1 exactly.
+    if epsilon == 0:
+        return float(2 * ndtri((1 + delta) / 2))
+    low, high = math.log(1e-3), math.log(max(1.0, epsilon))
+    while gap(low) > 0:
+        low -= 2.0
+    while gap(high) < 0:
+        high += 1.0
+    return math.exp(brentq(gap, low, high, xtol=1e-14, rtol=1e-13))
+
+
+def gaussian_sigma(sensitivity: float, mu: float) -> float:
+    """σ = S/μ: the Gaussian mechanism of l2-sensitivity S is then μ-GDP (SPEC §1.1, Prop. 1)."""
+    require(
+        math.isfinite(sensitivity) and sensitivity > 0,
+        f"sensitivity must be a finite positive number, got {sensitivity!r}",
+    )
+    return float(sensitivity) / _check_mu(mu)
+
+
+def _check_sample_rate(sample_rate: float) -> float:
+    require(
+        isinstance(sample_rate, int | float | np.floating | np.integer) and 0 < sample_rate <= 1,
+        f"sample_rate must lie in (0, 1], got {sample_rate!r}",
+    )
+    return float(sample_rate)
+
+
+def log_clt_sum(mus: ArrayLike) -> float:
+    """log Σ_k expm1(μ_k²), without overflow for large μ_k (log expm1(x) = x + log(−expm1(−x)))."""
+    squares = np.square(np.asarray(mus, dtype=np.float64)).ravel()
+    require(squares.size > 0, "the per-step budgets mus must not be empty")
+    require(
+        bool(np.all(np.isfinite(squares))) and bool(np.all(squares >= 0)),
+        "per-step budgets mus must be finite",
+    )
+    with np.errstate(divide="ignore"):
+        log_terms = squares + np.log(-np.expm1(-squares))
+    return float(logsumexp(log_terms))
+
+
+def clt_mu_total(sample_rate: float, mus: ArrayLike) -> float:
+    """μ_tot = p · sqrt(Σ_k expm1(μ_k²)) (SPEC §1.3, eq. 6).
+
+    A central-limit *approximation* for K Poisson(p)-subsampled μ_k-GDP steps; it can
+    understate the true ε badly at small p (SPEC §2); certified numbers come from
+    ``dpdl.accounting.certified``.
+    """
+    p = _check_sample_rate(sample_rate)
+    return p * math.exp(0.5 * log_clt_sum(mus))

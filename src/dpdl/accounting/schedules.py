@@ -1,0 +1,467 @@
+"""Clip, budget and noise schedules of the Dyn-D2P family (SPEC §2, seed 000 §3).
+
+Every private schedule is described the same way: a *noise-multiplier shape* s_k > 0 and a
+scalar *noise scale* t, the noise multiplier of step k being z_k = σ_k / C_k = t · s_k.
+
+=============  =======================  ====================  =========================
+algorithm      clip C_k                 budget μ_k = 1/z_k    scale t
+=============  =======================  ====================  =========================
+dyn-d2p        C0 ρ_c^(−k/K)            μ0 ρ_μ^(k/K)          1/μ0   (s_k = ρ_μ^(−k/K))
+dyn-c-d2p      C0 ρ_c^(−k/K)            μ̄                     1/μ̄    (s_k = 1)
+dyn-mu-d2p     C̄                        μ0 ρ_μ^(k/K)          1/μ0   (s_k = ρ_μ^(−k/K))
+const-d2p      C̄                        μ̄                     1/μ̄    (s_k = 1)
+general        any C_k > 0              C_k / (σ̃ σ̃_k)         σ̃      (s_k = σ̃_k / C_k)
+sgp            no clipping              —                     no noise
+=============  =======================  ====================  =========================
+
+so one calibration routine (a 1-D root find in log t, ε is decreasing in t) serves every
+algorithm and every accountant: the CLT (eq. 8, 9, 10, solved here) and the certified PLD/RDP
+accountants (``dpdl.accounting.calibration``).
+
+Defaults (exposed everywhere; the paper's appendix with its values is not available, see
+SPEC §4): C̄ = 1.0, C0 = C̄, ρ_c = 2, ρ_μ = 2; ``general`` defaults to Corollary 1's instance
+C_k ∝ ρ_c^(−k/K), σ̃_k ∝ (ρ_c ρ_μ)^(−k/K) with C_0 = C0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+from scipy.optimize import brentq
+
+from dpdl.accounting.gdp import (
+    _check_delta,
+    _check_sample_rate,
+    log_clt_sum,
+    mu_from_epsilon_delta,
+)
+from dpdl.errors import DPDLError, require
+
+__all__ = [
+    "ALGORITHMS",
+    "DEFAULT_CLIP",
+    "DEFAULT_RHO_C",
+    "DEFAULT_RHO_MU",
+    "PrivacySchedule",
+    "constant_clip",
+    "exponential_clip",
+    "uniform_budget",
+    "exponential_budget",
+    "array_schedule",
+    "noise_from_budget",
+    "mu_bar_from_mu_total",
+    "mu0_from_mu_total",
+    "sigma_scale_from_mu_total",
+    "clt_noise_scale",
+    "noise_shape_of",
+    "make_schedule",
+]
+
+ALGORITHMS = ("sgp", "const-d2p", "dyn-c-d2p", "dyn-mu-d2p", "dyn-d2p", "general")
+DEFAULT_CLIP = 1.0
+DEFAULT_RHO_C = 2.0
+DEFAULT_RHO_MU = 2.0
+ACCOUNTANT_NAMES = ("clt", "pld", "rdp")
+
+
+# --------------------------------------------------------------------------- validation
+def _check_steps(steps: int) -> int:
+    require(
+        isinstance(steps, int | np.integer) and not isinstance(steps, bool) and steps >= 1,
+        f"steps must be an integer >= 1, got {steps!r}",
+    )
+    return int(steps)
+
+
+def _check_positive(name: str, value: float) -> float:
+    require(
+        isinstance(value, int | float | np.floating | np.integer)
+        and math.isfinite(value)
+        and value > 0,
+        f"{name} must be a finite positive number, got {value!r}",
+    )
+    return float(value)
+
+
+def _check_ratio(name: str, value: float) -> float:
+    require(
+        isinstance(value, int | float | np.floating | np.integer)
+        and math.isfinite(value)
+        and value > 1,
+        f"{name} must be a finite number > 1, got {value!r}",
+    )
+    return float(value)
+
+
+def array_schedule(name: str, values: ArrayLike, steps: int | None = None) -> np.ndarray:
+    """A user-given per-step sequence: finite, positive, 1-D, of length ``steps`` if given."""
+    array = np.asarray(values, dtype=np.float64)
+    require(array.ndim == 1 and array.size > 0, f"{name} must be a non-empty 1-D array")
+    require(
+        bool(np.all(np.isfinite(array))) and bool(np.all(array > 0)),
+        f"{name} must be finite and positive everywhere (min {np.min(array)!r})",
+    )
+    if steps is not None:
+        require(array.size == steps, f"{name} has length {array.size}, expected steps = {steps}")
+    return array
+
+
+def _fraction(steps: int) -> np.ndarray:
+    return np.arange(steps, dtype=np.float64) / steps  # k / K, k = 0 … K−1
+
+
+# --------------------------------------------------------------------------- shapes
+def constant_clip(clip: float, steps: int) -> np.ndarray:
+    """C_k = C̄ for every step (Dyn[μ], Const)."""
+    return np.full(_check_steps(steps), _check_positive("clip", clip))
+
+
+def exponential_clip(clip0: float, rho_c: float, steps: int) -> np.ndarray:
+    """C_k = C0 · ρ_c^(−k/K) (Dyn-D2P, Dyn[C]; SPEC §2 table)."""
+    clip0, rho_c, steps = (
+        _check_positive("clip0", clip0),
+        _check_ratio("rho_c", rho_c),
+        _check_steps(steps),
+    )
+    return clip0 * rho_c ** (-_fraction(steps))
+
+
+def uniform_budget(mu_bar: float, steps: int) -> np.ndarray:
+    """μ_k = μ̄ for every step."""
+    return np.full(_check_steps(steps), _check_positive("mu_bar", mu_bar))
+
+
+def exponential_budget(mu0: float, rho_mu: float, steps: int) -> np.ndarray:
+    """μ_k = μ0 · ρ_μ^(k/K) (Dyn-D2P, Dyn[μ]; SPEC §2 table)."""
+    mu0, rho_mu, steps = (
+        _check_positive("mu0", mu0),
+        _check_ratio("rho_mu", rho_mu),
+        _check_steps(steps),
+    )
+    return mu0 * rho_mu ** _fraction(steps)
+
+
+def noise_from_budget(clip: ArrayLike, mu: ArrayLike) -> np.ndarray:
+    """σ_k = C_k / μ_k (the Gaussian mechanism of sensitivity C_k is μ_k-GDP, Prop. 1)."""
+    clip = array_schedule("clip", clip)
+    mu = array_schedule("mu", mu, clip.size)
+    return clip / mu
+
+
+# --------------------------------------------------------------------------- CLT solves
+def mu_bar_from_mu_total(mu_tot: float, steps: int, sample_rate: float) -> float:
+    """μ̄ = sqrt(ln(μ_tot² / (K p²) + 1)) (SPEC §2, eq. 9)."""
+    mu_tot, steps, p = (
+        _check_positive("mu_tot", mu_tot),
+        _check_steps(steps),
+        _check_sample_rate(sample_rate),
+    )
+    return math.sqrt(math.log1p(mu_tot**2 / (steps * p * p)))
+
+
+def clt_noise_scale(mu_tot: float, sample_rate: float, shape: ArrayLike) -> float:
+    """The scale t with p · sqrt(Σ_k expm1(1/(t s_k)²)) = μ_tot (eq. 8 and eq. 10 in one form).
+
+    The left side falls monotonically in t. Every μ_k = 1/(t s_k) equal to μ̄ would solve it,
+    so t lies between min_k and max_k of 1/(μ̄ s_k): a bracket that is always valid.
+    """
+    mu_tot, p = _check_positive("mu_tot", mu_tot), _check_sample_rate(sample_rate)
+    shape = array_schedule("noise-multiplier shape", shape)
+    mu_bar = mu_bar_from_mu_total(mu_tot, shape.size, p)
+    low, high = 1.0 / (mu_bar * float(shape.max())), 1.0 / (mu_bar * float(shape.min()))
+    if high / low - 1 < 1e-12:  # constant shape: the closed form is exact
+        return math.sqrt(low * high)
+    log_target = 2 * math.log(mu_tot / p)
+
+    def gap(log_t: float) -> float:
+        return log_clt_sum(1.0 / (math.exp(log_t) * shape)) - log_target
+
+    return math.exp(brentq(gap, math.log(low), math.log(high), xtol=1e-13, rtol=1e-13))
+
+
+def mu0_from_mu_total(mu_tot: float, steps: int, sample_rate: float, rho_mu: float) -> float:
+    """μ0, the root of p · sqrt(Σ_k expm1(μ0² ρ_μ^(2k/K))) = μ_tot (SPEC §2, eq. 8)."""
+    rho_mu = _check_ratio("rho_mu", rho_mu)
+    shape = rho_mu ** (-_fraction(_check_steps(steps)))
+    return 1.0 / clt_noise_scale(mu_tot, sample_rate, shape)
+
+
+def sigma_scale_from_mu_total(
+    mu_tot: float, sample_rate: float, clip: ArrayLike, noise_shape: ArrayLike
+) -> float:
+    """σ̃ with p · sqrt(Σ_k expm1((C_k / (σ̃ σ̃_k))²)) = μ_tot (SPEC §2, Prop. 4, eq. 10)."""
+    clip = array_schedule("clip_shape", clip)
+    noise_shape = array_schedule("noise_shape", noise_shape, clip.size)
+    return clt_noise_scale(mu_tot, sample_rate, noise_shape / clip)
+
+
+# --------------------------------------------------------------------------- schedule
+@dataclass(frozen=True)
+class PrivacySchedule:
+    """The per-step clip bound and noise of one run, and how they were calibrated (SPEC §2).
+
+    ``mu_tot`` is the CLT total μ (eq. 6) of the schedule; it equals μ(ε, δ) when the schedule
+    was calibrated with the CLT and is smaller when a certified accountant was used.
+    """
+
+    algorithm: str
+    steps: int
+    sample_rate: float
+    delta: float | None
+    epsilon_target: float | None
+    clip: np.ndarray | None
+    sigma: np.ndarray
+    mu: np.ndarray | None
+    calibrated_with: str | None
+    mu_tot: float | None = None
+    mu0: float | None = None
+    mu_bar: float | None = None
+    sigma_scale: float | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def private(self) -> bool:
+        """True when every step clips and adds noise."""
+        return self.clip is not None and bool(np.all(self.sigma > 0))
+
+    @property
+    def noise_multipliers(self) -> np.ndarray:
+        """z_k = σ_k / C_k; zeros for the non-private ``sgp``."""
+        if self.clip is None:
+            return np.zeros(self.steps)
+        return self.sigma / self.clip
+
+    def epsilon(self, accountant: str = "pld", steps: int | None = None, **options: Any):
+        """ε of the first ``steps`` steps (all by default) under ``accountant`` at δ.
+
+        Returns an ``EpsilonReport``; ``sgp`` (no noise) has ε = ∞. ``options`` go to
+        ``dpdl.accounting.certified.compute_epsilon`` (``mode``, ``blocks``, ...).
+        """
+        from dpdl.accounting.calibration import epsilon_report
+
+        require(self.delta is not None, "this schedule has no delta; epsilon is undefined")
+        steps = self.steps if steps is None else _check_steps(steps)
+        require(steps <= self.steps, f"steps = {steps} exceeds the schedule's {self.steps} steps")
+        return epsilon_report(
+            accountant,
+            self.noise_multipliers[:steps],
+            self.sample_rate,
+            self.delta,
+            **options,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Scalars of the schedule (no per-step arrays), JSON-ready."""
+        z = self.noise_multipliers
+        return {
+            "algorithm": self.algorithm,
+            "steps": self.steps,
+            "sample_rate": self.sample_rate,
+            "delta": self.delta,
+            "epsilon_target": self.epsilon_target,
+            "calibrated_with": self.calibrated_with,
+            "mu_tot": self.mu_tot,
+            "mu0": self.mu0,
+            "mu_bar": self.mu_bar,
+            "sigma_scale": self.sigma_scale,
+            "clip_first": None if self.clip is None else float(self.clip[0]),
+            "clip_last": None if self.clip is None else float(self.clip[-1]),
+            "sigma_first": float(self.sigma[0]),
+            "sigma_last": float(self.sigma[-1]),
+            "noise_multiplier_first": float(z[0]),
+            "noise_multiplier_last": float(z[-1]),
+            **self.parameters,
+        }
+
+    def table(self) -> np.ndarray:
+        """Per-step rows (k, C_k, μ_k, σ_k); NaN where undefined (sgp)."""
+        nan = np.full(self.steps, np.nan)
+        return np.column_stack(
+            [
+                np.arange(self.steps, dtype=np.float64),
+                nan if self.clip is None else self.clip,
+                nan if self.mu is None else self.mu,
+                self.sigma,
+            ]
+        )
+
+
+def noise_shape_of(
+    algorithm: str,
+    steps: int,
+    *,
+    clip: float = DEFAULT_CLIP,
+    clip0: float | None = None,
+    rho_c: float = DEFAULT_RHO_C,
+    rho_mu: float = DEFAULT_RHO_MU,
+    clip_shape: ArrayLike | None = None,
+    noise_shape: ArrayLike | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(clip C_k, noise-multiplier shape s_k, noise shape σ̃_k) of a private algorithm.
+
+    σ_k = t · σ̃_k with the calibrated scale t; z_k = t · s_k.
+    """
+    steps = _check_steps(steps)
+    clip0 = clip if clip0 is None else clip0
+    if algorithm in ("dyn-d2p", "dyn-c-d2p"):
+        clips = exponential_clip(clip0, rho_c, steps)
+    elif algorithm in ("dyn-mu-d2p", "const-d2p"):
+        clips = constant_clip(clip, steps)
+    elif algorithm == "general":
+        if clip_shape is None:  # Corollary 1: C_k ∝ ρ_c^(−k/K)
+            clips = exponential_clip(clip0, rho_c, steps)
+        else:
+            clips = array_schedule("clip_shape", clip_shape, steps)
+        if noise_shape is None:  # Corollary 1: σ̃_k ∝ (ρ_c ρ_μ)^(−k/K)
+            rho_c, rho_mu = _check_ratio("rho_c", rho_c), _check_ratio("rho_mu", rho_mu)
+            sigma_shape = (rho_c * rho_mu) ** (-_fraction(steps))
+        else:
+            sigma_shape = array_schedule("noise_shape", noise_shape, steps)
+        return clips, sigma_shape / clips, sigma_shape
+    else:
+        raise DPDLError(
+            f"unknown private algorithm {algorithm!r}; expected one of {ALGORITHMS[1:]}"
+        )
+    if algorithm in ("dyn-d2p", "dyn-mu-d2p"):
+        multiplier_shape = _check_ratio("rho_mu", rho_mu) ** (-_fraction(steps))
+    else:
+        multiplier_shape = np.ones(steps)
+    return clips, multiplier_shape, clips * multiplier_shape
+
+
+def _build(
+    algorithm: str,
+    clips: np.ndarray,
+    multiplier_shape: np.ndarray,
+    sigma_shape: np.ndarray,
+    scale: float,
+    *,
+    epsilon: float,
+    delta: float,
+    sample_rate: float,
+    calibrated_with: str,
+    parameters: dict[str, Any],
+) -> PrivacySchedule:
+    from dpdl.accounting.gdp import clt_mu_total
+
+    mus = 1.0 / (scale * multiplier_shape)
+    is_dyn_mu = algorithm in ("dyn-d2p", "dyn-mu-d2p")
+    return PrivacySchedule(
+        algorithm=algorithm,
+        steps=clips.size,
+        sample_rate=sample_rate,
+        delta=delta,
+        epsilon_target=epsilon,
+        clip=clips,
+        sigma=scale * sigma_shape,
+        mu=mus,
+        calibrated_with=calibrated_with,
+        mu_tot=clt_mu_total(sample_rate, mus),
+        mu0=float(mus[0]) if is_dyn_mu else None,
+        mu_bar=float(mus[0]) if algorithm in ("const-d2p", "dyn-c-d2p") else None,
+        sigma_scale=scale if algorithm == "general" else None,
+        parameters=parameters,
+    )
+
+
+def make_schedule(
+    algorithm: str,
+    *,
+    epsilon: float | None,
+    delta: float | None,
+    steps: int,
+    sample_rate: float,
+    clip: float = DEFAULT_CLIP,
+    clip0: float | None = None,
+    rho_c: float = DEFAULT_RHO_C,
+    rho_mu: float = DEFAULT_RHO_MU,
+    calibrate: str = "pld",
+    clip_shape: ArrayLike | None = None,
+    noise_shape: ArrayLike | None = None,
+    blocks: int | None = None,
+) -> PrivacySchedule:
+    """The calibrated schedule of ``algorithm`` for a target (ε, δ) (SPEC §2).
+
+    ``calibrate`` picks the accountant whose ε must stay ≤ ``epsilon``: ``"clt"`` is the
+    paper's approximation (eq. 8-10, closed form / root find); ``"pld"`` (default) and
+    ``"rdp"`` are certified (``dpdl.accounting.calibration``). ``clip`` is C̄, ``clip0`` is C0
+    (default C̄). ``blocks`` selects the blocked PLD upper bound with that many blocks.
+    ``sgp`` is non-private: no clipping, zero noise, and ε, δ may be None.
+    """
+    require(
+        algorithm in ALGORITHMS, f"unknown algorithm {algorithm!r}; expected one of {ALGORITHMS}"
+    )
+    steps = _check_steps(steps)
+    sample_rate = _check_sample_rate(sample_rate)
+    if algorithm == "sgp":
+        return PrivacySchedule(
+            algorithm="sgp",
+            steps=steps,
+            sample_rate=sample_rate,
+            delta=None if delta is None else _check_delta(delta),
+            epsilon_target=None,
+            clip=None,
+            sigma=np.zeros(steps),
+            mu=None,
+            calibrated_with=None,
+        )
+    require(epsilon is not None, f"algorithm {algorithm!r} needs a target epsilon")
+    epsilon = _check_positive("epsilon", epsilon)
+    require(delta is not None, f"algorithm {algorithm!r} needs a target delta")
+    delta = _check_delta(delta)
+    require(
+        calibrate in ACCOUNTANT_NAMES,
+        f"unknown accountant {calibrate!r}; expected one of {ACCOUNTANT_NAMES}",
+    )
+    clip = _check_positive("clip", clip)
+    if clip0 is not None:
+        clip0 = _check_positive("clip0", clip0)
+    clips, multiplier_shape, sigma_shape = noise_shape_of(
+        algorithm,
+        steps,
+        clip=clip,
+        clip0=clip0,
+        rho_c=rho_c,
+        rho_mu=rho_mu,
+        clip_shape=clip_shape,
+        noise_shape=noise_shape,
+    )
+    parameters: dict[str, Any] = {"clip": clip, "clip0": clip if clip0 is None else clip0}
+    if algorithm in ("dyn-d2p", "dyn-c-d2p", "general") and clip_shape is None:
+        parameters["rho_c"] = float(rho_c)
+    if algorithm in ("dyn-d2p", "dyn-mu-d2p") or (algorithm == "general" and noise_shape is None):
+        parameters["rho_mu"] = float(rho_mu)
+    if blocks is not None:
+        parameters["blocks"] = int(blocks)
+
+    if calibrate == "clt":
+        scale = clt_noise_scale(
+            mu_from_epsilon_delta(epsilon, delta), sample_rate, multiplier_shape
+        )
+    else:
+        from dpdl.accounting.calibration import calibrate_noise_scale
+
+        scale = calibrate_noise_scale(
+            multiplier_shape,
+            epsilon=epsilon,
+            delta=delta,
+            sample_rate=sample_rate,
+            accountant=calibrate,
+            blocks=blocks,
+        )
+    return _build(
+        algorithm,
+        clips,
+        multiplier_shape,
+        sigma_shape,
+        scale,
+        epsilon=epsilon,
+        delta=delta,
+        sample_rate=sample_rate,
+        calibrated_with=calibrate,
+        parameters=parameters,
+    )
