@@ -12,6 +12,8 @@ key), writes its run folder under ``output_dir`` and returns the final results.
 from __future__ import annotations
 
 import importlib
+import tomllib
+from pathlib import Path
 
 from dpdl.errors import DPDLError
 
@@ -26,9 +28,50 @@ EXPERIMENT_KINDS: dict[str, str] = {
 
 
 def experiment_module(kind: str | None):
+    """The module that runs experiments of ``kind``.
+
+    Besides the shipped kinds, ``kind`` may name a plugin module by its dotted import path
+    (e.g. ``"mylab.experiments.custom"``) that exposes ``run_experiment``.
+    """
     kind = kind or DEFAULT_KIND
-    if kind not in EXPERIMENT_KINDS:
-        raise DPDLError(
-            f"unknown experiment kind {kind!r}; choose one of {', '.join(sorted(EXPERIMENT_KINDS))}"
-        )
-    return importlib.import_module(EXPERIMENT_KINDS[kind])
+    if kind in EXPERIMENT_KINDS:
+        return importlib.import_module(EXPERIMENT_KINDS[kind])
+    if "." in kind:
+        try:
+            module = importlib.import_module(kind)
+        except ImportError as err:
+            raise DPDLError(f"experiment plugin {kind!r} cannot be imported: {err}") from err
+        if not callable(getattr(module, "run_experiment", None)):
+            raise DPDLError(f"experiment plugin {kind!r} has no run_experiment function")
+        return module
+    raise DPDLError(
+        f"unknown experiment kind {kind!r}; choose one of {', '.join(sorted(EXPERIMENT_KINDS))} "
+        "or a plugin module path"
+    )
+
+
+PRESETS_DIR = Path(__file__).with_name("presets")
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.toml"))
+
+
+def load_config_file(path: str | Path | None = None, *, preset: str | None = None) -> dict:
+    """Read a TOML config from a file or a shipped preset; errors name the file and the problem."""
+    if (path is None) == (preset is None):
+        raise DPDLError("give either a config file or --preset NAME (not both)")
+    if preset is not None:
+        path = PRESETS_DIR / f"{preset}.toml"
+        if not path.is_file():
+            raise DPDLError(
+                f"unknown preset {preset!r}; shipped presets: {', '.join(preset_names())}"
+            )
+    path = Path(path)
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError as err:
+        raise DPDLError(f"config file {str(path)!r} does not exist") from err
+    except tomllib.TOMLDecodeError as err:
+        raise DPDLError(f"{path}: invalid TOML: {err}") from err

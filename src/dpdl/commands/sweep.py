@@ -1,0 +1,62 @@
+"""``dpdl sweep CONFIG``: run a grid of configurations in parallel, resumably."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+HELP = "Run a grid of configurations in parallel worker processes, resumably."
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("config", nargs="?", help="sweep config (TOML with a [sweep] table)")
+    parser.add_argument("--preset", help="a shipped sweep preset, e.g. table2, figure4")
+    parser.add_argument("--output", type=Path, help="sweep directory (default runs/sweeps/NAME)")
+    parser.add_argument("--workers", type=int, help="parallel worker processes")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a base config value (dotted key, TOML value), e.g. training.steps=200",
+    )
+    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--report", action="store_true", help="write the report when done")
+
+
+def parse_override(text: str):
+    """``a.b=1.5`` -> ("a.b", 1.5); the value is parsed as TOML, falling back to a string."""
+    import tomllib
+
+    from dpdl.errors import DPDLError
+
+    if "=" not in text:
+        raise DPDLError(f"--set expects KEY=VALUE, got {text!r}")
+    key, raw = text.split("=", 1)
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key.strip(), value
+
+
+def run(args) -> int:
+    from dpdl.errors import DPDLError
+    from dpdl.experiments.registry import load_config_file
+    from dpdl.experiments.sweep import run_sweep, set_dotted
+
+    if args.workers is not None and args.workers < 1:
+        raise DPDLError(f"--workers must be ≥ 1, got {args.workers}")
+    config = load_config_file(args.config, preset=args.preset)
+    for item in args.set:
+        set_dotted(config, *parse_override(item))
+    name = args.preset or Path(args.config).stem
+    out = args.output or Path("runs") / "sweeps" / name
+    summary = run_sweep(config, out, workers=args.workers, progress=not args.no_progress)
+    print(json.dumps({"sweep_dir": str(out), **summary}, indent=2))
+    if args.report:
+        from dpdl.experiments.report import write_report
+
+        paths = write_report(out)
+        print(f"report: {paths['markdown']}  {paths['html']}")
+    return 1 if summary["failed"] else 0

@@ -1,0 +1,235 @@
+"""Sweeps: run a grid of configurations in parallel worker processes, resumably.
+
+A sweep file is an ordinary run config (any experiment kind) with a ``[sweep]`` table::
+
+    [sweep]
+    workers = 2
+    [sweep.grid]                 # cartesian product of dotted config keys
+    "privacy.epsilon" = [0.3, 1.0]
+    "experiment.seed" = [0, 1, 2]
+
+Every cell is the base config with its overrides applied; it runs in its own folder
+``SWEEP_DIR/cells/<cell-id>/``. A cell is written into ``<cell-id>.partial/`` and renamed into
+place only when it has finished, with ``cell.json`` (overrides and results) inside, so:
+
+* an interrupted sweep never loses a finished cell and never leaves a half cell that looks
+  finished;
+* running the sweep again skips every finished cell (resumable).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterable
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+from dpdl.errors import DPDLError
+
+CELL_FILE = "cell.json"
+SWEEP_FILE = "sweep.json"
+_SWEEP_KEYS = {"grid", "workers", "zip"}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One point of the grid: the overrides applied to the base config."""
+
+    overrides: tuple[tuple[str, Any], ...]
+
+    @property
+    def cell_id(self) -> str:
+        parts = [f"{key.rsplit('.', 1)[-1]}={_fmt(value)}" for key, value in self.overrides]
+        readable = "_".join(parts) or "base"
+        digest = hashlib.sha1(json.dumps(self.overrides, default=str).encode()).hexdigest()[:8]
+        readable = "".join(c if c.isalnum() or c in "=._-" else "-" for c in readable)[:80]
+        return f"{readable}_{digest}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.overrides)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, list | tuple):
+        return "+".join(_fmt(v) for v in value)
+    return str(value)
+
+
+def set_dotted(config: dict, key: str, value: Any) -> None:
+    """Set ``config["a"]["b"] = value`` for ``key = "a.b"``, creating tables as needed."""
+    *parents, leaf = key.split(".")
+    node = config
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise DPDLError(f"sweep key {key!r}: {part!r} is not a table in the base config")
+        node = child
+    node[leaf] = value
+
+
+def split_sweep(config: dict) -> tuple[dict, dict]:
+    """Separate the ``[sweep]`` table from the base config and validate it."""
+    config = copy.deepcopy(config)
+    sweep = config.pop("sweep", None)
+    if not isinstance(sweep, dict):
+        raise DPDLError("a sweep config needs a [sweep] table with a [sweep.grid] of lists")
+    unknown = set(sweep) - _SWEEP_KEYS
+    if unknown:
+        raise DPDLError(f"unknown key(s) in [sweep]: {', '.join(sorted(unknown))}")
+    for name in ("grid", "zip"):
+        table = sweep.get(name, {})
+        if not isinstance(table, dict):
+            raise DPDLError(f"[sweep.{name}] must be a table of dotted keys to lists")
+        for key, values in table.items():
+            if not isinstance(values, list) or not values:
+                raise DPDLError(f"sweep.{name}.{key!r} must be a non-empty list")
+    zipped = sweep.get("zip", {})
+    if zipped and len({len(v) for v in zipped.values()}) != 1:
+        raise DPDLError("all lists in [sweep.zip] must have the same length")
+    workers = sweep.get("workers", 1)
+    if not isinstance(workers, int) or workers < 1:
+        raise DPDLError(f"sweep.workers must be a positive integer, got {workers!r}")
+    return config, sweep
+
+
+def expand_grid(sweep: dict) -> list[Cell]:
+    """Cartesian product of ``[sweep.grid]``, times the parallel lists of ``[sweep.zip]``."""
+    grid = sweep.get("grid", {})
+    zipped = sweep.get("zip", {})
+    keys = list(grid)
+    zip_rows: list[list[tuple[str, Any]]] = [[]]
+    if zipped:
+        length = len(next(iter(zipped.values())))
+        zip_rows = [[(k, v[i]) for k, v in zipped.items()] for i in range(length)]
+    cells = []
+    for values in itertools.product(*(grid[k] for k in keys)):
+        for zrow in zip_rows:
+            cells.append(Cell(tuple(zip(keys, values, strict=True)) + tuple(zrow)))
+    return cells
+
+
+def cell_config(base: dict, cell: Cell) -> dict:
+    config = copy.deepcopy(base)
+    for key, value in cell.overrides:
+        set_dotted(config, key, value)
+    return config
+
+
+def is_finished(cell_dir: Path) -> bool:
+    return (cell_dir / CELL_FILE).is_file()
+
+
+def _run_cell(config: dict, cell_dir: str, overrides: list) -> dict:
+    """Worker: run one cell into ``<cell>.partial`` and rename it into place when done."""
+    import torch
+
+    torch.set_num_threads(1)  # one thread per worker: the workers are the parallelism
+    from dpdl.experiments.registry import experiment_module
+
+    final = Path(cell_dir)
+    partial = final.with_name(final.name + ".partial")
+    if partial.exists():
+        shutil.rmtree(partial)
+    partial.mkdir(parents=True)
+    start = time.time()
+    results = experiment_module(config.get("kind")).run_experiment(config, partial, progress=False)
+    record = {
+        "overrides": dict(overrides),
+        "results": results,
+        "seconds": round(time.time() - start, 3),
+    }
+    tmp = partial / (CELL_FILE + ".tmp")
+    tmp.write_text(json.dumps(record, indent=2, default=str))
+    os.replace(tmp, partial / CELL_FILE)
+    os.replace(partial, final)
+    return record
+
+
+def run_sweep(
+    config: dict,
+    sweep_dir: Path,
+    *,
+    workers: int | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Run every unfinished cell of the sweep; return a summary {done, skipped, failed}."""
+    base, sweep = split_sweep(config)
+    cells = expand_grid(sweep)
+    workers = workers or sweep.get("workers", 1)
+    sweep_dir = Path(sweep_dir)
+    cells_dir = sweep_dir / "cells"
+    cells_dir.mkdir(parents=True, exist_ok=True)
+    (sweep_dir / SWEEP_FILE).write_text(
+        json.dumps({"base": base, "sweep": sweep, "cells": [c.cell_id for c in cells]}, indent=2)
+    )
+    todo = [c for c in cells if not is_finished(cells_dir / c.cell_id)]
+    summary: dict[str, Any] = {
+        "cells": len(cells),
+        "skipped": len(cells) - len(todo),
+        "done": 0,
+        "failed": {},
+    }
+    if not todo:
+        return summary
+    bar = _progress_bar(len(cells), summary["skipped"], progress)
+    ctx = get_context("spawn")  # fork + torch threads is unsafe; spawn is portable
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        pending = {
+            pool.submit(
+                _run_cell,
+                cell_config(base, cell),
+                str(cells_dir / cell.cell_id),
+                list(cell.overrides),
+            ): cell
+            for cell in todo
+        }
+        try:
+            while pending:
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    cell = pending.pop(future)
+                    try:
+                        future.result()
+                        summary["done"] += 1
+                    except Exception as err:  # a failed cell must not stop the others
+                        summary["failed"][cell.cell_id] = f"{type(err).__name__}: {err}"
+                    if bar is not None:
+                        bar.update(1)
+                        bar.set_postfix(done=summary["done"], failed=len(summary["failed"]))
+        except KeyboardInterrupt:
+            for future in pending:
+                future.cancel()
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+    return summary
+
+
+def _progress_bar(total: int, initial: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc="sweep", unit="cell")
+
+
+def finished_cells(sweep_dir: Path) -> Iterable[tuple[Path, dict]]:
+    """Each finished cell's folder and its ``cell.json`` record, in a stable order."""
+    cells_dir = Path(sweep_dir) / "cells"
+    if not cells_dir.is_dir():
+        raise DPDLError(f"{sweep_dir} is not a sweep directory (no cells/ folder)")
+    for cell_dir in sorted(cells_dir.iterdir()):
+        if cell_dir.is_dir() and is_finished(cell_dir):
+            yield cell_dir, json.loads((cell_dir / CELL_FILE).read_text())

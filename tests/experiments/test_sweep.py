@@ -1,0 +1,174 @@
+"""Sweep mechanics (grid, resume, atomic cells, failures) and the report built from them.
+
+The experiment here is a plugin module written by the test: it trains nothing, but writes a
+metrics.csv whose numbers are a known function of the cell's config, so every table entry the
+report prints can be checked against a hand computation.
+"""
+
+import json
+import textwrap
+
+import pytest
+
+from dpdl.cli import main
+from dpdl.errors import DPDLError
+from dpdl.experiments.report import build_tables, collect_runs, write_report
+from dpdl.experiments.sweep import expand_grid, run_sweep, split_sweep
+
+PLUGIN = textwrap.dedent(
+    """
+    import csv, os
+    def run_experiment(config, output_dir, progress=True):
+        eps = config["privacy"]["epsilon"]; seed = config["experiment"]["seed"]
+        if config["privacy"].get("fail"):
+            raise RuntimeError("boom")
+        with open(output_dir / "metrics.csv", "w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["iteration", "algorithm", "seed", "train_loss", "test_accuracy",
+                        "epsilon_clt", "epsilon_certified"])
+            for algo, base in (("const-d2p", 0.5), ("dyn-d2p", 0.6)):
+                for it in (0, 10):
+                    acc = base * it / 10 + 0.01 * seed + 0.1 * eps
+                    w.writerow([it, algo, seed, 1.0 - acc, acc, eps, 2 * eps])
+        with open(os.environ["SWEEP_TEST_LOG"], "a") as fh:
+            fh.write(f"{eps},{seed}\\n")
+        return {"ok": True}
+    """
+)
+
+
+@pytest.fixture
+def plugin(tmp_path, monkeypatch):
+    package = tmp_path / "sweep_test_plugins"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "fake_training.py").write_text(PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    log = tmp_path / "calls.log"
+    monkeypatch.setenv("SWEEP_TEST_LOG", str(log))
+    return log
+
+
+def _config(**privacy):
+    return {
+        "kind": "sweep_test_plugins.fake_training",
+        "privacy": {"epsilon": 1.0, **privacy},
+        "experiment": {"seed": 0},
+        "sweep": {
+            "workers": 2,
+            "grid": {"privacy.epsilon": [0.5, 1.0], "experiment.seed": [0, 1, 2]},
+        },
+    }
+
+
+def test_grid_is_the_cartesian_product_with_distinct_ids():
+    _, sweep = split_sweep(_config())
+    cells = expand_grid(sweep)
+    assert len(cells) == 6
+    assert len({c.cell_id for c in cells}) == 6
+    assert {tuple(c.as_dict().values()) for c in cells} == {
+        (e, s) for e in (0.5, 1.0) for s in (0, 1, 2)
+    }
+
+
+@pytest.mark.parametrize(
+    "sweep, message",
+    [
+        ({"grid": {"a.b": []}}, "non-empty list"),
+        ({"grid": {"a.b": [1]}, "typo": 1}, "unknown key"),
+        ({"grid": {"a.b": [1]}, "workers": 0}, "workers"),
+        ({"zip": {"a": [1, 2], "b": [1]}}, "same length"),
+    ],
+)
+def test_bad_sweep_tables_are_rejected(sweep, message):
+    with pytest.raises(DPDLError, match=message):
+        split_sweep({"sweep": sweep})
+
+
+def test_sweep_runs_every_cell_once_and_resumes(tmp_path, plugin):
+    out = tmp_path / "sweep"
+    summary = run_sweep(_config(), out, progress=False)
+    assert summary == {"cells": 6, "skipped": 0, "done": 6, "failed": {}}
+    assert len(plugin.read_text().splitlines()) == 6
+    # A half-written cell (as an interrupted worker leaves it) is not taken as finished.
+    finished = sorted((out / "cells").iterdir())
+    victim = finished[0]
+    (victim / "cell.json").unlink()
+    victim.rename(victim.with_name(victim.name + ".partial"))
+    summary = run_sweep(_config(), out, progress=False)
+    assert summary["skipped"] == 5 and summary["done"] == 1
+    assert len(plugin.read_text().splitlines()) == 7
+    assert not any(p.name.endswith(".partial") for p in (out / "cells").iterdir())
+
+
+def test_a_failing_cell_is_reported_and_the_others_finish(tmp_path, plugin):
+    config = _config()
+    config["sweep"]["grid"]["privacy.fail"] = [False, True]
+    summary = run_sweep(config, tmp_path / "s", progress=False)
+    assert summary["done"] == 6
+    assert len(summary["failed"]) == 6
+    assert all("boom" in msg for msg in summary["failed"].values())
+
+
+def test_report_tables_match_a_hand_computation(tmp_path, plugin):
+    out = tmp_path / "sweep"
+    run_sweep(_config(), out, progress=False)
+    runs = collect_runs(out)
+    assert len(runs) == 12  # 6 cells × 2 algorithms
+    tables = build_tables(runs)
+    rows = {row[0]: row for row in tables.accuracy_rows}
+    # eps=0.5: final acc = base + 0.01*seed + 0.05 over seeds 0,1,2 -> mean base+0.06, std 0.01
+    const, dyn = rows["epsilon=0.5"][1], rows["epsilon=0.5"][2]
+    assert const.startswith("56.00 ± 1.00") and dyn.startswith("66.00 ± 1.00")
+    assert rows["epsilon=0.5"][3] == f"{100 * (0.66 / 0.56 - 1):+.1f} %"
+    # certified = 2 x CLT in every cell
+    assert tables.understatement and all(r == pytest.approx(2.0) for r in tables.understatement)
+    paths = write_report(out)
+    md = paths["markdown"].read_text()
+    assert "understated ε by a factor of up to 2.00" in md
+    html = paths["html"].read_text()
+    assert html.count("data:image/png;base64,") >= 2  # self-contained figures
+
+
+def test_sweep_and_report_commands(tmp_path, plugin, capsys):
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(
+        textwrap.dedent(
+            """
+            kind = "sweep_test_plugins.fake_training"
+            [privacy]
+            epsilon = 1.0
+            [experiment]
+            seed = 0
+            [sweep]
+            workers = 1
+            [sweep.grid]
+            "experiment.seed" = [0, 1]
+            """
+        )
+    )
+    out = tmp_path / "out"
+    assert (
+        main(
+            [
+                "sweep",
+                str(cfg),
+                "--output",
+                str(out),
+                "--no-progress",
+                "--set",
+                "privacy.epsilon=0.25",
+            ]
+        )
+        == 0
+    )
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["done"] == 2
+    assert {line.split(",")[0] for line in plugin.read_text().splitlines()} == {"0.25"}
+    assert main(["report", str(out)]) == 0
+    assert (out / "report" / "report.html").is_file()
+
+
+def test_report_of_a_non_sweep_folder_is_a_clear_error(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 2
+    assert "not a sweep directory" in capsys.readouterr().err
