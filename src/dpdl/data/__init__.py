@@ -8,23 +8,31 @@ for "digits", "breast-cancer", "diabetes" (scikit-learn, no download), "fashion-
 """
 
 from dpdl.data.dataset import Dataset, dataset_names, load_dataset, register_loader
+from dpdl.data.fashion_mnist import find_fashion_mnist, load_fashion_mnist
+from dpdl.data.idx import parse_idx, read_idx, write_idx
 from dpdl.data.partition import SCHEMES, label_distribution, partition, stack_node_data
 from dpdl.data.sklearn_sets import load_breast_cancer, load_diabetes, load_digits
 
 register_loader("digits", load_digits)
 register_loader("breast-cancer", load_breast_cancer)
 register_loader("diabetes", load_diabetes)
+register_loader("fashion-mnist", load_fashion_mnist)
 
 __all__ = [
     "SCHEMES",
     "Dataset",
     "dataset_names",
+    "find_fashion_mnist",
     "label_distribution",
     "load_breast_cancer",
     "load_dataset",
     "load_diabetes",
     "load_digits",
+    "load_fashion_mnist",
+    "parse_idx",
     "partition",
+    "read_idx",
     "register_loader",
     "stack_node_data",
+    "write_idx",
 ]
