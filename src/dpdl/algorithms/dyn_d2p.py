@@ -1,0 +1,396 @@
+"""The Dyn-D2P step (SPEC §4, Algorithm 1 of seed 000) as small composable transforms.
+
+Every tensor carries a leading *node* dimension: a model is a dict ``{name: (m, *shape)}`` of
+the stacked parameters of m nodes (any contiguous block of nodes, or all n of them), the
+push-sum weights are a vector ``w`` of shape (m,), and a node's local data is padded to
+``(m, J_max, *input_shape)`` with a boolean mask of its real records.
+
+One step, for every node i at once (the numbers are Algorithm 1's steps):
+
+1. :func:`poisson_sample`     -- Poisson(p) batch S_i^k (may be empty);
+2. :func:`per_record_grads`   -- g_ij = grad f_i(z_i^k; xi_j) at the de-biased z_i = x_i / w_i;
+3. :func:`clip_per_record`    -- g_ij * min(1, C_k / ||g_ij||);
+4. :func:`add_gaussian_noise` -- sum_j clipped g_ij + N(0, sigma_k^2 I), fresh per node and step;
+5. :func:`local_sgd_step`     -- x_i^{k+1/2} = x_i^k - gamma * (...) / b;
+6. :func:`push_sum_mix`       -- x^{k+1} = P^k x^{k+1/2}, w^{k+1} = P^k w^k.
+
+Steps 1-5 are :func:`local_update` (acts on any block of nodes: the distributed runtime calls
+it on its rank's block), step 6 is the mixing; :func:`dyn_d2p_step` chains both.
+SGP (non-private) replaces 3-4 by the mean gradient over the sampled batch (zero when empty).
+
+Randomness is per node: one ``torch.Generator`` per node draws, in this order each step, the
+node's J_i sampling uniforms and then (private algorithms only) its d noise normals, so a node
+draws the same numbers whichever process hosts it.  Drawing from n generators is the one
+per-node loop of the step; all arithmetic is batched over nodes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.func import functional_call, grad, vmap
+
+from dpdl.errors import DPDLError, require
+
+Params = dict[str, torch.Tensor]
+
+__all__ = [
+    "NodeBatch",
+    "LocalUpdateResult",
+    "make_node_generators",
+    "poisson_sample",
+    "per_record_grads",
+    "mean_batch_grads",
+    "clip_per_record",
+    "sum_records",
+    "add_gaussian_noise",
+    "local_sgd_step",
+    "push_sum_mix",
+    "debias",
+    "local_update",
+    "dyn_d2p_step",
+    "LOSSES",
+]
+
+
+def _cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(logits, target.long(), reduction="none")
+
+
+def _squared_error(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return 0.5 * (pred.reshape(target.shape) - target).pow(2)
+
+
+# Per-record losses: (batch, ...) predictions, (batch,) targets -> (batch,) losses.
+LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "cross_entropy": _cross_entropy,
+    "squared_error": _squared_error,
+}
+
+
+def _loss_fn(loss: str):
+    if loss not in LOSSES:
+        raise DPDLError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
+    return LOSSES[loss]
+
+
+# --------------------------------------------------------------------------- randomness
+def make_node_generators(
+    n_nodes: int,
+    seed: int | None,
+    *,
+    device: str | torch.device = "cpu",
+    first_node: int = 0,
+    count: int | None = None,
+) -> list[torch.Generator]:
+    """One generator per node, seeded from ``SeedSequence(seed).spawn(n_nodes)``.
+
+    ``seed=None`` draws the root entropy from the operating system (non-reproducible runs).
+    ``first_node``/``count`` return the generators of a contiguous block of nodes only; node i
+    gets the same stream whichever block it belongs to.
+    """
+    require(n_nodes >= 1, f"n_nodes must be >= 1, got {n_nodes}")
+    count = n_nodes - first_node if count is None else count
+    require(
+        0 <= first_node and first_node + count <= n_nodes and count >= 0,
+        f"node block [{first_node}, {first_node + count}) is outside [0, {n_nodes})",
+    )
+    children = np.random.SeedSequence(seed).spawn(n_nodes)[first_node : first_node + count]
+    generators = []
+    for child in children:
+        g = torch.Generator(device=device)
+        # 63 bits: torch.Generator.manual_seed wants a non-negative int below 2**64.
+        g.manual_seed(int(child.generate_state(1, dtype=np.uint64)[0]) >> 1)
+        generators.append(g)
+    return generators
+
+
+# --------------------------------------------------------------------------- data
+@dataclass
+class NodeBatch:
+    """A padded batch per node: inputs (m, B, ...), targets (m, B), mask (m, B) of real records."""
+
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    mask: torch.Tensor
+
+    @property
+    def counts(self) -> torch.Tensor:
+        return self.mask.sum(dim=1)
+
+
+def poisson_sample(
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    record_mask: torch.Tensor,
+    sample_rate: float,
+    generators: Sequence[torch.Generator],
+) -> NodeBatch:
+    """Step 1: each real record of node i joins S_i^k independently with probability p.
+
+    ``inputs`` (m, J_max, ...), ``targets`` (m, J_max) and ``record_mask`` (m, J_max) are the
+    padded local data sets.  Node i draws exactly J_i uniforms from its own generator.  The
+    sampled records are gathered into a padded (m, B_max) batch, B_max = the largest batch this
+    step (at least 1, so that shapes never vanish), so the per-record work is proportional to
+    the sampled count rather than to J.
+    """
+    require(0.0 <= sample_rate <= 1.0, f"sample_rate must lie in [0, 1], got {sample_rate}")
+    m, j_max = record_mask.shape
+    require(len(generators) == m, f"need one generator per node: {len(generators)} for {m}")
+    device = record_mask.device
+    counts = record_mask.sum(dim=1).tolist()
+    uniforms = torch.full((m, j_max), 2.0, device=device)  # padding is never sampled
+    for i, (g, j_i) in enumerate(zip(generators, counts, strict=True)):
+        uniforms[i, : int(j_i)] = torch.rand(int(j_i), generator=g, device=device)
+    sampled = (uniforms < sample_rate) & record_mask
+    batch_counts = sampled.sum(dim=1)
+    b_max = max(int(batch_counts.max()), 1)
+    # A stable sort puts each node's sampled indices first, in record order.
+    order = torch.argsort((~sampled).to(torch.int8), dim=1, stable=True)[:, :b_max]
+    batch_mask = torch.arange(b_max, device=device).unsqueeze(0) < batch_counts.unsqueeze(1)
+    rows = torch.arange(m, device=device).unsqueeze(1)
+    return NodeBatch(inputs[rows, order], targets[rows, order], batch_mask)
+
+
+# --------------------------------------------------------------------------- gradients
+def per_record_grads(
+    model: torch.nn.Module,
+    params: Params,
+    batch: NodeBatch,
+    *,
+    loss: str = "cross_entropy",
+    buffers: Params | None = None,
+) -> Params:
+    """Step 2: g_ij = grad of the loss of record j of node i at node i's ``params``.
+
+    ``torch.func`` vmapped over nodes (stacked params, own batch) and over records
+    (shared params).  Returns ``{name: (m, B, *shape)}``; padded records give garbage that
+    :func:`sum_records` masks out.
+    """
+    loss_fn = _loss_fn(loss)
+    buffers = buffers or {}
+
+    def record_loss(p: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        out = functional_call(model, (p, buffers), (x.unsqueeze(0),))
+        return loss_fn(out, y.unsqueeze(0)).sum()
+
+    over_records = vmap(grad(record_loss), in_dims=(None, 0, 0))
+    return vmap(over_records, in_dims=(0, 0, 0), randomness="different")(
+        params, batch.inputs, batch.targets
+    )
+
+
+def mean_batch_grads(
+    model: torch.nn.Module,
+    params: Params,
+    batch: NodeBatch,
+    *,
+    loss: str = "cross_entropy",
+    buffers: Params | None = None,
+) -> Params:
+    """SGP's gradient: mean over node i's sampled batch (zero for an empty batch), (m, *shape)."""
+    loss_fn = _loss_fn(loss)
+    buffers = buffers or {}
+
+    def batch_loss(p: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor):
+        losses = loss_fn(functional_call(model, (p, buffers), (x,)), y)
+        return (losses * mask).sum() / mask.sum().clamp_min(1)
+
+    return vmap(grad(batch_loss), in_dims=(0, 0, 0, 0), randomness="different")(
+        params, batch.inputs, batch.targets, batch.mask.to(batch.inputs.dtype)
+    )
+
+
+def _record_norms(grads: Params) -> torch.Tensor:
+    """l2 norm of each record's whole gradient (all parameters together), shape (m, B)."""
+    squares = [g.flatten(start_dim=2).pow(2).sum(dim=2) for g in grads.values()]
+    return torch.stack(squares).sum(dim=0).sqrt()
+
+
+def clip_per_record(grads: Params, clip: float) -> Params:
+    """Step 3: g_ij * min(1, C_k / ||g_ij||_2), the norm over all parameters of record j."""
+    require(math.isfinite(clip) and clip > 0, f"clip bound C_k must be positive, got {clip}")
+    norms = _record_norms(grads)
+    factors = (clip / norms.clamp_min(1e-30)).clamp(max=1.0)
+    return {
+        name: g * factors.reshape(*factors.shape, *([1] * (g.dim() - 2)))
+        for name, g in grads.items()
+    }
+
+
+def sum_records(grads: Params, mask: torch.Tensor) -> Params:
+    """sum_j over the sampled records only (padding masked out): (m, B, ...) -> (m, ...)."""
+    weights = mask.to(next(iter(grads.values())).dtype)
+    return {name: torch.einsum("mb,mb...->m...", weights, g) for name, g in grads.items()}
+
+
+def add_gaussian_noise(
+    summed: Params, sigma: float, generators: Sequence[torch.Generator]
+) -> Params:
+    """Step 4: add N(0, sigma_k^2 I_d) to each node's summed gradient, a fresh draw per node.
+
+    Node i draws its d normals in one call on its own generator, in parameter order.
+    """
+    require(math.isfinite(sigma) and sigma >= 0, f"noise std sigma_k must be >= 0, got {sigma}")
+    first = next(iter(summed.values()))
+    m = first.shape[0]
+    require(len(generators) == m, f"need one generator per node: {len(generators)} for {m}")
+    sizes = [t[0].numel() for t in summed.values()]
+    d = sum(sizes)
+    noise = torch.stack(
+        [torch.randn(d, generator=g, device=first.device, dtype=first.dtype) for g in generators]
+    )
+    noisy = {}
+    for (name, s), chunk in zip(summed.items(), noise.split(sizes, dim=1), strict=True):
+        noisy[name] = s + sigma * chunk.reshape(s.shape)
+    return noisy
+
+
+def local_sgd_step(params: Params, update: Params, lr: float, scale: float = 1.0) -> Params:
+    """Step 5: x^{k+1/2} = x^k - lr * update / scale (scale = b for the private sum)."""
+    return {name: p - (lr / scale) * update[name] for name, p in params.items()}
+
+
+# --------------------------------------------------------------------------- mixing
+def push_sum_mix(
+    params: Params,
+    weights: torch.Tensor,
+    mixing: np.ndarray | torch.Tensor | None = None,
+    *,
+    circulant: Sequence[tuple[int, float]] | None = None,
+) -> tuple[Params, torch.Tensor]:
+    """Step 6: x^{k+1} = P^k x^{k+1/2}, w^{k+1} = P^k w^k over the node dimension.
+
+    With ``circulant`` = [(offset s, weight)], P^k = sum weight * Shift_s where
+    (Shift_s)[(i+s) mod n, i] = 1, i.e. node i+s receives from i: a ``torch.roll`` by s.
+    Otherwise a batched product with the (n, n) column-stochastic matrix.
+    """
+    if circulant is not None:
+
+        def apply(t: torch.Tensor) -> torch.Tensor:
+            return sum(weight * torch.roll(t, shifts=int(offset), dims=0) for offset, weight in circulant)
+
+        return {name: apply(p) for name, p in params.items()}, apply(weights)
+    require(mixing is not None, "push_sum_mix needs a mixing matrix or a circulant form")
+    P = torch.as_tensor(mixing, dtype=weights.dtype, device=weights.device)
+    n = weights.shape[0]
+    require(P.shape == (n, n), f"mixing matrix has shape {tuple(P.shape)}, expected ({n}, {n})")
+    mixed = {
+        name: torch.einsum("ij,j...->i...", P.to(p.dtype), p) for name, p in params.items()
+    }
+    return mixed, P @ weights
+
+
+def debias(params: Params, weights: torch.Tensor) -> Params:
+    """z_i = x_i / w_i for every node."""
+    return {
+        name: p / weights.reshape(-1, *([1] * (p.dim() - 1))).to(p.dtype)
+        for name, p in params.items()
+    }
+
+
+# --------------------------------------------------------------------------- one step
+@dataclass
+class LocalUpdateResult:
+    params: Params  # x^{k+1/2}, (m, *shape)
+    batch_sizes: torch.Tensor  # |S_i^k|, (m,)
+
+
+def local_update(
+    model: torch.nn.Module,
+    params: Params,
+    weights: torch.Tensor,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    record_mask: torch.Tensor,
+    generators: Sequence[torch.Generator],
+    *,
+    step: int,
+    lr: float,
+    expected_batch_size: float,
+    sample_rate: float,
+    private: bool,
+    clip: float | None = None,
+    sigma: float = 0.0,
+    loss: str = "cross_entropy",
+    buffers: Params | None = None,
+    first_node: int = 0,
+) -> LocalUpdateResult:
+    """Steps 1-5 of Algorithm 1 for a contiguous block of nodes (first index ``first_node``).
+
+    ``private`` selects Dyn-D2P's clipped, noisy sum divided by b (``clip`` = C_k,
+    ``sigma`` = sigma_k); otherwise SGP's mean gradient.  Gradients are taken at the
+    de-biased z_i = x_i / w_i and applied to x_i.  Raises DPDLError naming the node and step
+    when a node's update is not finite.
+    """
+    batch = poisson_sample(inputs, targets, record_mask, sample_rate, generators)
+    at = debias(params, weights)
+    if private:
+        require(clip is not None, "a private step needs a clip bound C_k")
+        grads = per_record_grads(model, at, batch, loss=loss, buffers=buffers)
+        update = add_gaussian_noise(
+            sum_records(clip_per_record(grads, clip), batch.mask), sigma, generators
+        )
+        scale = expected_batch_size
+    else:
+        update = mean_batch_grads(model, at, batch, loss=loss, buffers=buffers)
+        scale = 1.0
+    _check_finite(update, step, first_node)
+    return LocalUpdateResult(local_sgd_step(params, update, lr, scale), batch.counts)
+
+
+def _check_finite(update: Params, step: int, first_node: int) -> None:
+    finite = torch.stack([t.flatten(start_dim=1).isfinite().all(dim=1) for t in update.values()])
+    finite = finite.all(dim=0)
+    if not bool(finite.all()):
+        node = first_node + int((~finite).nonzero()[0, 0])
+        raise NonFiniteUpdate(node, step)
+
+
+class NonFiniteUpdate(DPDLError):
+    """A node's update became NaN or infinite; training stops (the run keeps what it has)."""
+
+    def __init__(self, node: int, step: int):
+        self.node, self.step = node, step
+        super().__init__(
+            f"non-finite (NaN/inf) update at node {node}, step {step}: "
+            "lower the learning rate or the clip bound"
+        )
+
+
+def dyn_d2p_step(
+    model: torch.nn.Module,
+    params: Params,
+    weights: torch.Tensor,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    record_mask: torch.Tensor,
+    generators: Sequence[torch.Generator],
+    *,
+    step: int,
+    lr: float,
+    expected_batch_size: float,
+    sample_rate: float,
+    private: bool,
+    clip: float | None = None,
+    sigma: float = 0.0,
+    mixing: np.ndarray | torch.Tensor | None = None,
+    circulant: Sequence[tuple[int, float]] | None = None,
+    loss: str = "cross_entropy",
+    buffers: Params | None = None,
+) -> tuple[Params, torch.Tensor, torch.Tensor]:
+    """One iteration of Algorithm 1 for all n nodes: local update, then push-sum mixing.
+
+    Returns (x^{k+1}, w^{k+1}, batch sizes |S_i^k|).
+    """
+    half = local_update(
+        model, params, weights, inputs, targets, record_mask, generators,
+        step=step, lr=lr, expected_batch_size=expected_batch_size, sample_rate=sample_rate,
+        private=private, clip=clip, sigma=sigma, loss=loss, buffers=buffers,
+    )  # fmt: skip
+    mixed, new_weights = push_sum_mix(half.params, weights, mixing, circulant=circulant)
+    return mixed, new_weights, half.batch_sizes

@@ -1,0 +1,228 @@
+"""Single-process simulator of n push-sum nodes (SPEC §4) with stacked tensors.
+
+Every node's model lives in one dict of stacked parameters ``{name: (n, *shape)}``, its
+push-sum weight in ``w`` (n,), its local data in padded ``(n, J_max, ...)`` tensors.  A step
+runs :func:`dpdl.algorithms.dyn_d2p.local_update` on all nodes at once and mixes with a roll
+(circulant graphs) or a batched matrix product -- never a Python loop over nodes (the only
+per-node loop is the draw from each node's own generator).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.func import functional_call, vmap
+
+from dpdl.algorithms.dyn_d2p import (
+    LOSSES,
+    Params,
+    debias,
+    local_update,
+    make_node_generators,
+    push_sum_mix,
+)
+from dpdl.errors import DPDLError, require
+
+__all__ = ["NodeData", "Simulator", "stack_params", "resolve_device"]
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``"cpu"``, ``"cuda"`` (``"cuda:N"``) or ``"auto"``; refuses CUDA when it is absent."""
+    name = str(device)
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError as err:
+        raise DPDLError(f"unknown device {name!r}; use cpu, cuda or auto") from err
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise DPDLError(f"device {name!r} requested but CUDA is not available")
+    require(dev.type in ("cpu", "cuda"), f"unsupported device {name!r}; use cpu, cuda or auto")
+    return dev
+
+
+@dataclass
+class NodeData:
+    """Padded local data sets: inputs (n, J_max, ...), targets (n, J_max), mask (n, J_max)."""
+
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    mask: torch.Tensor
+
+    @classmethod
+    def from_arrays(cls, inputs, targets, mask, device: str | torch.device = "cpu") -> NodeData:
+        x = torch.as_tensor(np.asarray(inputs), dtype=torch.float32, device=device)
+        y_np = np.asarray(targets)
+        y_dtype = torch.int64 if np.issubdtype(y_np.dtype, np.integer) else torch.float32
+        y = torch.as_tensor(y_np, dtype=y_dtype, device=device)
+        mask_t = torch.as_tensor(np.asarray(mask), dtype=torch.bool, device=device)
+        require(
+            x.shape[:2] == mask_t.shape and y.shape[:2] == mask_t.shape,
+            f"node data shapes disagree: inputs {tuple(x.shape)}, targets {tuple(y.shape)}, "
+            f"mask {tuple(mask_t.shape)}",
+        )
+        counts = mask_t.sum(dim=1)
+        require(bool((counts > 0).all()), "every node needs at least one local record")
+        return cls(x, y, mask_t)
+
+    @property
+    def n_nodes(self) -> int:
+        return int(self.mask.shape[0])
+
+    @property
+    def counts(self) -> torch.Tensor:
+        return self.mask.sum(dim=1)
+
+    def block(self, first: int, count: int) -> NodeData:
+        sl = slice(first, first + count)
+        return NodeData(self.inputs[sl], self.targets[sl], self.mask[sl])
+
+
+def stack_params(model: torch.nn.Module, n_nodes: int, device: torch.device) -> Params:
+    """x_i^0 = the model's initial parameters, identical on every node: {name: (n, *shape)}."""
+    return {
+        name: p.detach().to(device).unsqueeze(0).repeat(n_nodes, *([1] * p.dim())).contiguous()
+        for name, p in model.named_parameters()
+    }
+
+
+class Simulator:
+    """n push-sum nodes training one model architecture with the Dyn-D2P family.
+
+    ``sample_rate`` p = b / J_min: every node samples at the same rate (the accountant's p),
+    so a node with more than J_min records has a slightly larger expected batch than b; the
+    noisy sum is still divided by b (SPEC §4 step 5).  ``seed=None`` seeds the per-node
+    generators from OS entropy.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        data: NodeData,
+        topology,
+        *,
+        lr: float,
+        expected_batch_size: float = 1.0,
+        seed: int | None = 0,
+        device: str | torch.device = "cpu",
+        loss: str = "cross_entropy",
+    ):
+        require(lr > 0 and np.isfinite(lr), f"learning rate must be positive, got {lr}")
+        require(
+            expected_batch_size > 0, f"expected batch size b must be positive, got {expected_batch_size}"
+        )
+        require(loss in LOSSES, f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
+        self.device = resolve_device(device)
+        self.model = model.to(self.device)
+        self.data = NodeData(
+            data.inputs.to(self.device), data.targets.to(self.device), data.mask.to(self.device)
+        )
+        self.n = data.n_nodes
+        require(
+            topology.n == self.n,
+            f"topology has {topology.n} nodes but the data is split over {self.n}",
+        )
+        self.topology = topology
+        self.lr = float(lr)
+        self.expected_batch_size = float(expected_batch_size)
+        j_min = int(self.data.counts.min())
+        require(
+            expected_batch_size <= j_min,
+            f"expected batch size b = {expected_batch_size} exceeds the smallest local data "
+            f"set (J_min = {j_min})",
+        )
+        self.sample_rate = self.expected_batch_size / j_min
+        self.loss = loss
+        self.buffers = {name: b.to(self.device) for name, b in model.named_buffers()}
+        self.params = stack_params(model, self.n, self.device)
+        self.weights = torch.ones(self.n, dtype=torch.float64, device=self.device)
+        self.generators = make_node_generators(self.n, seed, device=self.device)
+        self.iteration = 0
+        self._mixing_cache: dict[int, tuple] = {}
+
+    # ------------------------------------------------------------------ stepping
+    def _mixing(self, k: int):
+        """(P^k as a tensor, None) or (None, circulant form); cached over one period."""
+        period = getattr(self.topology, "period", None)
+        key = k % period if isinstance(period, int) and period > 0 else None
+        if key is not None and key in self._mixing_cache:
+            return self._mixing_cache[key]
+        circ = self.topology.circulant(k)
+        if circ is not None:
+            entry = (None, [(int(s), float(wt)) for s, wt in circ])
+        else:
+            matrix = np.asarray(self.topology.mixing_matrix(k), dtype=np.float64)
+            entry = (torch.as_tensor(matrix, device=self.device), None)
+        if key is not None:
+            self._mixing_cache[key] = entry
+        return entry
+
+    def step(self, *, private: bool, clip: float | None = None, sigma: float = 0.0) -> torch.Tensor:
+        """One iteration for every node; returns the sampled batch sizes |S_i^k| (n,)."""
+        k = self.iteration
+        half = local_update(
+            self.model, self.params, self.weights,
+            self.data.inputs, self.data.targets, self.data.mask, self.generators,
+            step=k, lr=self.lr, expected_batch_size=self.expected_batch_size,
+            sample_rate=self.sample_rate, private=private, clip=clip, sigma=sigma,
+            loss=self.loss, buffers=self.buffers,
+        )  # fmt: skip
+        P, circ = self._mixing(k)
+        self.params, self.weights = push_sum_mix(half.params, self.weights, P, circulant=circ)
+        self.iteration += 1
+        return half.batch_sizes
+
+    def mix_only(self) -> None:
+        """A gossip round without gradients (push-sum consensus)."""
+        P, circ = self._mixing(self.iteration)
+        self.params, self.weights = push_sum_mix(self.params, self.weights, P, circulant=circ)
+        self.iteration += 1
+
+    # ------------------------------------------------------------------ models
+    def debiased_params(self) -> Params:
+        """z_i = x_i / w_i, (n, *shape)."""
+        return debias(self.params, self.weights)
+
+    def average_params(self) -> Params:
+        """The network average x-bar = sum_i x_i / sum_i w_i (one model, no node dim)."""
+        total = self.weights.sum()
+        return {name: p.sum(dim=0) / total.to(p.dtype) for name, p in self.params.items()}
+
+    def all_finite(self) -> bool:
+        return all(bool(p.isfinite().all()) for p in self.params.values())
+
+    # ------------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def predict_average(self, inputs: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
+        params = self.average_params()
+        outs = [
+            functional_call(self.model, (params, self.buffers), (inputs[i : i + chunk],))
+            for i in range(0, inputs.shape[0], chunk)
+        ]
+        return torch.cat(outs)
+
+    @torch.no_grad()
+    def predict_nodes(self, inputs: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+        """Outputs of every node's de-biased model on shared inputs: (n, N, ...)."""
+        params = self.debiased_params()
+
+        def forward(p, x):
+            return functional_call(self.model, (p, self.buffers), (x,))
+
+        batched = vmap(forward, in_dims=(0, None))
+        return torch.cat(
+            [batched(params, inputs[i : i + chunk]) for i in range(0, inputs.shape[0], chunk)],
+            dim=1,
+        )
+
+    def average_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+        out = self.predict_average(inputs)
+        return float(LOSSES[self.loss](out, targets).mean())
+
+
+def accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Fraction correct along the last-but-one dim: outputs (..., N, C), targets (N,)."""
+    return (outputs.argmax(dim=-1) == targets).to(torch.float64).mean(dim=-1)
+

@@ -1,0 +1,279 @@
+"""The Dyn-D2P step (SPEC §4): transforms, invariants, and equality with a per-node loop."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from dpdl.algorithms.dyn_d2p import (
+    NodeBatch,
+    NonFiniteUpdate,
+    add_gaussian_noise,
+    clip_per_record,
+    dyn_d2p_step,
+    make_node_generators,
+    per_record_grads,
+    poisson_sample,
+    push_sum_mix,
+)
+from dpdl.engine import NodeData, Simulator, stack_params
+from dpdl.errors import DPDLError
+
+
+def _reference_run(model, x0, data, topology, steps, *, lr, b, p, clip, sigma, private, seed):
+    """Algorithm 1 written out node by node with plain autograd (no vmap, no batching)."""
+    x, y, mask = data
+    n = x.shape[0]
+    names = [name for name, _ in model.named_parameters()]
+    xs = [{k: v[i].clone().double() for k, v in x0.items()} for i in range(n)]
+    ws = [1.0] * n
+    gens = make_node_generators(n, seed)
+    loss_fn = torch.nn.functional.cross_entropy
+    for k in range(steps):
+        halves = []
+        for i in range(n):
+            j_i = int(mask[i].sum())
+            chosen = np.flatnonzero(torch.rand(j_i, generator=gens[i]).numpy() < p)
+            z = {name: (xs[i][name] / ws[i]).float().requires_grad_(True) for name in names}
+            per_record = []
+            for j in chosen:
+                out = torch.func.functional_call(model, z, (torch.as_tensor(x[i, j : j + 1]),))
+                loss = loss_fn(out, torch.as_tensor(y[i, j : j + 1]))
+                gs = torch.autograd.grad(loss, [z[name] for name in names])
+                per_record.append([g.double() for g in gs])
+            total = [torch.zeros_like(xs[i][name]) for name in names]
+            if private:
+                for gs in per_record:
+                    norm = torch.sqrt(sum((g**2).sum() for g in gs))
+                    factor = min(1.0, clip / float(norm))
+                    total = [t + factor * g for t, g in zip(total, gs, strict=True)]
+                d = sum(t.numel() for t in total)
+                noise = torch.randn(d, generator=gens[i]).double()
+                chunks = noise.split([t.numel() for t in total])
+                total = [t + sigma * c.reshape(t.shape) for t, c in zip(total, chunks, strict=True)]
+                total = [t / b for t in total]
+            elif per_record:
+                total = [sum(gs[q] for gs in per_record) / len(per_record) for q in range(len(names))]
+            halves.append({name: xs[i][name] - lr * t for name, t in zip(names, total, strict=True)})
+        P = topology.mixing_matrix(k)
+        xs = [
+            {name: sum(P[i, j] * halves[j][name] for j in range(n)) for name in names}
+            for i in range(n)
+        ]
+        ws = [sum(P[i, j] * ws[j] for j in range(n)) for i in range(n)]
+    return xs, ws
+
+
+@pytest.mark.parametrize("private", [True, False])
+@pytest.mark.parametrize("graph", ["exp", "random"])
+def test_simulator_equals_per_node_reference_loop(h, private, graph):
+    n, counts = 6, [7, 9, 8, 7, 10, 7]
+    data = h.tiny_data(n, counts, seed=1)
+    topology = h.ExpGraph(n) if graph == "exp" else h.RandomColumnStochastic(n, seed=2)
+    model = h.tiny_model(seed=3)
+    x0 = stack_params(model, n, torch.device("cpu"))
+    b, lr, clip, sigma, steps = 2.0, 0.3, 0.5, 0.7, 6
+    sim = Simulator(model, NodeData.from_arrays(*data), topology, lr=lr, expected_batch_size=b, seed=11)
+    for _ in range(steps):
+        sim.step(private=private, clip=clip, sigma=sigma)
+    ref_x, ref_w = _reference_run(
+        model, x0, data, topology, steps, lr=lr, b=b, p=b / min(counts),
+        clip=clip, sigma=sigma, private=private, seed=11,
+    )  # fmt: skip
+    np.testing.assert_allclose(sim.weights.numpy(), ref_w, atol=1e-12)
+    for name, stacked in sim.params.items():
+        expected = torch.stack([ref_x[i][name] for i in range(n)]).numpy()
+        np.testing.assert_allclose(stacked.double().numpy(), expected, atol=1e-6, rtol=0)
+    # the run moved the models away from x0 (the comparison is not vacuous)
+    assert any(not torch.allclose(sim.params[k], x0[k]) for k in x0)
+
+
+def test_sigma_zero_without_clipping_equals_sgp(h):
+    """With p = 1 (b = J, every record sampled), the private sum / b is SGP's mean gradient."""
+    n, J = 5, 6
+    data = h.tiny_data(n, [J] * n, seed=4)
+    runs = {}
+    for private in (True, False):
+        sim = Simulator(
+            h.tiny_model(seed=5), NodeData.from_arrays(*data), h.ExpGraph(n),
+            lr=0.2, expected_batch_size=J, seed=0,
+        )  # fmt: skip
+        assert sim.sample_rate == 1.0
+        for _ in range(5):
+            sim.step(private=private, clip=1e30, sigma=0.0)
+        runs[private] = sim.params
+    for name in runs[True]:
+        torch.testing.assert_close(runs[True][name], runs[False][name], atol=1e-6, rtol=1e-5)
+
+
+def test_clip_bound_holds_per_record(h):
+    n, B = 4, 5
+    model = h.tiny_model(seed=0)
+    params = stack_params(model, n, torch.device("cpu"))
+    x, y, _ = h.tiny_data(n, [B] * n, seed=7)
+    batch = NodeBatch(torch.as_tensor(x), torch.as_tensor(y), torch.ones(n, B, dtype=torch.bool))
+    grads = per_record_grads(model, params, batch)
+    norms = torch.sqrt(sum(g.flatten(2).pow(2).sum(2) for g in grads.values()))
+    C = float(norms.median())
+    clipped = clip_per_record(grads, C)
+    clipped_norms = torch.sqrt(sum(g.flatten(2).pow(2).sum(2) for g in clipped.values()))
+    assert bool((clipped_norms <= C * (1 + 1e-5)).all())
+    small = norms <= C
+    assert small.any() and (~small).any()
+    # records already inside the ball are untouched; the others land on its boundary
+    torch.testing.assert_close(clipped_norms[small], norms[small])
+    torch.testing.assert_close(clipped_norms[~small], torch.full_like(norms[~small], C))
+    # clipping rescales, never rotates
+    for name in grads:
+        cos = torch.nn.functional.cosine_similarity(
+            grads[name].flatten(2), clipped[name].flatten(2), dim=2
+        )
+        nonzero = grads[name].flatten(2).norm(dim=2) > 0
+        assert bool((cos[nonzero] > 1 - 1e-5).all())
+    with pytest.raises(DPDLError, match="clip"):
+        clip_per_record(grads, 0.0)
+
+
+def test_empirical_noise_std_matches_sigma():
+    n, d, sigma = 4, 20_000, 2.5
+    zeros = {"a": torch.zeros(n, 100, 50), "b": torch.zeros(n, 15_000)}
+    noisy = add_gaussian_noise(zeros, sigma, make_node_generators(n, 123))
+    flat = torch.cat([noisy["a"].flatten(1), noisy["b"]], dim=1).double().numpy()
+    assert flat.shape == (n, d)
+    # chi-square interval for the sample variance of each node (99.9 %, Bonferroni over nodes)
+    lo, hi = stats.chi2.ppf([0.0005 / n, 1 - 0.0005 / n], df=d) / d
+    for row in flat:
+        assert lo * sigma**2 <= row.var(ddof=0) <= hi * sigma**2
+        assert abs(row.mean()) < 4 * sigma / np.sqrt(d)
+        assert stats.normaltest(row).pvalue > 1e-4
+    # fresh per node: the nodes' draws are uncorrelated
+    corr = np.corrcoef(flat)[np.triu_indices(n, 1)]
+    assert np.all(np.abs(corr) < 4 / np.sqrt(d))
+    # and fresh per step
+    again = add_gaussian_noise(zeros, sigma, make_node_generators(n, 123)[:n])
+    torch.testing.assert_close(again["b"], noisy["b"])  # same seed -> same draw
+    gens = make_node_generators(n, 123)
+    first = add_gaussian_noise(zeros, sigma, gens)["b"]
+    second = add_gaussian_noise(zeros, sigma, gens)["b"]
+    assert abs(np.corrcoef(first[0].numpy(), second[0].numpy())[0, 1]) < 4 / np.sqrt(15_000)
+
+
+def test_poisson_sampling_rate_and_empty_batches():
+    n, J, p = 3, 40, 0.025
+    x = torch.arange(n * J, dtype=torch.float32).reshape(n, J, 1)
+    y = torch.zeros(n, J, dtype=torch.long)
+    mask = torch.ones(n, J, dtype=torch.bool)
+    mask[2, 30:] = False  # node 2 holds only 30 records
+    gens = make_node_generators(n, 0)
+    sizes, empty, seen_padding = [], 0, False
+    for _ in range(2000):
+        batch = poisson_sample(x, y, mask, p, gens)
+        sizes.append(batch.counts.numpy())
+        empty += int((batch.counts == 0).sum())
+        picked = batch.inputs[2, :, 0][batch.mask[2]]
+        seen_padding |= bool((picked >= 2 * J + 30).any())
+        # a sampled record belongs to its own node
+        for i in range(n):
+            assert bool(((batch.inputs[i, :, 0][batch.mask[i]] // J) == i).all())
+    sizes = np.array(sizes)
+    assert not seen_padding
+    for i, j_i in enumerate([J, J, 30]):
+        # batch size is Binomial(J_i, p): mean within 5 standard errors
+        se = np.sqrt(j_i * p * (1 - p) / len(sizes))
+        assert abs(sizes[:, i].mean() - j_i * p) < 5 * se
+    expected_empty = 2000 * (2 * (1 - p) ** J + (1 - p) ** 30)
+    assert abs(empty - expected_empty) < 5 * np.sqrt(expected_empty)
+
+
+def test_generators_of_a_block_equal_those_of_the_full_network():
+    full = make_node_generators(8, 42)
+    block = make_node_generators(8, 42, first_node=3, count=4)
+    for g_full, g_block in zip(full[3:7], block, strict=True):
+        torch.testing.assert_close(torch.rand(10, generator=g_full), torch.rand(10, generator=g_block))
+    os_a = make_node_generators(2, None)
+    os_b = make_node_generators(2, None)
+    assert not torch.equal(torch.rand(5, generator=os_a[0]), torch.rand(5, generator=os_b[0]))
+
+
+@pytest.mark.parametrize("graph", ["exp", "random"])
+def test_push_sum_invariants(h, graph):
+    n = 9
+    topology = h.ExpGraph(n) if graph == "exp" else h.RandomColumnStochastic(n, seed=1)
+    rng = np.random.default_rng(0)
+    x = {"a": torch.as_tensor(rng.normal(size=(n, 3, 2))), "b": torch.as_tensor(rng.normal(size=(n,)))}
+    w = torch.ones(n, dtype=torch.float64)
+    start_sum = {k: v.sum(0) for k, v in x.items()}
+    start_mean = {k: v.mean(0) for k, v in x.items()}
+    errors = []
+    for k in range(60):
+        circ = topology.circulant(k)
+        x, w = push_sum_mix(x, w, None if circ else topology.mixing_matrix(k), circulant=circ)
+        assert abs(float(w.sum()) - n) < 1e-10
+        for name in x:
+            torch.testing.assert_close(x[name].sum(0), start_sum[name])
+        z = {name: x[name] / w.reshape(-1, *[1] * (x[name].dim() - 1)) for name in x}
+        errors.append(max(float((z[name] - start_mean[name]).abs().max()) for name in z))
+    # z_i -> mean of the initial x_i at a geometric rate
+    assert errors[-1] < 1e-8
+    assert errors[-1] < errors[19] * 1e-2 < errors[0]
+
+
+def test_roll_and_matrix_mixing_agree(h):
+    n = 7
+    topology = h.ExpGraph(n)
+    x = {"p": torch.randn(n, 4, dtype=torch.float64)}
+    w = torch.rand(n, dtype=torch.float64) + 0.5
+    for k in range(topology.period):
+        a, wa = push_sum_mix(x, w, circulant=topology.circulant(k))
+        b, wb = push_sum_mix(x, w, topology.mixing_matrix(k))
+        torch.testing.assert_close(a["p"], b["p"])
+        torch.testing.assert_close(wa, wb)
+
+
+def test_non_finite_update_names_node_and_step(h):
+    n = 4
+    x, y, mask = h.tiny_data(n, [5] * n, seed=0)
+    x[2] = np.inf
+    sim = Simulator(
+        h.tiny_model(), NodeData.from_arrays(x, y, mask), h.ExpGraph(n),
+        lr=0.1, expected_batch_size=5, seed=0,
+    )  # fmt: skip
+    with pytest.raises(NonFiniteUpdate, match="node 2, step 0") as info:
+        sim.step(private=False)
+    assert (info.value.node, info.value.step) == (2, 0)
+
+
+def test_step_function_matches_simulator(h):
+    """dyn_d2p_step (the pure function) and Simulator.step perform the same iteration."""
+    n = 5
+    data = h.tiny_data(n, [6] * n, seed=9)
+    model = h.tiny_model(seed=1)
+    sim = Simulator(model, NodeData.from_arrays(*data), h.ExpGraph(n), lr=0.1, seed=3)
+    params = {k: v.clone() for k, v in sim.params.items()}
+    nd = sim.data
+    gens = make_node_generators(n, 3)
+    new, w, sizes = dyn_d2p_step(
+        model, params, torch.ones(n, dtype=torch.float64), nd.inputs, nd.targets, nd.mask, gens,
+        step=0, lr=0.1, expected_batch_size=1.0, sample_rate=sim.sample_rate, private=True,
+        clip=1.0, sigma=0.5, circulant=h.ExpGraph(n).circulant(0),
+    )  # fmt: skip
+    sim_sizes = sim.step(private=True, clip=1.0, sigma=0.5)
+    assert torch.equal(sizes, sim_sizes)
+    for k in new:
+        torch.testing.assert_close(new[k], sim.params[k])
+
+
+def test_simulator_rejects_bad_input(h):
+    n = 3
+    data = NodeData.from_arrays(*h.tiny_data(n, [4] * n))
+    with pytest.raises(DPDLError, match="topology has 5 nodes"):
+        Simulator(h.tiny_model(), data, h.ExpGraph(5), lr=0.1)
+    with pytest.raises(DPDLError, match="J_min = 4"):
+        Simulator(h.tiny_model(), data, h.ExpGraph(n), lr=0.1, expected_batch_size=8)
+    with pytest.raises(DPDLError, match="learning rate"):
+        Simulator(h.tiny_model(), data, h.ExpGraph(n), lr=-1.0)
+    if not torch.cuda.is_available():
+        with pytest.raises(DPDLError, match="CUDA is not available"):
+            Simulator(h.tiny_model(), data, h.ExpGraph(n), lr=0.1, device="cuda")
