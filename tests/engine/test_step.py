@@ -55,8 +55,12 @@ def _reference_run(model, x0, data, topology, steps, *, lr, b, p, clip, sigma, p
                 total = [t + sigma * c.reshape(t.shape) for t, c in zip(total, chunks, strict=True)]
                 total = [t / b for t in total]
             elif per_record:
-                total = [sum(gs[q] for gs in per_record) / len(per_record) for q in range(len(names))]
-            halves.append({name: xs[i][name] - lr * t for name, t in zip(names, total, strict=True)})
+                total = [
+                    sum(gs[q] for gs in per_record) / len(per_record) for q in range(len(names))
+                ]
+            halves.append(
+                {name: xs[i][name] - lr * t for name, t in zip(names, total, strict=True)}
+            )
         P = topology.mixing_matrix(k)
         xs = [
             {name: sum(P[i, j] * halves[j][name] for j in range(n)) for name in names}
@@ -75,7 +79,9 @@ def test_simulator_equals_per_node_reference_loop(h, private, graph):
     model = h.tiny_model(seed=3)
     x0 = stack_params(model, n, torch.device("cpu"))
     b, lr, clip, sigma, steps = 2.0, 0.3, 0.5, 0.7, 6
-    sim = Simulator(model, NodeData.from_arrays(*data), topology, lr=lr, expected_batch_size=b, seed=11)
+    sim = Simulator(
+        model, NodeData.from_arrays(*data), topology, lr=lr, expected_batch_size=b, seed=11
+    )
     for _ in range(steps):
         sim.step(private=private, clip=clip, sigma=sigma)
     ref_x, ref_w = _reference_run(
@@ -191,7 +197,9 @@ def test_generators_of_a_block_equal_those_of_the_full_network():
     full = make_node_generators(8, 42)
     block = make_node_generators(8, 42, first_node=3, count=4)
     for g_full, g_block in zip(full[3:7], block, strict=True):
-        torch.testing.assert_close(torch.rand(10, generator=g_full), torch.rand(10, generator=g_block))
+        torch.testing.assert_close(
+            torch.rand(10, generator=g_full), torch.rand(10, generator=g_block)
+        )
     os_a = make_node_generators(2, None)
     os_b = make_node_generators(2, None)
     assert not torch.equal(torch.rand(5, generator=os_a[0]), torch.rand(5, generator=os_b[0]))
@@ -202,7 +210,10 @@ def test_push_sum_invariants(h, graph):
     n = 9
     topology = h.ExpGraph(n) if graph == "exp" else h.RandomColumnStochastic(n, seed=1)
     rng = np.random.default_rng(0)
-    x = {"a": torch.as_tensor(rng.normal(size=(n, 3, 2))), "b": torch.as_tensor(rng.normal(size=(n,)))}
+    x = {
+        "a": torch.as_tensor(rng.normal(size=(n, 3, 2))),
+        "b": torch.as_tensor(rng.normal(size=(n,))),
+    }
     w = torch.ones(n, dtype=torch.float64)
     start_sum = {k: v.sum(0) for k, v in x.items()}
     start_mean = {k: v.mean(0) for k, v in x.items()}

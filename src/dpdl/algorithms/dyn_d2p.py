@@ -272,16 +272,16 @@ def push_sum_mix(
     if circulant is not None:
 
         def apply(t: torch.Tensor) -> torch.Tensor:
-            return sum(weight * torch.roll(t, shifts=int(offset), dims=0) for offset, weight in circulant)
+            return sum(
+                weight * torch.roll(t, shifts=int(offset), dims=0) for offset, weight in circulant
+            )
 
         return {name: apply(p) for name, p in params.items()}, apply(weights)
     require(mixing is not None, "push_sum_mix needs a mixing matrix or a circulant form")
     P = torch.as_tensor(mixing, dtype=weights.dtype, device=weights.device)
     n = weights.shape[0]
     require(P.shape == (n, n), f"mixing matrix has shape {tuple(P.shape)}, expected ({n}, {n})")
-    mixed = {
-        name: torch.einsum("ij,j...->i...", P.to(p.dtype), p) for name, p in params.items()
-    }
+    mixed = {name: torch.einsum("ij,j...->i...", P.to(p.dtype), p) for name, p in params.items()}
     return mixed, P @ weights
 
 

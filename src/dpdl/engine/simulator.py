@@ -111,7 +111,8 @@ class Simulator:
     ):
         require(lr > 0 and np.isfinite(lr), f"learning rate must be positive, got {lr}")
         require(
-            expected_batch_size > 0, f"expected batch size b must be positive, got {expected_batch_size}"
+            expected_batch_size > 0,
+            f"expected batch size b must be positive, got {expected_batch_size}",
         )
         require(loss in LOSSES, f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
         self.device = resolve_device(device)
@@ -225,4 +226,3 @@ class Simulator:
 def accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Fraction correct along the last-but-one dim: outputs (..., N, C), targets (N,)."""
     return (outputs.argmax(dim=-1) == targets).to(torch.float64).mean(dim=-1)
-
