@@ -1,0 +1,282 @@
+"""A privacy ledger for training: what every step spent, and a budget that fails closed.
+
+Each step is a Poisson(p)-subsampled Gaussian mechanism with noise multiplier z = σ/C (SPEC §2),
+stored run-length encoded ([z, count] pairs). Training calls :meth:`PrivacyLedger.plan` once
+with the whole schedule (one certified ε computation, refused if over budget) and then
+:meth:`PrivacyLedger.record_step` per step, which only compares z with the approved plan: a
+step beyond the plan or with less noise than planned raises ``PrivacyBudgetExceeded``. Without
+a plan every step is accounted in full before it is accepted (correct but slow).
+
+The JSON form carries a schema version, the budget and every recorded step; loading restores
+the steps already spent (a ledger can never be reset by a save/load round trip), and anything
+malformed is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from dpdl.accounting.calibration import ACCOUNTANTS, EpsilonReport, epsilon_report
+from dpdl.accounting.gdp import _check_delta, _check_sample_rate
+from dpdl.errors import DPDLError, PrivacyBudgetExceeded, require
+
+__all__ = ["LEDGER_SCHEMA_VERSION", "PrivacyLedger", "run_length_encode", "run_length_decode"]
+
+LEDGER_SCHEMA_VERSION = 1
+# A recorded multiplier may fall short of the planned one by float rounding only.
+MULTIPLIER_RTOL = 1e-9
+
+
+def run_length_encode(values: ArrayLike) -> list[list[float | int]]:
+    """[[value, count], ...] of consecutive equal values (exact float equality)."""
+    array = np.asarray(values, dtype=np.float64).ravel()
+    if array.size == 0:
+        return []
+    starts = np.flatnonzero(np.concatenate(([True], array[1:] != array[:-1])))
+    counts = np.diff(np.append(starts, array.size))
+    return [[float(array[s]), int(c)] for s, c in zip(starts, counts, strict=True)]
+
+
+def run_length_decode(runs: list[list[float | int]]) -> np.ndarray:
+    """The inverse of :func:`run_length_encode`."""
+    if not runs:
+        return np.zeros(0)
+    values = np.array([float(v) for v, _ in runs])
+    counts = np.array([int(c) for _, c in runs])
+    return np.repeat(values, counts)
+
+
+def _check_multipliers(values: ArrayLike, what: str) -> np.ndarray:
+    array = np.asarray(values, dtype=np.float64).ravel()
+    require(array.size > 0, f"{what} must not be empty")
+    require(
+        bool(np.all(np.isfinite(array))) and bool(np.all(array >= 0)),
+        f"{what} must be finite and >= 0 (got min {np.min(array)!r})",
+    )
+    return array
+
+
+class PrivacyLedger:
+    """Records the mechanism of every step and refuses steps that would exceed the budget.
+
+    ``accountant`` ("pld" by default, certified; "rdp"; or "clt", the paper's approximation)
+    decides both the budget checks and the default of :meth:`epsilon_spent`. ``blocks`` makes
+    the PLD accountant use the blocked upper bound (faster for long heterogeneous schedules).
+    """
+
+    def __init__(
+        self,
+        sample_rate: float,
+        delta: float,
+        epsilon_budget: float,
+        accountant: str = "pld",
+        *,
+        blocks: int | None = None,
+    ):
+        self.sample_rate = _check_sample_rate(sample_rate)
+        self.delta = _check_delta(delta)
+        require(
+            isinstance(epsilon_budget, int | float | np.floating)
+            and not math.isnan(epsilon_budget)
+            and epsilon_budget > 0,
+            f"epsilon_budget must be a positive number, got {epsilon_budget!r}",
+        )
+        self.epsilon_budget = float(epsilon_budget)
+        require(
+            accountant in ACCOUNTANTS,
+            f"unknown accountant {accountant!r}; expected one of {ACCOUNTANTS}",
+        )
+        self.accountant = accountant
+        require(
+            blocks is None or (isinstance(blocks, int) and blocks >= 1),
+            f"blocks must be a positive integer, got {blocks!r}",
+        )
+        self.blocks = blocks
+        self._recorded: list[float] = []  # per step; encoded on save
+        self._approved: np.ndarray | None = None  # the whole approved sequence from step 0
+        self._approved_epsilon: float | None = None
+
+    # ------------------------------------------------------------------ accounting
+    def _options(self, accountant: str) -> dict[str, Any]:
+        if accountant != "pld":
+            return {}
+        return {"mode": "blocked", "blocks": self.blocks} if self.blocks else {"mode": "exact"}
+
+    def _report(self, multipliers: np.ndarray, accountant: str | None = None) -> EpsilonReport:
+        accountant = accountant or self.accountant
+        return epsilon_report(
+            accountant, multipliers, self.sample_rate, self.delta, **self._options(accountant)
+        )
+
+    @property
+    def steps_taken(self) -> int:
+        return len(self._recorded)
+
+    @property
+    def recorded_multipliers(self) -> np.ndarray:
+        return np.asarray(self._recorded, dtype=np.float64)
+
+    @property
+    def planned_steps(self) -> int | None:
+        """Length of the approved plan (counted from step 0), or None without a plan."""
+        return None if self._approved is None else int(self._approved.size)
+
+    def spent_report(self, accountant: str | None = None) -> EpsilonReport:
+        """The ``EpsilonReport`` of all steps recorded so far."""
+        if accountant is not None:
+            require(
+                accountant in ACCOUNTANTS,
+                f"unknown accountant {accountant!r}; expected one of {ACCOUNTANTS}",
+            )
+        name = accountant or self.accountant
+        if not self._recorded:
+            return EpsilonReport(
+                accountant=name,
+                epsilon=0.0,
+                delta=self.delta,
+                certified=name != "clt",
+                method="no-steps",
+            )
+        return self._report(self.recorded_multipliers, name)
+
+    def epsilon_spent(self, accountant: str | None = None) -> float:
+        """ε of all steps recorded so far under ``accountant`` (the ledger's by default)."""
+        return float(self.spent_report(accountant).epsilon)
+
+    # ------------------------------------------------------------------ budget
+    def plan(self, noise_multipliers: ArrayLike) -> EpsilonReport:
+        """Approve the steps that follow the ones already recorded, or raise.
+
+        The recorded steps composed with ``noise_multipliers`` must have ε ≤ the budget under
+        the ledger's accountant; then ``record_step`` only checks each step against the plan.
+        """
+        planned = _check_multipliers(noise_multipliers, "planned noise multipliers")
+        whole = np.concatenate([self.recorded_multipliers, planned])
+        report = self._report(whole)
+        if not report.epsilon <= self.epsilon_budget:
+            raise PrivacyBudgetExceeded(
+                f"the planned schedule ({self.steps_taken} recorded + {planned.size} planned "
+                f"steps) has {report.accountant} epsilon {report.epsilon:.6g} > budget "
+                f"{self.epsilon_budget:.6g} at delta {self.delta:g}"
+            )
+        self._approved = whole
+        self._approved_epsilon = float(report.epsilon)
+        return report
+
+    def record_step(self, noise_multiplier: float) -> None:
+        """Record one step with multiplier z = σ/C, or raise ``PrivacyBudgetExceeded``."""
+        z = float(_check_multipliers([noise_multiplier], "noise multiplier")[0])
+        k = self.steps_taken
+        if self._approved is not None:
+            if k >= self._approved.size:
+                raise PrivacyBudgetExceeded(
+                    f"step {k} lies beyond the approved plan of {self._approved.size} steps"
+                )
+            planned = float(self._approved[k])
+            if z < planned * (1 - MULTIPLIER_RTOL):
+                raise PrivacyBudgetExceeded(
+                    f"step {k} has noise multiplier {z:.9g} < the planned {planned:.9g}"
+                )
+        else:
+            report = self._report(np.append(self.recorded_multipliers, z))
+            if not report.epsilon <= self.epsilon_budget:
+                raise PrivacyBudgetExceeded(
+                    f"step {k} would bring {report.accountant} epsilon to {report.epsilon:.6g}"
+                    f" > budget {self.epsilon_budget:.6g}"
+                )
+        self._recorded.append(z)
+
+    def record_steps(self, noise_multipliers: ArrayLike) -> None:
+        """Record several steps at once, each checked as by :meth:`record_step`."""
+        for z in _check_multipliers(noise_multipliers, "noise multipliers"):
+            self.record_step(float(z))
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": LEDGER_SCHEMA_VERSION,
+            "sample_rate": self.sample_rate,
+            "delta": self.delta,
+            "epsilon_budget": self.epsilon_budget,
+            "accountant": self.accountant,
+            "blocks": self.blocks,
+            "steps_taken": self.steps_taken,
+            "recorded": run_length_encode(self._recorded),
+            "approved_plan": None if self._approved is None else run_length_encode(self._approved),
+            "approved_epsilon": self._approved_epsilon,
+        }
+
+    def to_json(self, **json_options: Any) -> str:
+        return json.dumps(self.to_dict(), **json_options)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PrivacyLedger:
+        require(isinstance(data, dict), "a privacy ledger must be a JSON object")
+        version = data.get("schema_version")
+        require(
+            version == LEDGER_SCHEMA_VERSION,
+            f"unsupported ledger schema_version {version!r} (expected {LEDGER_SCHEMA_VERSION})",
+        )
+        missing = {"sample_rate", "delta", "epsilon_budget", "accountant", "recorded"} - set(data)
+        require(not missing, f"privacy ledger lacks the keys {sorted(missing)}")
+        ledger = cls(
+            data["sample_rate"],
+            data["delta"],
+            data["epsilon_budget"],
+            data["accountant"],
+            blocks=data.get("blocks"),
+        )
+        recorded = _decode(data["recorded"], "recorded")
+        if "steps_taken" in data:
+            require(
+                data["steps_taken"] == recorded.size,
+                f"ledger says steps_taken = {data['steps_taken']!r} but records "
+                f"{recorded.size} steps",
+            )
+        ledger._recorded = [float(z) for z in recorded]
+        if data.get("approved_plan") is not None:
+            approved = _decode(data["approved_plan"], "approved_plan")
+            require(
+                approved.size >= recorded.size,
+                "the approved plan is shorter than the steps already recorded",
+            )
+            ledger._approved = approved
+            ledger._approved_epsilon = data.get("approved_epsilon")
+        return ledger
+
+    @classmethod
+    def from_json(cls, text: str) -> PrivacyLedger:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise DPDLError(f"privacy ledger is not valid JSON: {err}") from None
+        return cls.from_dict(data)
+
+    def __repr__(self) -> str:
+        return (
+            f"PrivacyLedger(steps_taken={self.steps_taken}, accountant={self.accountant!r}, "
+            f"epsilon_budget={self.epsilon_budget}, delta={self.delta}, "
+            f"sample_rate={self.sample_rate}, planned_steps={self.planned_steps})"
+        )
+
+
+def _decode(runs: Any, what: str) -> np.ndarray:
+    require(isinstance(runs, list), f"ledger field {what!r} must be a list of [z, count] pairs")
+    for run in runs:
+        require(
+            isinstance(run, list | tuple)
+            and len(run) == 2
+            and isinstance(run[1], int)
+            and not isinstance(run[1], bool)
+            and run[1] >= 1
+            and isinstance(run[0], int | float)
+            and math.isfinite(run[0])
+            and run[0] >= 0,
+            f"ledger field {what!r} holds a malformed run {run!r}",
+        )
+    return run_length_decode(runs)

@@ -1,0 +1,244 @@
+"""``dpdl account``: calibrate a Dyn-D2P family schedule and report its ε (SPEC §1-2).
+
+Example::
+
+    dpdl account --algorithm dyn-mu-d2p --epsilon 1 --delta 1e-4 --steps 10000 \\
+        --sample-rate 0.0004 --rho-mu 2 --calibrate clt --report clt,pld,rdp --json
+
+Never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpdl.accounting.calibration import ACCOUNTANTS, calibrate
+from dpdl.accounting.schedules import (
+    ALGORITHMS,
+    DEFAULT_CLIP,
+    DEFAULT_RHO_C,
+    DEFAULT_RHO_MU,
+)
+from dpdl.errors import DPDLError, require
+
+HELP = "Privacy accounting of a Dyn-D2P family schedule (CLT, PLD, RDP)."
+
+# Warn when a certified accountant's ε exceeds the CLT's by more than this factor.
+CLT_GAP_WARNING_RATIO = 1.1
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--algorithm", required=True, help=f"one of {', '.join(ALGORITHMS)}")
+    parser.add_argument("--epsilon", type=float, help="target epsilon (> 0)")
+    parser.add_argument("--delta", type=float, default=1e-4, help="target delta (default 1e-4)")
+    parser.add_argument("--steps", type=int, required=True, help="number of iterations K")
+    rate = parser.add_argument_group("sampling (give --sample-rate, or both of the others)")
+    rate.add_argument("--sample-rate", type=float, help="Poisson sampling rate p in (0, 1]")
+    rate.add_argument("--dataset-size", type=int, help="records per node J (p = b / J)")
+    rate.add_argument("--batch-size", type=int, help="expected batch size b")
+    parser.add_argument("--clip", type=float, default=DEFAULT_CLIP, help="C̄ (default 1.0)")
+    parser.add_argument("--clip0", type=float, help="C0 of the decaying clip (default C̄)")
+    parser.add_argument("--rho-c", type=float, help=f"clip decay ρ_c > 1 (default {DEFAULT_RHO_C})")
+    parser.add_argument(
+        "--rho-mu", type=float, help=f"budget growth ρ_μ > 1 (default {DEFAULT_RHO_MU})"
+    )
+    parser.add_argument(
+        "--calibrate",
+        default="pld",
+        help="accountant to calibrate with: clt, pld (default, certified) or rdp",
+    )
+    parser.add_argument(
+        "--report",
+        default=",".join(ACCOUNTANTS),
+        help="comma-separated accountants to report (default clt,pld,rdp)",
+    )
+    parser.add_argument(
+        "--blocks", type=int, help="use the blocked PLD upper bound with this many blocks"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--schedule-out", metavar="FILE.csv", help="write per-step k, C_k, mu_k, sigma_k"
+    )
+
+
+def _sample_rate(args: argparse.Namespace) -> float:
+    if args.sample_rate is not None:
+        require(
+            args.dataset_size is None and args.batch_size is None,
+            "give either --sample-rate or --dataset-size with --batch-size, not both",
+        )
+        return args.sample_rate
+    require(
+        args.dataset_size is not None and args.batch_size is not None,
+        "give --sample-rate, or both --dataset-size and --batch-size",
+    )
+    require(args.dataset_size >= 1, f"--dataset-size must be >= 1, got {args.dataset_size}")
+    require(args.batch_size >= 1, f"--batch-size must be >= 1, got {args.batch_size}")
+    require(
+        args.batch_size <= args.dataset_size,
+        f"--batch-size {args.batch_size} exceeds --dataset-size {args.dataset_size}",
+    )
+    return args.batch_size / args.dataset_size
+
+
+def _accountant_list(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    require(names, f"--report needs at least one accountant, got {text!r}")
+    for name in names:
+        require(
+            name in ACCOUNTANTS,
+            f"unknown accountant {name!r} in --report; expected some of {', '.join(ACCOUNTANTS)}",
+        )
+    return list(dict.fromkeys(names))
+
+
+def _finite_or_none(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(value) else float(value)
+
+
+def _validate(args: argparse.Namespace) -> None:
+    require(
+        args.algorithm in ALGORITHMS,
+        f"unknown algorithm {args.algorithm!r}; expected one of {', '.join(ALGORITHMS)}",
+    )
+    require(
+        args.calibrate in ACCOUNTANTS,
+        f"unknown accountant {args.calibrate!r} for --calibrate; expected one of "
+        f"{', '.join(ACCOUNTANTS)}",
+    )
+    require(args.steps >= 1, f"--steps must be >= 1, got {args.steps}")
+    if args.algorithm != "sgp":
+        require(args.epsilon is not None, f"--epsilon is required for {args.algorithm}")
+    if args.epsilon is not None:
+        require(
+            math.isfinite(args.epsilon) and args.epsilon > 0,
+            f"--epsilon must be > 0, got {args.epsilon}",
+        )
+    require(0 < args.delta < 1, f"--delta must lie in (0, 1), got {args.delta}")
+    for flag, value in (("--rho-c", args.rho_c), ("--rho-mu", args.rho_mu)):
+        require(
+            value is None or (math.isfinite(value) and value > 1),
+            f"{flag} must be > 1, got {value}",
+        )
+    for flag, value in (("--clip", args.clip), ("--clip0", args.clip0)):
+        require(
+            value is None or (math.isfinite(value) and value > 0),
+            f"{flag} must be > 0, got {value}",
+        )
+    require(args.blocks is None or args.blocks >= 1, f"--blocks must be >= 1, got {args.blocks}")
+
+
+def _warnings(epsilons: dict[str, Any]) -> list[str]:
+    clt = epsilons.get("clt")
+    out = []
+    for name in ("pld", "rdp"):
+        certified = epsilons.get(name)
+        if clt is None or certified is None or not math.isfinite(certified.epsilon):
+            continue
+        if certified.epsilon > CLT_GAP_WARNING_RATIO * clt.epsilon:
+            out.append(
+                f"the CLT epsilon {clt.epsilon:.4g} is far below the certified {name} epsilon "
+                f"{certified.epsilon:.4g} ({certified.epsilon / clt.epsilon:.2f}x): the CLT is an "
+                "approximation that understates privacy loss at small sampling rates"
+            )
+    return out
+
+
+def _write_schedule(path: str, table: np.ndarray) -> None:
+    try:
+        np.savetxt(
+            Path(path),
+            table,
+            delimiter=",",
+            header="k,C_k,mu_k,sigma_k",
+            comments="",
+            fmt=["%d", "%.17g", "%.17g", "%.17g"],
+        )
+    except OSError as err:
+        raise DPDLError(f"cannot write --schedule-out {path!r}: {err.strerror}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    _validate(args)
+    sample_rate = _sample_rate(args)
+    require(0 < sample_rate <= 1, f"--sample-rate must lie in (0, 1], got {sample_rate}")
+    report_names = _accountant_list(args.report)
+    # The CLT is cheap: always compute it so the gap warning can be given.
+    computed = list(dict.fromkeys([*report_names, "clt"]))
+    options: dict[str, Any] = {
+        "epsilon": args.epsilon,
+        "delta": args.delta,
+        "steps": args.steps,
+        "sample_rate": sample_rate,
+        "clip": args.clip,
+        "clip0": args.clip0,
+        "rho_c": DEFAULT_RHO_C if args.rho_c is None else args.rho_c,
+        "rho_mu": DEFAULT_RHO_MU if args.rho_mu is None else args.rho_mu,
+        "calibrate": args.calibrate,
+        "blocks": args.blocks,
+    }
+    result = calibrate(args.algorithm, report=computed, **options)
+    schedule = result.schedule
+    warnings = _warnings(result.reports) if schedule.private else []
+    if args.schedule_out:
+        _write_schedule(args.schedule_out, schedule.table())
+
+    summary = schedule.to_dict()
+    summary.update(
+        {
+            "epsilon_target": args.epsilon,
+            "delta": args.delta,
+            "epsilon": {n: _finite_or_none(result.reports[n].epsilon) for n in report_names},
+            "certified": {n: result.reports[n].certified for n in report_names},
+            "method": {n: result.reports[n].method for n in report_names},
+            "warnings": warnings,
+        }
+    )
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        _print_summary(summary, schedule, result.reports, report_names)
+        for warning in warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+    return 0
+
+
+def _ends(values: np.ndarray | None) -> str:
+    if values is None:
+        return "—"
+    return f"{values[0]:.6g} -> {values[-1]:.6g}"
+
+
+def _print_summary(summary, schedule, reports, report_names) -> None:
+    print(
+        f"{schedule.algorithm}: K = {schedule.steps} steps, sample rate p = "
+        f"{schedule.sample_rate:.6g}, delta = {summary['delta']:g}"
+    )
+    if not schedule.private:
+        print("  non-private (no clipping, no noise): no finite epsilon")
+        return
+    print(
+        f"  target epsilon {summary['epsilon_target']:g}, calibrated with "
+        f"{schedule.calibrated_with}"
+        + (" (approximate)" if schedule.calibrated_with == "clt" else " (certified)")
+    )
+    print(f"  clip C_k           {_ends(schedule.clip)}")
+    print(f"  budget mu_k        {_ends(schedule.mu)}")
+    print(f"  noise sigma_k      {_ends(schedule.sigma)}")
+    print(f"  multiplier z_k     {_ends(schedule.noise_multipliers)}")
+    for key in ("mu0", "mu_bar", "sigma_scale", "mu_tot"):
+        if summary.get(key) is not None:
+            label = "mu_tot (CLT)" if key == "mu_tot" else key
+            print(f"  {label:<18} {summary[key]:.6g}")
+    print("  epsilon:")
+    for name in report_names:
+        report = reports[name]
+        kind = f"certified ({report.method})" if report.certified else "approximate (CLT)"
+        print(f"    {name:<4} {report.epsilon:10.6g}   {kind}")
