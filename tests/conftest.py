@@ -1,6 +1,12 @@
 import os
+import sys
+from pathlib import Path
 
 import pytest
+
+# Spawned worker processes (torch.multiprocessing, process pools) unpickle test functions by
+# module name (tests.<area>.<module>): they need the repository root on their path.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 

@@ -1,0 +1,86 @@
+"""Point-to-point push-sum mixing across gloo processes equals the dense product P^k x."""
+
+import os
+import socket
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from dpdl.engine.comm import PointToPointMixer, block_bounds
+from dpdl.errors import DPDLError
+
+
+class _Shift:
+    """Time-varying one-peer exponential graph of SPEC §3, built here from its definition."""
+
+    def __init__(self, n):
+        self.n, self.m = n, (n - 1).bit_length()
+        self.period = self.m
+
+    def mixing_matrix(self, k):
+        s = 2 ** (k % self.m)
+        P = 0.5 * np.eye(self.n)
+        P[(np.arange(self.n) + s) % self.n, np.arange(self.n)] += 0.5
+        return P
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world, port, n, steps, out_dir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    lo, hi = block_bounds(n, world, rank)
+    rng = np.random.default_rng(0)
+    x0 = torch.as_tensor(rng.normal(size=(n, 3, 2)), dtype=torch.float32)
+    params = {"a": x0[lo:hi].clone(), "b": x0[lo:hi, :, 0].clone() * 2}
+    w = torch.ones(hi - lo, dtype=torch.float64)
+    mixer = PointToPointMixer(_Shift(n), n, rank, world, torch.device("cpu"))
+    for k in range(steps):
+        params, w = mixer.mix(params, w, k)
+    torch.save(
+        {"a": params["a"], "b": params["b"], "w": w, "bytes": mixer.bytes_sent},
+        os.path.join(out_dir, f"{rank}.pt"),
+    )
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_p2p_mixing_equals_dense_product(tmp_path, world):
+    n, steps = 7, 6
+    mp.start_processes(
+        _worker, args=(world, _free_port(), n, steps, str(tmp_path)), nprocs=world,
+        start_method="spawn",
+    )  # fmt: skip
+    parts = [torch.load(tmp_path / f"{r}.pt") for r in range(world)]
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(n, 3, 2))
+    b = x[:, :, 0] * 2
+    w = np.ones(n)
+    graph = _Shift(n)
+    for k in range(steps):
+        P = graph.mixing_matrix(k)
+        x, b, w = np.einsum("ij,j...->i...", P, x), P @ b, P @ w
+    got_x = torch.cat([p["a"] for p in parts]).numpy()
+    np.testing.assert_allclose(got_x, x, atol=1e-5)
+    np.testing.assert_allclose(torch.cat([p["b"] for p in parts]).numpy(), b, atol=1e-5)
+    np.testing.assert_allclose(torch.cat([p["w"] for p in parts]).numpy(), w, atol=1e-12)
+    assert sum(p["bytes"] for p in parts) > 0
+
+
+def test_block_bounds_cover_all_nodes_contiguously():
+    for n in (1, 5, 8, 20):
+        for world in range(1, n + 1):
+            blocks = [block_bounds(n, world, r) for r in range(world)]
+            assert blocks[0][0] == 0 and blocks[-1][1] == n
+            assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:], strict=False))
+            sizes = [hi - lo for lo, hi in blocks]
+            assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
+    with pytest.raises(DPDLError, match="at least one node"):
+        block_bounds(3, 4, 0)
