@@ -136,9 +136,10 @@ def log_clt_sum(mus: ArrayLike) -> float:
         bool(np.all(np.isfinite(squares))) and bool(np.all(squares >= 0)),
         "per-step budgets mus must be finite",
     )
-    with np.errstate(divide="ignore"):
+    # Underflow of negligible terms to 0 is harmless; log(0) = -inf only for μ_k = 0.
+    with np.errstate(divide="ignore", under="ignore"):
         log_terms = squares + np.log(-np.expm1(-squares))
-    return float(logsumexp(log_terms))
+        return float(logsumexp(log_terms))
 
 
 def clt_mu_total(sample_rate: float, mus: ArrayLike) -> float:
