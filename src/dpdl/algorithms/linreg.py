@@ -1,0 +1,355 @@
+"""DP decentralized linear regression (SPEC §5, seed 001 Algorithm 1), vectorized over nodes.
+
+State: β is an (k, m) array, one row per node. Node i holds X_i (n_i × m) and y_i, with
+L_i(β) = ½‖X_i β − y_i‖², so ∇L_i(β) = G_i β − h_i with the Gram matrix G_i = X_iᵀX_i and
+h_i = X_iᵀy_i (precomputed once; the step never touches the raw records). For t = 0 … T−1:
+
+1. ω_i(t) with i.i.d. Laplace(0, v(t)) coordinates (v is the *scale*, std √2·v);
+2. every node shares β♭_i(t) = β_i(t) + ω_i(t);
+3. β♯_i(t) = P_Ω(β♭_i(t));
+4. β_i(t+1) = Σ_j W_ij β♯_j(t) − α(t) ∇L_i(β♯_i(t)).
+
+The privacy guarantee (:mod:`dpdl.accounting.linreg`) covers everything shared, β♭(0..T−1),
+and the final shared estimate β♭(T) = β(T) + ω(T) (its privacy loss is the t = T−1 term of
+the sum); the internal β_i(T) itself is not noised, so a publishable estimate is
+``released`` = P_Ω(β♭(T)). Utility is ‖β_i(t) − β*‖ against the pooled least-squares β*.
+The non-private variant (``noise=None``, ``domain=None``) is decentralized gradient descent,
+which converges to β* when Σα(t) = ∞ and α(t) → 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.sparse.csgraph import connected_components
+
+from dpdl.accounting.linreg import PowerDecay
+from dpdl.errors import DPDLError, require
+
+__all__ = [
+    "Ball",
+    "Box",
+    "clip_rows",
+    "clip_labels",
+    "spectral_norm_bound_holds",
+    "validate_symmetric_mixing",
+    "LocalProblems",
+    "pooled_least_squares",
+    "LinRegResult",
+    "run_linreg",
+]
+
+
+# ---------------------------------------------------------------------------- domains Ω
+@dataclass(frozen=True)
+class Ball:
+    """Ω = {β : ‖β − center‖₂ ≤ radius}; center 0 by default (SPEC §5's default Ω)."""
+
+    radius: float
+    center: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        require(
+            isinstance(self.radius, int | float | np.integer | np.floating)
+            and math.isfinite(self.radius)
+            and self.radius > 0,
+            f"the radius of the ball Ω must be a finite positive number, got {self.radius!r}",
+        )
+        if self.center is not None:
+            center = np.asarray(self.center, dtype=np.float64)
+            require(center.ndim == 1 and np.all(np.isfinite(center)),
+                    f"the centre of the ball Ω must be a finite vector, got {self.center!r}")
+            object.__setattr__(self, "center", center)
+
+    @property
+    def bound(self) -> float:
+        """B_Ω = sup_{β∈Ω} ‖β‖₂ = ‖center‖ + radius."""
+        shift = 0.0 if self.center is None else float(np.linalg.norm(self.center))
+        return shift + float(self.radius)
+
+    def project(self, beta: np.ndarray) -> np.ndarray:
+        """Euclidean projection of every row of ``beta`` (shape (k, m)) onto the ball."""
+        center = 0.0 if self.center is None else self.center
+        offset = beta - center
+        norms = np.linalg.norm(offset, axis=-1, keepdims=True)
+        shrink = np.minimum(1.0, self.radius / np.maximum(norms, np.finfo(np.float64).tiny))
+        return center + offset * shrink
+
+    def contains(self, beta: np.ndarray, *, tol: float = 1e-9) -> np.ndarray:
+        center = 0.0 if self.center is None else self.center
+        return np.linalg.norm(np.asarray(beta) - center, axis=-1) <= self.radius * (1 + tol)
+
+
+@dataclass(frozen=True)
+class Box:
+    """Ω = {β : lower ≤ β ≤ upper} coordinate-wise (scalars broadcast); projection is a clip."""
+
+    lower: np.ndarray | float
+    upper: np.ndarray | float
+
+    def __post_init__(self) -> None:
+        lower = np.asarray(self.lower, dtype=np.float64)
+        upper = np.asarray(self.upper, dtype=np.float64)
+        require(np.all(np.isfinite(lower)) and np.all(np.isfinite(upper)),
+                f"the box Ω must have finite bounds, got lower={self.lower!r}, "
+                f"upper={self.upper!r}")
+        require(np.all(lower <= upper),
+                f"the box Ω needs lower <= upper, got lower={self.lower!r}, upper={self.upper!r}")
+        object.__setattr__(self, "lower", lower)
+        object.__setattr__(self, "upper", upper)
+
+    def bound_for(self, num_features: int) -> float:
+        """B_Ω = ‖(max(|l_j|, |u_j|))_j‖₂ for an m-dimensional box."""
+        corner = np.broadcast_to(np.maximum(np.abs(self.lower), np.abs(self.upper)),
+                                 (num_features,))
+        return float(np.linalg.norm(corner))
+
+    @property
+    def bound(self) -> float:
+        if self.lower.ndim == 0 and self.upper.ndim == 0:
+            raise DPDLError("a scalar box needs the dimension: use Box.bound_for(m)")
+        return self.bound_for(int(np.broadcast_shapes(self.lower.shape, self.upper.shape)[0]))
+
+    def project(self, beta: np.ndarray) -> np.ndarray:
+        return np.clip(beta, self.lower, self.upper)
+
+    def contains(self, beta: np.ndarray, *, tol: float = 1e-12) -> np.ndarray:
+        beta = np.asarray(beta)
+        return np.all((beta >= self.lower - tol) & (beta <= self.upper + tol), axis=-1)
+
+
+def omega_bound(domain: Ball | Box, num_features: int) -> float:
+    return domain.bound_for(num_features) if isinstance(domain, Box) else domain.bound
+
+
+# ---------------------------------------------------------------- data-norm enforcement
+def clip_rows(x: np.ndarray, max_norm: float) -> tuple[np.ndarray, int]:
+    """Scale every row of ``x`` to ℓ2 norm at most ``max_norm``; returns (clipped, #clipped).
+
+    Then ‖X_i‖₂ ≤ max_norm·√n_i (SPEC §5: δ_X = r√n_M, not r).
+    """
+    require(math.isfinite(max_norm) and max_norm > 0,
+            f"the row clipping norm must be a finite positive number, got {max_norm!r}")
+    x = np.asarray(x, dtype=np.float64)
+    require(x.ndim == 2, f"features must be a 2-D (records, features) array, got {x.shape}")
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    scale = np.minimum(1.0, max_norm / np.maximum(norms, np.finfo(np.float64).tiny))
+    return x * scale, int(np.count_nonzero(scale < 1.0))
+
+
+def clip_labels(y: np.ndarray, bound: float) -> tuple[np.ndarray, int]:
+    """Clip every label to [−bound, bound]; returns (clipped, #clipped). ‖y_i‖₂ ≤ bound·√n_i."""
+    require(math.isfinite(bound) and bound > 0,
+            f"the label clipping bound must be a finite positive number, got {bound!r}")
+    y = np.asarray(y, dtype=np.float64).reshape(-1)
+    return np.clip(y, -bound, bound), int(np.count_nonzero(np.abs(y) > bound))
+
+
+def spectral_norm_bound_holds(
+    x_parts: Sequence[np.ndarray], y_parts: Sequence[np.ndarray], delta_x: float, delta_y: float
+) -> bool:
+    """Whether every node satisfies ‖X_i‖₂ ≤ δ_X and ‖y_i‖₂ ≤ δ_y (with a 1e-9 relative slack)."""
+    for x, y in zip(x_parts, y_parts, strict=True):
+        if np.linalg.norm(np.asarray(x, dtype=np.float64), ord=2) > delta_x * (1 + 1e-9):
+            return False
+        if np.linalg.norm(np.asarray(y, dtype=np.float64)) > delta_y * (1 + 1e-9):
+            return False
+    return True
+
+
+# ------------------------------------------------------------------------- mixing matrix
+def validate_symmetric_mixing(w: np.ndarray, *, atol: float = 1e-10) -> np.ndarray:
+    """Check SPEC §5's W: square, non-negative, symmetric, doubly stochastic, positive
+    diagonal, and a connected graph. Returns W as float64."""
+    w = np.asarray(w, dtype=np.float64)
+    require(w.ndim == 2 and w.shape[0] == w.shape[1] and w.shape[0] >= 1,
+            f"the mixing matrix W must be square, got shape {w.shape}")
+    require(np.all(np.isfinite(w)), "the mixing matrix W has non-finite entries")
+    require(np.all(w >= -atol), f"the mixing matrix W has a negative entry {w.min()!r}")
+    asym = float(np.max(np.abs(w - w.T)))
+    require(asym <= atol, f"the mixing matrix W must be symmetric; max |W - W^T| = {asym:.3g}")
+    row_err = float(np.max(np.abs(w.sum(axis=1) - 1.0)))
+    require(row_err <= atol,
+            f"the mixing matrix W must be doubly stochastic; max |row sum - 1| = {row_err:.3g}")
+    require(np.all(np.diag(w) > 0), "the mixing matrix W needs W_ii > 0 for every node")
+    n_components, _ = connected_components(w > atol, directed=False)
+    require(n_components == 1,
+            f"the graph of W must be connected, it has {n_components} components")
+    return w
+
+
+# -------------------------------------------------------------------------- local problems
+@dataclass(frozen=True)
+class LocalProblems:
+    """The per-node least-squares problems in the form the iteration needs.
+
+    gram: (k, m, m) stack of X_iᵀX_i; xty: (k, m) stack of X_iᵀy_i; records: (k,) n_i.
+    """
+
+    gram: np.ndarray
+    xty: np.ndarray
+    records: np.ndarray
+
+    @classmethod
+    def from_parts(cls, x_parts: Sequence[np.ndarray], y_parts: Sequence[np.ndarray]):
+        require(len(x_parts) >= 1 and len(x_parts) == len(y_parts),
+                f"need one (X_i, y_i) per node; got {len(x_parts)} feature and "
+                f"{len(y_parts)} label blocks")
+        xs = [np.asarray(x, dtype=np.float64) for x in x_parts]
+        ys = [np.asarray(y, dtype=np.float64).reshape(-1) for y in y_parts]
+        m = xs[0].shape[1] if xs[0].ndim == 2 else -1
+        for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
+            require(x.ndim == 2 and x.shape[1] == m,
+                    f"node {i}: features must be (n_i, {m}), got {x.shape}")
+            require(x.shape[0] == y.shape[0] and x.shape[0] >= 1,
+                    f"node {i}: {x.shape[0]} feature rows but {y.shape[0]} labels")
+            require(np.all(np.isfinite(x)) and np.all(np.isfinite(y)),
+                    f"node {i}: data contain non-finite values")
+        return cls(
+            gram=np.stack([x.T @ x for x in xs]),
+            xty=np.stack([x.T @ y for x, y in zip(xs, ys, strict=True)]),
+            records=np.array([x.shape[0] for x in xs]),
+        )
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.gram.shape[0])
+
+    @property
+    def num_features(self) -> int:
+        return int(self.gram.shape[1])
+
+    def gradients(self, beta: np.ndarray) -> np.ndarray:
+        """∇L_i(β_i) = X_iᵀX_i β_i − X_iᵀy_i for every node at once (β: (k, m))."""
+        return np.einsum("kij,kj->ki", self.gram, beta) - self.xty
+
+    def pooled_solution(self) -> np.ndarray:
+        """β* = (XᵀX)⁻¹Xᵀy of the pooled data, from the summed normal equations."""
+        gram = self.gram.sum(axis=0)
+        rank = np.linalg.matrix_rank(gram)
+        require(rank == self.num_features,
+                f"the pooled data have rank {rank} < {self.num_features} features: "
+                "β* = (XᵀX)⁻¹Xᵀy is not unique")
+        return np.linalg.solve(gram, self.xty.sum(axis=0))
+
+
+def pooled_least_squares(x_parts: Sequence[np.ndarray], y_parts: Sequence[np.ndarray]):
+    """β* of the pooled data (SPEC §5 utility reference), by ``numpy.linalg.lstsq``."""
+    x = np.concatenate([np.asarray(p, dtype=np.float64) for p in x_parts])
+    y = np.concatenate([np.asarray(p, dtype=np.float64).reshape(-1) for p in y_parts])
+    return np.linalg.lstsq(x, y, rcond=None)[0]
+
+
+# ------------------------------------------------------------------------------ iteration
+@dataclass
+class LinRegResult:
+    """What one run recorded.
+
+    steps: the recorded t (0 … T); errors: (len(steps), k) ‖β_i(t) − β*‖;
+    consensus: (len(steps),) max_i ‖β_i(t) − mean_j β_j(t)‖; beta: final β(T), (k, m);
+    released: P_Ω(β(T) + ω(T)), the private estimate a node may publish (= β(T) when
+    non-private); released_errors: (k,) its distance to β*; noise_scale: v(t) per step t < T.
+    """
+
+    steps: np.ndarray
+    errors: np.ndarray
+    consensus: np.ndarray
+    beta: np.ndarray
+    released: np.ndarray
+    released_errors: np.ndarray
+    beta_star: np.ndarray
+    noise_scale: np.ndarray
+    trajectory: np.ndarray | None = None  # (len(steps), k, m) when requested
+
+
+def run_linreg(
+    problems: LocalProblems,
+    mixing: np.ndarray,
+    *,
+    steps: int,
+    alpha: PowerDecay,
+    noise: PowerDecay | None,
+    domain: Ball | Box | None,
+    seed: int,
+    beta0: np.ndarray | None = None,
+    beta_star: np.ndarray | None = None,
+    record_every: int = 1,
+    keep_trajectory: bool = False,
+) -> LinRegResult:
+    """Run T steps of SPEC §5's algorithm for all nodes at once.
+
+    ``noise=None`` skips step 1 and ``domain=None`` skips step 3 (the non-private baseline).
+    Privacy-critical: a private run must have both (the guarantee needs ‖β♯‖ ≤ B_Ω), so
+    noise without a domain is refused. ``beta0`` (default 0) may be (m,) or (k, m);
+    ``beta_star`` defaults to the pooled least-squares solution. Laplace draws come from
+    ``numpy.random.default_rng(seed)``, one (k, m) block per step.
+    """
+    require(isinstance(steps, int | np.integer) and steps >= 1,
+            f"steps (T) must be a positive integer, got {steps!r}")
+    require(isinstance(record_every, int | np.integer) and record_every >= 1,
+            f"record_every must be a positive integer, got {record_every!r}")
+    require(noise is None or domain is not None,
+            "a private run (noise given) needs the projection domain Ω: the privacy bound "
+            "uses ‖P_Ω(β)‖ ≤ B_Ω")
+    k, m = problems.num_nodes, problems.num_features
+    w = validate_symmetric_mixing(mixing)
+    require(w.shape[0] == k, f"the mixing matrix is {w.shape[0]}x{w.shape[0]} but there are "
+                             f"{k} nodes")
+    if beta_star is None:
+        beta_star = problems.pooled_solution()
+    beta_star = np.asarray(beta_star, dtype=np.float64)
+    require(beta_star.shape == (m,), f"beta_star must have shape ({m},), got {beta_star.shape}")
+    beta = np.zeros((k, m)) if beta0 is None else np.broadcast_to(
+        np.asarray(beta0, dtype=np.float64), (k, m)).copy()
+    rng = np.random.default_rng(seed)
+
+    times = np.arange(steps + 1)
+    noise_scale = np.zeros(steps + 1) if noise is None else noise(times)
+    step_sizes = alpha(times[:-1])
+    record_at = np.unique(np.append(times[::record_every], steps))
+    errors = np.empty((len(record_at), k))
+    consensus = np.empty(len(record_at))
+    trajectory = np.empty((len(record_at), k, m)) if keep_trajectory else None
+    slot = 0
+
+    def record(state: np.ndarray) -> None:
+        nonlocal slot
+        errors[slot] = np.linalg.norm(state - beta_star, axis=1)
+        consensus[slot] = np.linalg.norm(state - state.mean(axis=0), axis=1).max()
+        if trajectory is not None:
+            trajectory[slot] = state
+        slot += 1
+
+    with np.errstate(over="ignore", invalid="ignore"):  # divergence is reported below
+        for t in range(steps):
+            if slot < len(record_at) and record_at[slot] == t:
+                record(beta)
+            shared = beta if noise is None else beta + rng.laplace(0.0, noise_scale[t], (k, m))
+            projected = shared if domain is None else domain.project(shared)
+            beta = w @ projected - step_sizes[t] * problems.gradients(projected)
+            if not np.all(np.isfinite(beta)):
+                raise DPDLError(
+                    f"the iteration diverged at t = {t} (alpha(t) = {step_sizes[t]:.3g}); "
+                    "reduce c_alpha or use a projection domain"
+                )
+    record(beta)
+
+    if noise is None:
+        released = beta.copy()
+    else:
+        released = beta + rng.laplace(0.0, noise_scale[steps], (k, m))
+        released = domain.project(released)
+    return LinRegResult(
+        steps=record_at,
+        errors=errors,
+        consensus=consensus,
+        beta=beta,
+        released=released,
+        released_errors=np.linalg.norm(released - beta_star, axis=1),
+        beta_star=beta_star,
+        noise_scale=noise_scale[:-1],
+        trajectory=trajectory,
+    )

@@ -1,0 +1,222 @@
+"""SPEC §5 algorithm: projection, noise scale v(t), convergence without noise, fail-closed
+checks. References: scipy optimizers, scipy.stats.laplace, numpy lstsq, networkx graphs."""
+
+import networkx as nx
+import numpy as np
+import pytest
+from scipy import optimize, stats
+
+from dpdl.accounting.linreg import PowerDecay
+from dpdl.algorithms.linreg import (
+    Ball,
+    Box,
+    LocalProblems,
+    clip_labels,
+    clip_rows,
+    pooled_least_squares,
+    run_linreg,
+    spectral_norm_bound_holds,
+    validate_symmetric_mixing,
+)
+from dpdl.errors import DPDLError
+from dpdl.topology import make_topology
+
+
+def metropolis(graph: nx.Graph) -> np.ndarray:
+    """Metropolis-Hastings weights built here, independently of dpdl.topology."""
+    n = graph.number_of_nodes()
+    w = np.zeros((n, n))
+    for i, j in graph.edges():
+        w[i, j] = w[j, i] = 1.0 / (1 + max(graph.degree[i], graph.degree[j]))
+    w[np.diag_indices(n)] = 1.0 - w.sum(axis=1)
+    return w
+
+
+def synthetic_parts(rng, nodes=8, records=30, features=3, noise=0.1):
+    beta_true = rng.normal(size=features)
+    xs = [rng.normal(size=(records, features)) / np.sqrt(features) for _ in range(nodes)]
+    ys = [x @ beta_true + noise * rng.normal(size=records) for x in xs]
+    return xs, ys
+
+
+# ---------------------------------------------------------------------------- projection
+def test_ball_projection_matches_a_constrained_optimizer(rng):
+    ball = Ball(1.5, center=np.array([0.5, -1.0, 2.0]))
+    points = rng.normal(scale=3.0, size=(6, 3))
+    projected = ball.project(points)
+    for point, proj in zip(points, projected, strict=True):
+        reference = optimize.minimize(
+            lambda b, p=point: np.sum((b - p) ** 2), ball.center, method="SLSQP",
+            constraints=[{"type": "ineq", "fun": lambda b: 1.5**2 - np.sum((b - ball.center)**2)}],
+            options={"ftol": 1e-14, "maxiter": 500},
+        ).x
+        np.testing.assert_allclose(proj, reference, atol=1e-5)
+    inside = ball.center + np.array([[0.1, 0.2, -0.3]])
+    np.testing.assert_array_equal(ball.project(inside), inside)
+    assert ball.bound == pytest.approx(1.5 + np.linalg.norm([0.5, -1.0, 2.0]))
+    assert np.all(ball.contains(projected))
+
+
+def test_box_projection_matches_bounded_least_squares(rng):
+    lower, upper = np.array([-1.0, 0.0, -0.5]), np.array([1.0, 2.0, 0.5])
+    box = Box(lower, upper)
+    points = rng.normal(scale=2.0, size=(5, 3))
+    for point, proj in zip(points, box.project(points), strict=True):
+        reference = optimize.lsq_linear(np.eye(3), point, bounds=(lower, upper)).x
+        np.testing.assert_allclose(proj, reference, atol=1e-9)
+    assert box.bound == pytest.approx(np.linalg.norm([1.0, 2.0, 0.5]))
+    assert Box(-2.0, 1.0).bound_for(4) == pytest.approx(4.0)
+
+
+def test_domains_reject_bad_parameters():
+    with pytest.raises(DPDLError, match="radius"):
+        Ball(0.0)
+    with pytest.raises(DPDLError, match="lower <= upper"):
+        Box(1.0, -1.0)
+
+
+# ------------------------------------------------------------------------------ clipping
+def test_row_and_label_clipping_enforce_the_data_norm_bounds(rng):
+    x = rng.normal(scale=2.0, size=(40, 5))
+    clipped, count = clip_rows(x, 1.0)
+    norms = np.linalg.norm(x, axis=1)
+    assert count == np.count_nonzero(norms > 1.0)
+    assert np.all(np.linalg.norm(clipped, axis=1) <= 1.0 + 1e-12)
+    np.testing.assert_array_equal(clipped[norms <= 1.0], x[norms <= 1.0])
+    y, label_count = clip_labels(rng.normal(scale=3.0, size=40), 2.0)
+    assert np.all(np.abs(y) <= 2.0) and label_count > 0
+    # SPEC §5: delta_X = r sqrt(n_i) bounds the spectral norm of the clipped block.
+    assert spectral_norm_bound_holds([clipped], [y], 1.0 * np.sqrt(40), 2.0 * np.sqrt(40))
+    assert not spectral_norm_bound_holds([x], [y], 1.0 * np.sqrt(40), 2.0 * np.sqrt(40))
+
+
+# -------------------------------------------------------------------------- noise scale
+def test_shared_noise_is_laplace_with_scale_v_of_t():
+    # One node (W = [[1]]), zero data and a huge ball: beta(t+1) - beta(t) = omega(t).
+    features, steps = 400, 30
+    problems = LocalProblems.from_parts([np.zeros((2, features))], [np.zeros(2)])
+    noise = PowerDecay(c=3.0, d=2.0, e=0.7)
+    result = run_linreg(
+        problems, np.ones((1, 1)), steps=steps, alpha=PowerDecay(0.1, 1.0, 1.0), noise=noise,
+        domain=Ball(1e12), seed=7, beta_star=np.zeros(features), keep_trajectory=True,
+    )
+    increments = np.diff(result.trajectory[:, 0, :], axis=0)  # (steps, features)
+    scales = noise(np.arange(steps))
+    np.testing.assert_allclose(result.noise_scale, scales)
+    standardized = (increments / scales[:, None]).ravel()
+    assert stats.kstest(standardized, stats.laplace().cdf).pvalue > 1e-3
+    # The std-vs-scale confusion (std = sqrt2 * v) would be detected.
+    assert stats.kstest(standardized, stats.laplace(scale=np.sqrt(2)).cdf).pvalue < 1e-6
+    # Per step, the maximum-likelihood scale (mean |omega|) is within 5 standard errors.
+    mle = np.abs(increments).mean(axis=1)
+    assert np.all(np.abs(mle / scales - 1.0) < 5.0 / np.sqrt(features))
+
+
+def test_runs_are_seeded(rng):
+    xs, ys = synthetic_parts(rng, nodes=5)
+    problems = LocalProblems.from_parts(xs, ys)
+    w = metropolis(nx.cycle_graph(5))
+    kwargs = dict(steps=50, alpha=PowerDecay(0.05, 10.0, 0.5), noise=PowerDecay(0.5, 9.0, 0.5),
+                  domain=Ball(5.0))
+    a = run_linreg(problems, w, seed=3, **kwargs)
+    b = run_linreg(problems, w, seed=3, **kwargs)
+    c = run_linreg(problems, w, seed=4, **kwargs)
+    np.testing.assert_array_equal(a.beta, b.beta)
+    np.testing.assert_array_equal(a.released, b.released)
+    assert not np.allclose(a.beta, c.beta)
+
+
+# --------------------------------------------------------------------------- convergence
+@pytest.mark.parametrize("graph", ["networkx-ring", "random-regular"])
+def test_without_noise_nodes_reach_consensus_at_the_pooled_solution(rng, graph):
+    xs, ys = synthetic_parts(rng, nodes=10, records=25, features=4)
+    if graph == "networkx-ring":
+        w = metropolis(nx.cycle_graph(10))
+    else:
+        w = make_topology("random-regular", 10, seed=2, degree=3).mixing_matrix(0)
+    beta_star = np.linalg.lstsq(np.concatenate(xs), np.concatenate(ys), rcond=None)[0]
+    problems = LocalProblems.from_parts(xs, ys)
+    np.testing.assert_allclose(problems.pooled_solution(), beta_star, rtol=1e-10)
+    np.testing.assert_allclose(pooled_least_squares(xs, ys), beta_star, rtol=1e-10)
+    result = run_linreg(problems, w, steps=4000, alpha=PowerDecay(0.2, 5.0, 0.6), noise=None,
+                        domain=None, seed=0, record_every=100)
+    scale = np.linalg.norm(beta_star)
+    assert result.errors[0].max() == pytest.approx(scale)  # beta(0) = 0
+    assert result.errors[-1].max() < 1e-2 * scale
+    assert result.consensus[-1] < 1e-2 * scale
+    # The error shrinks along the run (compare far-apart checkpoints, not every step).
+    assert result.errors[-1].max() < 0.3 * result.errors[1].max()
+    np.testing.assert_array_equal(result.released, result.beta)
+
+
+def test_projection_onto_a_ball_containing_beta_star_keeps_convergence(rng):
+    xs, ys = synthetic_parts(rng, nodes=6, records=25, features=3)
+    problems = LocalProblems.from_parts(xs, ys)
+    beta_star = problems.pooled_solution()
+    domain = Ball(1.2 * np.linalg.norm(beta_star))
+    result = run_linreg(problems, metropolis(nx.cycle_graph(6)), steps=3000,
+                        alpha=PowerDecay(0.2, 5.0, 0.6), noise=None, domain=domain, seed=0,
+                        beta0=3 * beta_star)
+    assert result.errors[-1].max() < 1e-2 * np.linalg.norm(beta_star)
+
+
+def test_small_noise_degrades_gracefully_and_large_noise_stays_in_the_ball(rng):
+    xs, ys = synthetic_parts(rng, nodes=6, records=25, features=3)
+    problems = LocalProblems.from_parts(xs, ys)
+    w = metropolis(nx.cycle_graph(6))
+    scale = np.linalg.norm(problems.pooled_solution())
+    alpha = PowerDecay(0.2, 5.0, 0.6)
+    small = run_linreg(problems, w, steps=3000, alpha=alpha, noise=PowerDecay(1e-3, 4.0, 0.6),
+                       domain=Ball(3 * scale), seed=1)
+    assert small.errors[-1].max() < 0.05 * scale
+    huge = run_linreg(problems, w, steps=200, alpha=alpha, noise=PowerDecay(1e6, 4.0, 0.6),
+                      domain=Ball(3 * scale), seed=1)
+    assert np.all(Ball(3 * scale).contains(huge.released))
+    assert huge.released_errors.min() > small.released_errors.max()
+
+
+# ---------------------------------------------------------------------- fail-closed checks
+def test_noise_without_a_domain_is_refused(rng):
+    xs, ys = synthetic_parts(rng, nodes=3)
+    with pytest.raises(DPDLError, match="projection domain"):
+        run_linreg(LocalProblems.from_parts(xs, ys), metropolis(nx.cycle_graph(3)), steps=5,
+                   alpha=PowerDecay(0.1, 1, 1), noise=PowerDecay(1, 1, 1), domain=None, seed=0)
+
+
+@pytest.mark.parametrize(
+    ("matrix", "fragment"),
+    [
+        (np.array([[0.5, 0.5, 0.0], [0.25, 0.5, 0.25], [0.25, 0.0, 0.75]]), "symmetric"),
+        (np.array([[0.6, 0.5], [0.5, 0.6]]), "doubly stochastic"),
+        (np.eye(3), "connected"),
+        (np.array([[0.0, 1.0], [1.0, 0.0]]), "W_ii > 0"),
+        (np.ones((2, 3)) / 3, "square"),
+    ],
+)
+def test_bad_mixing_matrices_are_refused(matrix, fragment):
+    with pytest.raises(DPDLError, match=fragment):
+        validate_symmetric_mixing(matrix)
+
+
+def test_dpdl_topology_mixing_matrices_are_accepted():
+    for name, kwargs in (("undirected-ring", {}), ("random-regular", {"degree": 4})):
+        w = make_topology(name, 12, seed=1, **kwargs).mixing_matrix(0)
+        validate_symmetric_mixing(w)
+    np.testing.assert_allclose(make_topology("undirected-ring", 12).mixing_matrix(0),
+                               metropolis(nx.cycle_graph(12)), atol=1e-15)
+
+
+def test_divergence_and_shape_errors_are_reported(rng):
+    xs, ys = synthetic_parts(rng, nodes=3)
+    problems = LocalProblems.from_parts(xs, ys)
+    w = metropolis(nx.cycle_graph(3))
+    with pytest.raises(DPDLError, match="diverged"):
+        run_linreg(problems, w, steps=5000, alpha=PowerDecay(1e3, 1.0, 0.0), noise=None,
+                   domain=None, seed=0)
+    with pytest.raises(DPDLError, match="4 nodes|3 nodes"):
+        run_linreg(problems, metropolis(nx.cycle_graph(4)), steps=5,
+                   alpha=PowerDecay(0.1, 1, 1), noise=None, domain=None, seed=0)
+    with pytest.raises(DPDLError, match="labels"):
+        LocalProblems.from_parts([np.ones((3, 2))], [np.ones(4)])
+    with pytest.raises(DPDLError, match="rank"):
+        LocalProblems.from_parts([np.ones((3, 2))], [np.ones(3)]).pooled_solution()
