@@ -1,0 +1,177 @@
+"""Calibration under clt, pld and rdp (SPEC §2), checked against dp_accounting directly."""
+
+import math
+
+import numpy as np
+import pytest
+from dp_accounting import dp_event
+from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.rdp import rdp_privacy_accountant
+
+from dpdl.accounting.calibration import calibrate, calibrate_noise_scale, epsilon_report
+from dpdl.accounting.gdp import mu_from_epsilon_delta
+from dpdl.accounting.schedules import make_schedule
+from dpdl.errors import DPDLError
+
+
+def needs_certified():
+    return pytest.importorskip("dpdl.accounting.certified")
+
+
+def event(z, p, count):
+    step = dp_event.PoissonSampledDpEvent(p, dp_event.GaussianDpEvent(z))
+    return dp_event.SelfComposedDpEvent(step, count)
+
+
+def library_pld_epsilon(runs, p, delta, discretization=1e-4):
+    """dp_accounting's PLD accountant on [(z, count), ...] (add/remove, pessimistic)."""
+    accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=discretization)
+    for z, count in runs:
+        accountant.compose(event(z, p, count))
+    return accountant.get_epsilon(delta)
+
+
+def library_rdp_epsilon(runs, p, delta):
+    accountant = rdp_privacy_accountant.RdpAccountant()
+    for z, count in runs:
+        accountant.compose(event(z, p, count))
+    return accountant.get_epsilon(delta)
+
+
+# ----------------------------------------------------------------------------- clt
+def test_clt_calibration_hits_the_target_exactly():
+    shape = 2.0 ** (-np.arange(800) / 800)
+    scale = calibrate_noise_scale(
+        shape, epsilon=0.5, delta=1e-5, sample_rate=0.02, accountant="clt"
+    )
+    mus = 1 / (scale * shape)
+    mu_tot = 0.02 * math.sqrt(float(np.sum(np.exp(mus**2) - 1)))
+    assert mu_tot == pytest.approx(mu_from_epsilon_delta(0.5, 1e-5), rel=1e-9)
+
+
+def test_calibrate_rejects_bad_input():
+    with pytest.raises(DPDLError, match="unknown accountant 'prv'"):
+        calibrate_noise_scale(np.ones(3), epsilon=1, delta=1e-5, sample_rate=0.1, accountant="prv")
+    with pytest.raises(DPDLError, match="epsilon"):
+        calibrate_noise_scale(np.ones(3), epsilon=0, delta=1e-5, sample_rate=0.1)
+    with pytest.raises(DPDLError, match="shape"):
+        calibrate_noise_scale(np.zeros(3), epsilon=1, delta=1e-5, sample_rate=0.1)
+    with pytest.raises(DPDLError, match="unknown accountant"):
+        calibrate(
+            "const-d2p",
+            report=("clt", "x"),
+            epsilon=1.0,
+            delta=1e-5,
+            steps=3,
+            sample_rate=0.1,
+            calibrate="clt",
+        )
+
+
+def test_epsilon_report_without_noise_is_infinite():
+    report = epsilon_report("clt", [1.0, 0.0], 0.1, 1e-5)
+    assert report.epsilon == math.inf
+
+
+# ----------------------------------------------------------------------------- certified
+def test_pld_calibration_const_is_safe_and_tight_against_dp_accounting():
+    needs_certified()
+    p, steps, delta, target = 0.01, 1000, 1e-5, 1.0
+    schedule = make_schedule(
+        "const-d2p", epsilon=target, delta=delta, steps=steps, sample_rate=p, calibrate="pld"
+    )
+    z = float(schedule.noise_multipliers[0])
+    assert schedule.calibrated_with == "pld"
+    assert library_pld_epsilon([(z, steps)], p, delta) <= target * (1 + 1e-3)
+    # Tight: 0.5 % less noise already breaks the target.
+    assert library_pld_epsilon([(z * 0.995, steps)], p, delta) > target
+
+
+def test_pld_calibration_inverts_the_spec_oracles():
+    """SPEC §2: at p = 4e-4, K = 1e4, δ = 1e-4, z = 0.491680 has PLD ε ≈ 2.26, 0.688360 ≈ 0.361."""
+    needs_certified()
+    for eps_pld, z_ref in [(2.26, 0.491680), (0.361, 0.688360)]:
+        schedule = make_schedule(
+            "const-d2p",
+            epsilon=eps_pld,
+            delta=1e-4,
+            steps=10_000,
+            sample_rate=4e-4,
+            calibrate="pld",
+        )
+        assert schedule.noise_multipliers[0] == pytest.approx(z_ref, rel=5e-3)
+
+
+def test_rdp_calibration_heterogeneous_against_dp_accounting():
+    needs_certified()
+    p, delta, target, steps = 0.02, 1e-5, 2.0, 300
+    schedule = make_schedule(
+        "dyn-mu-d2p",
+        epsilon=target,
+        delta=delta,
+        steps=steps,
+        sample_rate=p,
+        rho_mu=3.0,
+        calibrate="rdp",
+    )
+    runs = [(float(z), 1) for z in schedule.noise_multipliers]
+    assert library_rdp_epsilon(runs, p, delta) <= target * (1 + 1e-6)
+    looser = [(z * 0.99, 1) for z, _ in runs]
+    assert library_rdp_epsilon(looser, p, delta) > target
+    assert schedule.mu0 == pytest.approx(1 / schedule.noise_multipliers[0])
+
+
+def test_pld_calibration_general_piecewise_against_dp_accounting():
+    """A heterogeneous schedule with three distinct multipliers, so that dp_accounting can
+    compose it exactly as three self-compositions."""
+    needs_certified()
+    p, delta, target = 0.01, 1e-5, 1.5
+    noise_shape = np.repeat([1.0, 0.8, 0.6], 200)
+    schedule = make_schedule(
+        "general",
+        epsilon=target,
+        delta=delta,
+        steps=600,
+        sample_rate=p,
+        clip_shape=np.ones(600),
+        noise_shape=noise_shape,
+        calibrate="pld",
+    )
+    scale = schedule.sigma_scale
+    runs = [(scale * level, 200) for level in (1.0, 0.8, 0.6)]
+    assert library_pld_epsilon(runs, p, delta) <= target * (1 + 1e-3)
+    assert library_pld_epsilon([(z * 0.995, c) for z, c in runs], p, delta) > target
+
+
+def test_blocked_pld_calibration_is_safe_for_exact():
+    needs_certified()
+    p, delta, target, steps = 0.01, 1e-5, 1.0, 400
+    kw = {"epsilon": target, "delta": delta, "steps": steps, "sample_rate": p, "rho_mu": 4.0}
+    blocked = make_schedule("dyn-mu-d2p", calibrate="pld", blocks=10, **kw)
+    exact = make_schedule("dyn-mu-d2p", calibrate="pld", **kw)
+    # The blocked bound is an upper bound: it needs at least as much noise as exact.
+    assert blocked.noise_multipliers[0] >= exact.noise_multipliers[0] * (1 - 1e-4)
+    assert blocked.epsilon("pld", mode="exact").epsilon <= target
+    assert exact.epsilon("pld", mode="exact").epsilon <= target
+
+
+def test_calibrate_reports_every_accountant_and_clt_understates():
+    needs_certified()
+    result = calibrate(
+        "dyn-mu-d2p",
+        report=("clt", "pld", "rdp"),
+        epsilon=1.0,
+        delta=1e-4,
+        steps=2000,
+        sample_rate=1e-3,
+        calibrate="pld",
+    )
+    reports = result.reports
+    assert set(reports) == {"clt", "pld", "rdp"}
+    assert reports["pld"].certified and reports["rdp"].certified
+    assert not reports["clt"].certified
+    assert reports["pld"].epsilon <= 1.0
+    # b = 1 regime: the CLT is below the certified numbers; RDP is looser than PLD.
+    assert reports["clt"].epsilon < reports["pld"].epsilon <= reports["rdp"].epsilon
+    data = result.to_dict()
+    assert set(data["epsilon"]) == {"clt", "pld", "rdp"} and data["mu0"] is not None
