@@ -23,6 +23,7 @@ import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
+from dp_accounting.rdp import rdp_privacy_accountant as _rdp
 from numpy.typing import ArrayLike
 from scipy.optimize import brentq
 from scipy.special import log_ndtr, ndtri
@@ -177,9 +178,16 @@ def gdp_epsilon(mu: ArrayLike, delta: float, *, iterations: int = 80) -> np.ndar
     return eps if eps.ndim else eps[()]
 
 
-#: Rényi orders used for RDP → (ε, δ); dense near 1 where small ρ is optimised.
-RDP_ORDERS = np.concatenate(
-    [1.0 + np.geomspace(1e-3, 1.0, 60)[:-1], np.geomspace(2.0, 4096.0, 200)]
+#: Rényi orders used for RDP → (ε, δ): dp_accounting's defaults plus a denser grid (dense near
+#: 1, where small ρ is optimised), so the result is never worse than dp_accounting's.
+RDP_ORDERS = np.unique(
+    np.concatenate(
+        [
+            np.asarray(_rdp.DEFAULT_RDP_ORDERS, dtype=float),
+            1.0 + np.geomspace(1e-3, 1.0, 60)[:-1],
+            np.geomspace(2.0, 4096.0, 200),
+        ]
+    )
 )
 
 
