@@ -71,8 +71,16 @@ class Topology:
     layout: str
     connectivity: ConnectivityReport
 
-    def __init__(self, name: str, n: int, period: int, *, directed: bool, params=None,
-                 layout: str = "circular") -> None:
+    def __init__(
+        self,
+        name: str,
+        n: int,
+        period: int,
+        *,
+        directed: bool,
+        params=None,
+        layout: str = "circular",
+    ) -> None:
         self.name = name
         self.n = int(n)
         self.period = int(period)
@@ -156,8 +164,10 @@ class Topology:
             "period": self.period,
             "directed": self.directed,
             "time_varying": self.time_varying,
-            "params": {key: (str(v) if not isinstance(v, int | float | bool) else v)
-                       for key, v in self.params.items()},
+            "params": {
+                key: (str(v) if not isinstance(v, int | float | bool) else v)
+                for key, v in self.params.items()
+            },
         }
 
     def __repr__(self) -> str:
@@ -212,8 +222,16 @@ def circulant_form_of(P: np.ndarray, atol: float = 1e-12) -> CirculantForm | Non
 class CirculantTopology(Topology):
     """Each phase is a weighted sum of shifts; no matrix is stored (SPEC §3)."""
 
-    def __init__(self, name: str, n: int, forms: Sequence[Sequence[tuple[int, float]]], *,
-                 directed: bool, params=None, layout: str = "circular") -> None:
+    def __init__(
+        self,
+        name: str,
+        n: int,
+        forms: Sequence[Sequence[tuple[int, float]]],
+        *,
+        directed: bool,
+        params=None,
+        layout: str = "circular",
+    ) -> None:
         super().__init__(name, n, len(forms), directed=directed, params=params, layout=layout)
         self._forms = [_normalise_form(form, self.n) for form in forms]
         self._validate()
@@ -244,13 +262,27 @@ class MatrixTopology(Topology):
     dense schedules (the complete graph) turn it off because one matmul beats ``n`` rolls.
     """
 
-    def __init__(self, name: str, matrices: Sequence[np.ndarray], *, directed: bool,
-                 params=None, layout: str = "spring", detect_circulant: bool = True) -> None:
+    def __init__(
+        self,
+        name: str,
+        matrices: Sequence[np.ndarray],
+        *,
+        directed: bool,
+        params=None,
+        layout: str = "spring",
+        detect_circulant: bool = True,
+    ) -> None:
         if len(matrices) == 0:
             raise DPDLError("a topology needs at least one mixing matrix")
         stacked = [np.asarray(M, dtype=np.float64) for M in matrices]
-        super().__init__(name, stacked[0].shape[0] if stacked[0].ndim == 2 else 0,
-                         len(stacked), directed=directed, params=params, layout=layout)
+        super().__init__(
+            name,
+            stacked[0].shape[0] if stacked[0].ndim == 2 else 0,
+            len(stacked),
+            directed=directed,
+            params=params,
+            layout=layout,
+        )
         for phase, M in enumerate(stacked):
             if M.shape != (self.n, self.n):
                 raise DPDLError(
@@ -263,12 +295,12 @@ class MatrixTopology(Topology):
         off_diagonal = ~np.eye(self.n, dtype=bool)
         self._adjacencies = [(M > EDGE_THRESHOLD) & off_diagonal for M in self._matrices]
         self._validate()
-        self._forms = [circulant_form_of(M) if detect_circulant else None
-                       for M in self._matrices]
+        self._forms = [circulant_form_of(M) if detect_circulant else None for M in self._matrices]
 
     @classmethod
-    def from_matrices(cls, name: str, matrices: Sequence[np.ndarray], *, directed: bool = True,
-                      **kwargs) -> MatrixTopology:
+    def from_matrices(
+        cls, name: str, matrices: Sequence[np.ndarray], *, directed: bool = True, **kwargs
+    ) -> MatrixTopology:
         """A validated custom schedule (e.g. loaded from disk)."""
         return cls(name, matrices, directed=directed, **kwargs)
 

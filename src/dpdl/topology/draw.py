@@ -33,17 +33,27 @@ def _positions(topology: Topology, graph: nx.DiGraph, seed: int) -> dict:
 
 def _draw_panel(ax, topology: Topology, graph: nx.DiGraph, positions: dict, title: str) -> None:
     small = topology.n <= 40
-    nx.draw_networkx_nodes(graph, positions, ax=ax, node_size=220 if small else 40,
-                           node_color="#4c72b0")
+    nx.draw_networkx_nodes(
+        graph, positions, ax=ax, node_size=220 if small else 40, node_color="#4c72b0"
+    )
     if small:
         nx.draw_networkx_labels(graph, positions, ax=ax, font_size=7, font_color="white")
     if topology.directed:
-        nx.draw_networkx_edges(graph, positions, ax=ax, arrows=True, arrowsize=8, width=0.8,
-                               node_size=220 if small else 40,
-                               connectionstyle="arc3,rad=0.08", edge_color="#555555")
+        nx.draw_networkx_edges(
+            graph,
+            positions,
+            ax=ax,
+            arrows=True,
+            arrowsize=8,
+            width=0.8,
+            node_size=220 if small else 40,
+            connectionstyle="arc3,rad=0.08",
+            edge_color="#555555",
+        )
     else:
-        nx.draw_networkx_edges(graph.to_undirected(), positions, ax=ax, width=0.8,
-                               edge_color="#555555")
+        nx.draw_networkx_edges(
+            graph.to_undirected(), positions, ax=ax, width=0.8, edge_color="#555555"
+        )
     ax.set_title(title, fontsize=9)
     ax.set_axis_off()
 
@@ -60,10 +70,15 @@ def draw_topology(topology: Topology, path, *, seed: int = 0, dpi: int = 120) ->
     positions = _positions(topology, union, seed)
     panels: list[tuple[nx.DiGraph, str]] = []
     if topology.time_varying and topology.period <= MAX_STEP_PANELS:
-        panels = [(union_graph(topology, k, 1), f"step k ≡ {k} (mod {topology.period})")
-                  for k in range(topology.period)]
-    union_title = (f"union over one period ({topology.period} steps)" if topology.time_varying
-                   else f"{topology.name}, n = {topology.n}")
+        panels = [
+            (union_graph(topology, k, 1), f"step k ≡ {k} (mod {topology.period})")
+            for k in range(topology.period)
+        ]
+    union_title = (
+        f"union over one period ({topology.period} steps)"
+        if topology.time_varying
+        else f"{topology.name}, n = {topology.n}"
+    )
     panels.append((union, union_title))
     columns = min(len(panels), 3)
     rows = -(-len(panels) // columns)
@@ -72,8 +87,11 @@ def draw_topology(topology: Topology, path, *, seed: int = 0, dpi: int = 120) ->
     for index, (graph, title) in enumerate(panels, start=1):
         _draw_panel(figure.add_subplot(rows, columns, index), topology, graph, positions, title)
     kind = "time-varying" if topology.time_varying else "static"
-    figure.suptitle(f"{topology.name} ({kind}, {'directed' if topology.directed else 'undirected'},"
-                    f" n = {topology.n})", fontsize=11)
+    figure.suptitle(
+        f"{topology.name} ({kind}, {'directed' if topology.directed else 'undirected'},"
+        f" n = {topology.n})",
+        fontsize=11,
+    )
     figure.tight_layout()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

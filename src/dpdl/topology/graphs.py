@@ -55,8 +55,9 @@ def _int_param(name: str, value, *, minimum: int) -> int:
 
 
 def _undirected(name: str, A: np.ndarray, *, params=None, layout: str = "spring") -> Topology:
-    return MatrixTopology(name, [metropolis_hastings_weights(A)], directed=False,
-                          params=params, layout=layout)
+    return MatrixTopology(
+        name, [metropolis_hastings_weights(A)], directed=False, params=params, layout=layout
+    )
 
 
 def _adjacency_from_graph(graph: nx.Graph, n: int) -> np.ndarray:
@@ -65,6 +66,7 @@ def _adjacency_from_graph(graph: nx.Graph, n: int) -> np.ndarray:
 
 
 # --- deterministic families ------------------------------------------------------------------
+
 
 def time_varying_exponential(n: int) -> Topology:
     """One-peer exponential graph: at step k node i sends to i + 2^(k mod m) (SPEC §3)."""
@@ -80,8 +82,13 @@ def directed_ring(n: int) -> Topology:
 
 def complete(n: int) -> Topology:
     """P = 11ᵀ/n (SPEC §3); dense, so no circulant form."""
-    return MatrixTopology("complete", [np.full((n, n), 1.0 / n)], directed=False,
-                          layout="circular", detect_circulant=False)
+    return MatrixTopology(
+        "complete",
+        [np.full((n, n), 1.0 / n)],
+        directed=False,
+        layout="circular",
+        detect_circulant=False,
+    )
 
 
 def undirected_ring(n: int) -> Topology:
@@ -97,8 +104,9 @@ def static_exponential(n: int) -> Topology:
     """Static directed exponential graph: i -> i + 2^j for j < m, weight 1/(m+1) (SPEC §3)."""
     m = exponential_period(n)
     weight = 1.0 / (m + 1)
-    return CirculantTopology("static-exp", n, [[(0, weight)] + [(2**j, weight) for j in range(m)]],
-                             directed=True)
+    return CirculantTopology(
+        "static-exp", n, [[(0, weight)] + [(2**j, weight) for j in range(m)]], directed=True
+    )
 
 
 def hypercube(n: int) -> Topology:
@@ -161,23 +169,24 @@ def star(n: int) -> Topology:
 
 # --- random families -------------------------------------------------------------------------
 
+
 def _resample_until_connected(
     name: str, draw: Callable[[int], nx.Graph], *, seed: int, max_attempts: int, hint: str
 ) -> tuple[nx.Graph, int]:
     attempt_seeds = np.random.default_rng(seed).integers(0, 2**32, size=max_attempts)
     for attempt, attempt_seed in enumerate(attempt_seeds, start=1):
         graph = draw(int(attempt_seed))
-        connected = (nx.is_strongly_connected(graph) if graph.is_directed()
-                     else nx.is_connected(graph))
+        connected = (
+            nx.is_strongly_connected(graph) if graph.is_directed() else nx.is_connected(graph)
+        )
         if connected:
             return graph, attempt
-    raise DPDLError(
-        f"{name}: no connected graph in {max_attempts} attempts (seed={seed}); {hint}"
-    )
+    raise DPDLError(f"{name}: no connected graph in {max_attempts} attempts (seed={seed}); {hint}")
 
 
-def random_regular(n: int, degree: int | None = None, *, seed: int = 0,
-                   max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> Topology:
+def random_regular(
+    n: int, degree: int | None = None, *, seed: int = 0, max_attempts: int = DEFAULT_MAX_ATTEMPTS
+) -> Topology:
     """Uniform random d-regular graph (networkx), resampled until connected.
 
     The default degree is ``min(4, n − 1)`` (``n × degree`` is then always even).
@@ -191,15 +200,27 @@ def random_regular(n: int, degree: int | None = None, *, seed: int = 0,
     if degree == 1 and n > 2:
         raise DPDLError(f"a 1-regular graph on n={n} > 2 nodes is never connected; use degree >= 2")
     graph, attempts = _resample_until_connected(
-        "random-regular", lambda s: nx.random_regular_graph(degree, n, seed=s),
-        seed=seed, max_attempts=max_attempts, hint="try a larger degree",
+        "random-regular",
+        lambda s: nx.random_regular_graph(degree, n, seed=s),
+        seed=seed,
+        max_attempts=max_attempts,
+        hint="try a larger degree",
     )
-    return _undirected("random-regular", _adjacency_from_graph(graph, n),
-                       params={"degree": degree, "seed": seed, "attempts": attempts})
+    return _undirected(
+        "random-regular",
+        _adjacency_from_graph(graph, n),
+        params={"degree": degree, "seed": seed, "attempts": attempts},
+    )
 
 
-def erdos_renyi(n: int, probability: float | None = None, *, directed: bool = False,
-                seed: int = 0, max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> Topology:
+def erdos_renyi(
+    n: int,
+    probability: float | None = None,
+    *,
+    directed: bool = False,
+    seed: int = 0,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+) -> Topology:
     """G(n, p), resampled until (strongly) connected; default p = min(1, 2 ln n / n)."""
     if probability is None:
         probability = min(1.0, 2.0 * math.log(n) / n)
@@ -213,18 +234,24 @@ def erdos_renyi(n: int, probability: float | None = None, *, directed: bool = Fa
     graph, attempts = _resample_until_connected(
         "erdos-renyi",
         lambda s: nx.gnp_random_graph(n, probability, seed=s, directed=bool(directed)),
-        seed=seed, max_attempts=max_attempts,
+        seed=seed,
+        max_attempts=max_attempts,
         hint=f"try a larger probability than {probability:g} (connectivity needs about ln(n)/n)",
     )
     A = _adjacency_from_graph(graph, n)
     params = {"probability": probability, "seed": seed, "attempts": attempts}
     if directed:
-        return MatrixTopology("erdos-renyi", [uniform_sender_weights(A)], directed=True,
-                              params=params | {"directed": True})
+        return MatrixTopology(
+            "erdos-renyi",
+            [uniform_sender_weights(A)],
+            directed=True,
+            params=params | {"directed": True},
+        )
     return _undirected("erdos-renyi", A, params=params)
 
 
 # --- edge-list files -------------------------------------------------------------------------
+
 
 def read_edgelist(path, n: int) -> np.ndarray:
     """Parse ``u v`` lines (``#`` comments, blank lines allowed) into a boolean adjacency.
@@ -248,8 +275,9 @@ def read_edgelist(path, n: int) -> np.ndarray:
         try:
             u, v = int(fields[0]), int(fields[1])
         except ValueError:
-            raise DPDLError(f"{path}:{number}: node ids must be integers, got {line.strip()!r}") \
-                from None
+            raise DPDLError(
+                f"{path}:{number}: node ids must be integers, got {line.strip()!r}"
+            ) from None
         for node in (u, v):
             if not 0 <= node < n:
                 raise DPDLError(f"{path}:{number}: node {node} is out of range 0..{n - 1}")
@@ -274,8 +302,9 @@ def edgelist_node_count(path) -> int:
             try:
                 largest = max(largest, int(field))
             except ValueError:
-                raise DPDLError(f"{path}:{number}: node ids must be integers, got {field!r}") \
-                    from None
+                raise DPDLError(
+                    f"{path}:{number}: node ids must be integers, got {field!r}"
+                ) from None
     if largest < 0:
         raise DPDLError(f"edge list {str(path)!r} has no edges")
     return largest + 1
@@ -288,8 +317,7 @@ def from_edgelist(n: int, path=None, *, directed: bool = False) -> Topology:
     A = read_edgelist(path, n)
     params = {"path": str(path), "directed": bool(directed)}
     if directed:
-        return MatrixTopology("edgelist", [uniform_sender_weights(A)], directed=True,
-                              params=params)
+        return MatrixTopology("edgelist", [uniform_sender_weights(A)], directed=True, params=params)
     return _undirected("edgelist", A | A.T, params=params)
 
 

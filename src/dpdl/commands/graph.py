@@ -1,0 +1,151 @@
+"""``dpdl graph``: inspect a topology (period, connectivity, mixing metrics) and draw it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from dpdl.errors import DPDLError
+
+HELP = "Inspect a topology: period, connectivity, mixing metrics; draw it."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from dpdl.topology import TOPOLOGIES
+
+    parser.add_argument(
+        "--topology",
+        "-t",
+        default="exp",
+        metavar="NAME",
+        help=f"one of: {', '.join(TOPOLOGIES)} (default: exp)",
+    )
+    parser.add_argument(
+        "--nodes",
+        "-n",
+        type=int,
+        default=None,
+        metavar="N",
+        help="number of nodes (default 20; inferred from --edgelist)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random families")
+    parser.add_argument("--degree", type=int, default=None, help="random-regular: degree d")
+    parser.add_argument(
+        "--probability",
+        type=float,
+        default=None,
+        help="erdos-renyi: edge probability p (default 2 ln n / n)",
+    )
+    parser.add_argument(
+        "--edgelist",
+        default=None,
+        metavar="FILE",
+        help="edgelist: file of 'u v' lines, node ids 0..n-1",
+    )
+    parser.add_argument(
+        "--directed",
+        action="store_true",
+        default=None,
+        help="edgelist / erdos-renyi: read edges as directed",
+    )
+    parser.add_argument("--rows", type=int, default=None, help="torus: number of rows")
+    parser.add_argument("--cols", type=int, default=None, help="torus: number of columns")
+    parser.add_argument(
+        "--window",
+        "-B",
+        type=int,
+        default=None,
+        metavar="B",
+        help="connectivity window B (default: the period)",
+    )
+    parser.add_argument("--png", default=None, metavar="FILE", help="draw the graph to FILE.png")
+    parser.add_argument("--json", action="store_true", help="print a JSON summary")
+
+
+def summarize(args: argparse.Namespace) -> tuple[object, dict]:
+    """Build the topology of ``args`` and its summary dict (what --json prints)."""
+    from dpdl.topology import (
+        check_b_strongly_connected,
+        edgelist_node_count,
+        make_topology,
+        mixing_report,
+    )
+
+    if args.topology != "edgelist" and args.edgelist is not None:
+        raise DPDLError(f"--edgelist needs --topology edgelist, got {args.topology!r}")
+    n = args.nodes
+    if n is None:
+        n = edgelist_node_count(args.edgelist) if args.edgelist is not None else 20
+    params = {
+        "degree": args.degree,
+        "probability": args.probability,
+        "path": args.edgelist,
+        "directed": args.directed,
+        "rows": args.rows,
+        "cols": args.cols,
+    }
+    topology = make_topology(args.topology, n, seed=args.seed, **params)
+    connectivity = (
+        topology.connectivity
+        if args.window is None
+        else check_b_strongly_connected(topology, args.window)
+    )
+    summary = topology.describe()
+    summary["connectivity"] = {"strongly_connected": True, **connectivity.to_dict()}
+    summary["mixing"] = mixing_report(topology).to_dict()
+    forms = [topology.circulant(k) for k in range(topology.period)]
+    summary["circulant"] = (
+        None
+        if any(f is None for f in forms)
+        else [[[offset, weight] for offset, weight in form] for form in forms]
+    )
+    summary["out_degree"] = [
+        sorted({len(topology.out_neighbours(k, i)) for i in range(topology.n)})
+        for k in range(topology.period)
+    ]
+    return topology, summary
+
+
+def _format(summary: dict) -> str:
+    kind = "time-varying" if summary["time_varying"] else "static"
+    arrows = "directed" if summary["directed"] else "undirected"
+    lines = [f"topology      {summary['name']} ({kind}, {arrows}), n = {summary['n']}"]
+    shown = {k: v for k, v in summary["params"].items() if k != "path"}
+    if shown:
+        lines.append("parameters    " + ", ".join(f"{k}={v}" for k, v in shown.items()))
+    period = f"period        {summary['period']}"
+    if summary["circulant"] is not None and summary["time_varying"]:
+        offsets = [next((s for s, _ in form if s != 0), 0) for form in summary["circulant"]]
+        period += f"  (offsets {', '.join(map(str, offsets))})"
+    lines.append(period)
+    degrees = sorted({d for step in summary["out_degree"] for d in step})
+    lines.append(f"out-degree    {', '.join(map(str, degrees))}")
+    c = summary["connectivity"]
+    lines.append(
+        f"connectivity  {c['B']}-strongly connected, diameter Δ = {c['diameter']} "
+        f"(every window of {c['B']} consecutive steps)"
+    )
+    m = summary["mixing"]
+    lines.append(
+        f"mixing        q = {m['q']:.6g} per period (‖ΠP^k (I − 11ᵀ/n)‖₂), "
+        f"{m['per_step_rate']:.6g} per step; spectral radius {m['q_spectral_radius']:.6g}"
+    )
+    gap = m["spectral_gap"]
+    lines.append("spectral gap  " + ("n/a (time-varying)" if gap is None else f"{gap:.6g}"))
+    lines.append(
+        "mixing by     "
+        + ("torch.roll (circulant)" if summary["circulant"] is not None else "matrix product")
+    )
+    if "png" in summary:
+        lines.append(f"drawing       {summary['png']}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    topology, summary = summarize(args)
+    if args.png is not None:
+        from dpdl.topology.draw import draw_topology
+
+        summary["png"] = str(draw_topology(topology, args.png, seed=args.seed))
+    print(json.dumps(summary, indent=2) if args.json else _format(summary))
+    return 0
