@@ -7,6 +7,7 @@ for "digits", "breast-cancer", "diabetes" (scikit-learn, no download), "fashion-
 (n, J_max, ...) arrays with a validity mask for the simulator.
 """
 
+from dpdl.data.cifar10 import download_cifar10, find_cifar10, load_cifar10, read_batch
 from dpdl.data.dataset import Dataset, dataset_names, load_dataset, register_loader
 from dpdl.data.fashion_mnist import find_fashion_mnist, load_fashion_mnist
 from dpdl.data.idx import parse_idx, read_idx, write_idx
@@ -17,20 +18,25 @@ register_loader("digits", load_digits)
 register_loader("breast-cancer", load_breast_cancer)
 register_loader("diabetes", load_diabetes)
 register_loader("fashion-mnist", load_fashion_mnist)
+register_loader("cifar10", load_cifar10)
 
 __all__ = [
     "SCHEMES",
     "Dataset",
     "dataset_names",
+    "download_cifar10",
+    "find_cifar10",
     "find_fashion_mnist",
     "label_distribution",
     "load_breast_cancer",
+    "load_cifar10",
     "load_dataset",
     "load_diabetes",
     "load_digits",
     "load_fashion_mnist",
     "parse_idx",
     "partition",
+    "read_batch",
     "read_idx",
     "register_loader",
     "stack_node_data",

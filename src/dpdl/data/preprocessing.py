@@ -46,3 +46,32 @@ def seeded_split(
         indices, test_size=test_fraction, random_state=int(seed), shuffle=True, stratify=stratify
     )
     return np.sort(train_idx), np.sort(test_idx)
+
+
+def histogram_mean_std(pixels: np.ndarray) -> tuple[float, float]:
+    """Exact mean and std of uint8 pixels scaled to [0, 1], from a 256-bin histogram (no
+    float copy of the whole image set)."""
+    counts = np.bincount(np.asarray(pixels, dtype=np.uint8).ravel(), minlength=256)
+    counts = counts.astype(np.float64)
+    levels = np.arange(256) / 255.0
+    mean = float(counts @ levels / counts.sum())
+    std = float(np.sqrt(counts @ (levels - mean) ** 2 / counts.sum()))
+    return mean, std
+
+
+def standardize_uint8_images(
+    images: np.ndarray, means: np.ndarray, stds: np.ndarray, chunk: int = 4096
+) -> np.ndarray:
+    """(N, C, H, W) uint8 -> float32 ((x/255) - mean_c) / std_c via a per-channel lookup
+    table, in chunks so the intp index copy numpy makes stays small."""
+    means = np.broadcast_to(np.asarray(means, dtype=np.float64), (images.shape[1],))
+    stds = np.broadcast_to(np.asarray(stds, dtype=np.float64), (images.shape[1],))
+    levels = np.arange(256) / 255.0
+    lookups = ((levels[None, :] - means[:, None]) / np.maximum(stds, 1e-12)[:, None])
+    lookups = lookups.astype(np.float32)
+    out = np.empty(images.shape, dtype=np.float32)
+    for start in range(0, len(images), chunk):
+        block = images[start : start + chunk]
+        for channel in range(images.shape[1]):
+            out[start : start + chunk, channel] = lookups[channel][block[:, channel]]
+    return out
