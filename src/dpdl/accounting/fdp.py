@@ -1,0 +1,90 @@
+"""f-DP accounting for decentralized learning (SPEC §7; seed 003, Li, Su, Wang, Long, Su 2025).
+
+One import point for the three parts:
+
+* trade-off functions as objects, composition, (ε, δ) conversions both ways and plotting
+  (:mod:`dpdl.accounting.fdp_tradeoff`);
+* PN-f-DP of random-walk DP-SGD: first-hitting weights, per-hop μ_t, the revealed-index
+  mixture, composition under the contribution cap or the ζ slack, pairwise matrices, the RDP
+  baseline and σ calibration (:mod:`dpdl.accounting.fdp_random_walk`);
+* DECOR's Sec-LDP (RDP) and Sec-f-LDP guarantees and σ calibration for a given σ_cor
+  (:mod:`dpdl.accounting.fdp_decor`).
+
+>>> from dpdl.accounting.fdp import GaussianTradeOff
+>>> round(GaussianTradeOff(3.0).compose(GaussianTradeOff(4.0)).mu, 12)
+5.0
+"""
+
+from dpdl.accounting.fdp_decor import (
+    DECOR_ACCOUNTANTS,
+    DecorPrivacy,
+    calibrate_sigma_decor,
+    decor_epsilon,
+    decor_privacy,
+    decor_rho,
+    honest_laplacian,
+)
+from dpdl.accounting.fdp_random_walk import (
+    RDP_ORDERS,
+    PairwiseReport,
+    calibrate_sigma_pnfdp,
+    calibrate_sigma_rdp_baseline,
+    composition_count,
+    first_hitting_weights,
+    markov_slack_delta,
+    per_hop_mu,
+    pnfdp_epsilon,
+    pnfdp_epsilon_matrix,
+    rdp_baseline_epsilon,
+    rdp_baseline_rho,
+    rdp_epsilon_from_rho,
+    single_visit_tradeoff,
+    walk_matrix,
+)
+from dpdl.accounting.fdp_tradeoff import (
+    EpsilonDeltaTradeOff,
+    GaussianTradeOff,
+    PLDTradeOff,
+    RevealedGaussianMixture,
+    TabulatedTradeOff,
+    TradeOff,
+    compose,
+    gaussian_delta,
+    gaussian_log_delta,
+    plot_tradeoff,
+)
+
+__all__ = [
+    "DECOR_ACCOUNTANTS",
+    "RDP_ORDERS",
+    "DecorPrivacy",
+    "EpsilonDeltaTradeOff",
+    "GaussianTradeOff",
+    "PLDTradeOff",
+    "PairwiseReport",
+    "RevealedGaussianMixture",
+    "TabulatedTradeOff",
+    "TradeOff",
+    "calibrate_sigma_decor",
+    "calibrate_sigma_pnfdp",
+    "calibrate_sigma_rdp_baseline",
+    "compose",
+    "composition_count",
+    "decor_epsilon",
+    "decor_privacy",
+    "decor_rho",
+    "first_hitting_weights",
+    "gaussian_delta",
+    "gaussian_log_delta",
+    "honest_laplacian",
+    "markov_slack_delta",
+    "per_hop_mu",
+    "plot_tradeoff",
+    "pnfdp_epsilon",
+    "pnfdp_epsilon_matrix",
+    "rdp_baseline_epsilon",
+    "rdp_baseline_rho",
+    "rdp_epsilon_from_rho",
+    "single_visit_tradeoff",
+    "walk_matrix",
+]
