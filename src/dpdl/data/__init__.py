@@ -8,6 +8,7 @@ for "digits", "breast-cancer", "diabetes" (scikit-learn, no download), "fashion-
 """
 
 from dpdl.data.cifar10 import download_cifar10, find_cifar10, load_cifar10, read_batch
+from dpdl.data.csv_loader import load_csv
 from dpdl.data.dataset import Dataset, dataset_names, load_dataset, register_loader
 from dpdl.data.fashion_mnist import find_fashion_mnist, load_fashion_mnist
 from dpdl.data.idx import parse_idx, read_idx, write_idx
@@ -30,6 +31,7 @@ __all__ = [
     "label_distribution",
     "load_breast_cancer",
     "load_cifar10",
+    "load_csv",
     "load_dataset",
     "load_diabetes",
     "load_digits",

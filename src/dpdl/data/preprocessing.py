@@ -42,9 +42,14 @@ def seeded_split(
     from sklearn.model_selection import train_test_split
 
     indices = np.arange(n_records)
-    train_idx, test_idx = train_test_split(
-        indices, test_size=test_fraction, random_state=int(seed), shuffle=True, stratify=stratify
-    )
+    try:
+        train_idx, test_idx = train_test_split(
+            indices, test_size=test_fraction, random_state=int(seed), shuffle=True,
+            stratify=stratify,
+        )
+    except ValueError as exc:  # e.g. a class with a single record cannot be stratified
+        raise DPDLError(f"cannot split {n_records} records (test_fraction={test_fraction}): "
+                        f"{exc}") from exc
     return np.sort(train_idx), np.sort(test_idx)
 
 
