@@ -33,6 +33,7 @@ __all__ = [
     "Ball",
     "Box",
     "clip_rows",
+    "omega_bound",
     "clip_labels",
     "spectral_norm_bound_holds",
     "validate_symmetric_mixing",
@@ -40,6 +41,7 @@ __all__ = [
     "pooled_least_squares",
     "LinRegResult",
     "run_linreg",
+    "run_linreg_replicas",
 ]
 
 
@@ -71,10 +73,10 @@ class Ball:
         return shift + float(self.radius)
 
     def project(self, beta: np.ndarray) -> np.ndarray:
-        """Euclidean projection of every row of ``beta`` (shape (k, m)) onto the ball."""
+        """Euclidean projection of every row (last axis) of ``beta`` onto the ball."""
         center = 0.0 if self.center is None else self.center
         offset = beta - center
-        norms = np.linalg.norm(offset, axis=-1, keepdims=True)
+        norms = np.sqrt(np.einsum("...i,...i->...", offset, offset))[..., None]
         shrink = np.minimum(1.0, self.radius / np.maximum(norms, np.finfo(np.float64).tiny))
         return center + offset * shrink
 
@@ -224,7 +226,14 @@ class LocalProblems:
 
     def gradients(self, beta: np.ndarray) -> np.ndarray:
         """∇L_i(β_i) = X_iᵀX_i β_i − X_iᵀy_i for every node at once (β: (k, m))."""
-        return np.einsum("kij,kj->ki", self.gram, beta) - self.xty
+        return (self.gram @ beta[..., None])[..., 0] - self.xty
+
+    def replica_gradients(self, beta: np.ndarray) -> np.ndarray:
+        """The same for a node-major stack of replicas, β: (k, R, m) -> (k, R, m).
+
+        One batched (R, m) @ (m, m) product per node (X_iᵀX_i is symmetric).
+        """
+        return beta @ self.gram - self.xty[:, None, :]
 
     def pooled_solution(self) -> np.ndarray:
         """β* = (XᵀX)⁻¹Xᵀy of the pooled data, from the summed normal equations."""
@@ -251,7 +260,8 @@ class LinRegResult:
     steps: the recorded t (0 … T); errors: (len(steps), k) ‖β_i(t) − β*‖;
     consensus: (len(steps),) max_i ‖β_i(t) − mean_j β_j(t)‖; beta: final β(T), (k, m);
     released: P_Ω(β(T) + ω(T)), the private estimate a node may publish (= β(T) when
-    non-private); released_errors: (k,) its distance to β*; noise_scale: v(t) per step t < T.
+    non-private); released_errors: (k,) its distance to β*; noise_scale: v(t) per step t < T
+    (zeros when non-private).
     """
 
     steps: np.ndarray
@@ -263,6 +273,11 @@ class LinRegResult:
     beta_star: np.ndarray
     noise_scale: np.ndarray
     trajectory: np.ndarray | None = None  # (len(steps), k, m) when requested
+
+
+# Laplace draws are made per replica in blocks of this many steps (fewer Python calls); a
+# block of (B, k, m) standard draws is the same stream as B successive (k, m) draws.
+_NOISE_BLOCK = 256
 
 
 def run_linreg(
@@ -285,16 +300,47 @@ def run_linreg(
     Privacy-critical: a private run must have both (the guarantee needs ‖β♯‖ ≤ B_Ω), so
     noise without a domain is refused. ``beta0`` (default 0) may be (m,) or (k, m);
     ``beta_star`` defaults to the pooled least-squares solution. Laplace draws come from
-    ``numpy.random.default_rng(seed)``, one (k, m) block per step.
+    ``numpy.random.default_rng(seed)``.
     """
-    require(isinstance(steps, int | np.integer) and steps >= 1,
+    return run_linreg_replicas(
+        problems, mixing, steps=steps, alpha=alpha, noises=[noise], domain=domain,
+        seeds=[seed], beta0=beta0, beta_star=beta_star, record_every=record_every,
+        keep_trajectory=keep_trajectory,
+    )[0]
+
+
+def run_linreg_replicas(
+    problems: LocalProblems,
+    mixing: np.ndarray,
+    *,
+    steps: int,
+    alpha: PowerDecay,
+    noises: Sequence[PowerDecay | None],
+    domain: Ball | Box | None,
+    seeds: Sequence[int],
+    beta0: np.ndarray | None = None,
+    beta_star: np.ndarray | None = None,
+    record_every: int = 1,
+    keep_trajectory: bool = False,
+) -> list[LinRegResult]:
+    """Run independent replicas (one per ``(noises[r], seeds[r])``) in one vectorized loop.
+
+    The state is an (R, k, m) array; replica r gives exactly what :func:`run_linreg` gives
+    with ``noise=noises[r], seed=seeds[r]``. Non-private replicas (noise None) are neither
+    noised nor projected; private ones need ``domain``.
+    """
+    require(isinstance(steps, int | np.integer) and not isinstance(steps, bool) and steps >= 1,
             f"steps (T) must be a positive integer, got {steps!r}")
     require(isinstance(record_every, int | np.integer) and record_every >= 1,
             f"record_every must be a positive integer, got {record_every!r}")
-    require(noise is None or domain is not None,
+    require(len(noises) == len(seeds) and len(seeds) >= 1,
+            f"need one seed per replica: {len(noises)} noise schedules, {len(seeds)} seeds")
+    private = np.array([noise is not None for noise in noises])
+    require(not private.any() or domain is not None,
             "a private run (noise given) needs the projection domain Ω: the privacy bound "
             "uses ‖P_Ω(β)‖ ≤ B_Ω")
     k, m = problems.num_nodes, problems.num_features
+    replicas = len(seeds)
     w = validate_symmetric_mixing(mixing)
     require(w.shape[0] == k, f"the mixing matrix is {w.shape[0]}x{w.shape[0]} but there are "
                              f"{k} nodes")
@@ -302,54 +348,81 @@ def run_linreg(
         beta_star = problems.pooled_solution()
     beta_star = np.asarray(beta_star, dtype=np.float64)
     require(beta_star.shape == (m,), f"beta_star must have shape ({m},), got {beta_star.shape}")
-    beta = np.zeros((k, m)) if beta0 is None else np.broadcast_to(
-        np.asarray(beta0, dtype=np.float64), (k, m)).copy()
-    rng = np.random.default_rng(seed)
+    start = np.zeros((k, m)) if beta0 is None else np.asarray(beta0, dtype=np.float64)
+    require(start.shape in ((m,), (k, m)), f"beta0 must have shape ({m},) or ({k}, {m}), "
+                                           f"got {start.shape}")
+    # Node-major state (k, R, m): mixing is then one (k, k) @ (k, R·m) product.
+    beta = np.broadcast_to(start.reshape(-1, 1, m) if start.ndim == 2 else start,
+                           (k, replicas, m)).copy()
+    rngs = [np.random.default_rng(seed) for seed in seeds]
 
     times = np.arange(steps + 1)
-    noise_scale = np.zeros(steps + 1) if noise is None else noise(times)
+    # (R, T+1) Laplace scales v(t); zero rows for non-private replicas.
+    scales = np.stack([np.zeros(steps + 1) if noise is None else noise(times)
+                       for noise in noises])
     step_sizes = alpha(times[:-1])
     record_at = np.unique(np.append(times[::record_every], steps))
-    errors = np.empty((len(record_at), k))
-    consensus = np.empty(len(record_at))
-    trajectory = np.empty((len(record_at), k, m)) if keep_trajectory else None
+    errors = np.empty((len(record_at), replicas, k))
+    consensus = np.empty((len(record_at), replicas))
+    trajectory = np.empty((len(record_at), replicas, k, m)) if keep_trajectory else None
+    unit_noise = np.zeros((_NOISE_BLOCK, k, replicas, m))
     slot = 0
 
     def record(state: np.ndarray) -> None:
         nonlocal slot
-        errors[slot] = np.linalg.norm(state - beta_star, axis=1)
-        consensus[slot] = np.linalg.norm(state - state.mean(axis=0), axis=1).max()
+        errors[slot] = np.linalg.norm(state - beta_star, axis=-1).T
+        consensus[slot] = np.linalg.norm(state - state.mean(axis=0, keepdims=True),
+                                         axis=-1).max(axis=0)
         if trajectory is not None:
-            trajectory[slot] = state
+            trajectory[slot] = state.transpose(1, 0, 2)
         slot += 1
 
+    def check_finite(t: int) -> None:
+        if not np.all(np.isfinite(beta)):
+            raise DPDLError(
+                f"the iteration diverged by t = {t} (alpha(t) = {step_sizes[t]:.3g}); "
+                "reduce c_alpha or use a projection domain"
+            )
+
+    project_all = domain is not None and private.all()
     with np.errstate(over="ignore", invalid="ignore"):  # divergence is reported below
         for t in range(steps):
-            if slot < len(record_at) and record_at[slot] == t:
+            if t % _NOISE_BLOCK == 0:
+                block = min(_NOISE_BLOCK, steps - t)
+                for r in np.flatnonzero(private):
+                    unit_noise[:block, :, r] = rngs[r].laplace(0.0, 1.0, (block, k, m))
+            if record_at[slot] == t:
+                check_finite(t)
                 record(beta)
-            shared = beta if noise is None else beta + rng.laplace(0.0, noise_scale[t], (k, m))
-            projected = shared if domain is None else domain.project(shared)
-            beta = w @ projected - step_sizes[t] * problems.gradients(projected)
-            if not np.all(np.isfinite(beta)):
-                raise DPDLError(
-                    f"the iteration diverged at t = {t} (alpha(t) = {step_sizes[t]:.3g}); "
-                    "reduce c_alpha or use a projection domain"
-                )
+            shared = beta + scales[:, t, None] * unit_noise[t % _NOISE_BLOCK]
+            if project_all:
+                projected = domain.project(shared)
+            elif domain is not None and private.any():
+                projected = np.where(private[:, None], domain.project(shared), shared)
+            else:
+                projected = shared
+            mixed = (w @ projected.reshape(k, -1)).reshape(k, replicas, m)
+            beta = mixed - step_sizes[t] * problems.replica_gradients(projected)
+        check_finite(steps - 1)
     record(beta)
 
-    if noise is None:
-        released = beta.copy()
-    else:
-        released = beta + rng.laplace(0.0, noise_scale[steps], (k, m))
-        released = domain.project(released)
-    return LinRegResult(
-        steps=record_at,
-        errors=errors,
-        consensus=consensus,
-        beta=beta,
-        released=released,
-        released_errors=np.linalg.norm(released - beta_star, axis=1),
-        beta_star=beta_star,
-        noise_scale=noise_scale[:-1],
-        trajectory=trajectory,
-    )
+    beta = beta.transpose(1, 0, 2)  # (R, k, m)
+    released = beta.copy()
+    for r in np.flatnonzero(private):
+        final_noise = rngs[r].laplace(0.0, scales[r, steps], (k, m))
+        released[r] = domain.project(beta[r] + final_noise)
+    released_errors = np.linalg.norm(released - beta_star, axis=-1)
+    return [
+        LinRegResult(
+            steps=record_at,
+            errors=errors[:, r],
+            consensus=consensus[:, r],
+            beta=beta[r],
+            released=released[r],
+            released_errors=released_errors[r],
+            beta_star=beta_star,
+            noise_scale=scales[r, :-1],
+            trajectory=None if trajectory is None else trajectory[:, r],
+        )
+        for r in range(replicas)
+    ]
