@@ -60,6 +60,13 @@ def test_dirichlet_skew_decreases_with_alpha_and_exceeds_iid():
     assert tv_iid < 0.1 and tv[100.0] < 0.15
 
 
+def test_dirichlet_default_minimum_is_ten_or_the_even_share():
+    y = _labels(2000, seed=3)
+    assert min(len(p) for p in partition(y, 20, scheme="dirichlet", alpha=0.01)) >= 10
+    tiny = partition(_labels(25), 5, scheme="dirichlet", alpha=0.01)
+    assert min(len(p) for p in tiny) >= 5 and sum(len(p) for p in tiny) == 25
+
+
 def test_dirichlet_is_seeded():
     y = _labels(800)
     a = partition(y, 8, scheme="dirichlet", alpha=0.3, seed=9)

@@ -29,7 +29,7 @@ def partition(
     scheme: str = "iid",
     alpha: float = 0.5,
     seed: int = 0,
-    min_records_per_node: int = 1,
+    min_records_per_node: int | None = None,
 ) -> list[np.ndarray]:
     """Split record indices ``0..len(y)-1`` into ``n_nodes`` disjoint, sorted index arrays.
 
@@ -38,11 +38,11 @@ def partition(
     in the shuffle are dropped, so every node has exactly the same size.
 
     ``scheme="dirichlet"``: label-skewed non-IID split. First ``min_records_per_node`` records
-    drawn uniformly at random are reserved for every node (so no node is ever empty, which
-    would leave it with nothing to learn from); then, for each class c, a share vector
-    q_c ~ Dirichlet(alpha·1_n) over nodes is drawn and the remaining records of class c are
-    dealt to nodes by a multinomial with probabilities q_c. Smaller ``alpha`` means more skew;
-    every record is assigned. Labels must be integer class indices.
+    drawn uniformly at random are reserved for every node (default min(10, ⌊N/n⌋); so no
+    node is ever empty, which would leave it with nothing to learn from); then, for each
+    class c, a share vector q_c ~ Dirichlet(alpha·1_n) over nodes is drawn and the remaining
+    records of class c are dealt to nodes by a multinomial with probabilities q_c. Smaller
+    ``alpha`` means more skew; every record is assigned. Labels must be integer class indices.
     """
     labels = np.asarray(y)
     if labels.ndim != 1:
@@ -65,6 +65,8 @@ def partition(
         )
     if not (np.isfinite(alpha) and alpha > 0):
         raise DPDLError(f"dirichlet alpha must be a positive number, got {alpha!r}")
+    if min_records_per_node is None:
+        min_records_per_node = min(10, n_records // n_nodes)
     if isinstance(min_records_per_node, bool) or int(min_records_per_node) != min_records_per_node \
             or min_records_per_node < 0:
         raise DPDLError(
