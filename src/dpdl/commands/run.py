@@ -1,0 +1,137 @@
+"""``dpdl run``: train from a config file, a shipped preset, or the embedded default."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+from dpdl.errors import DPDLError
+
+HELP = "Train with the simulator (or the distributed runtime) from a config or preset."
+
+DEFAULT_PRESET = "default"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "config", nargs="?", help="a TOML config file (default: the embedded default preset)"
+    )
+    parser.add_argument("--preset", help="run a shipped preset (e.g. default, fashion-mnist)")
+    parser.add_argument(
+        "--output", default="runs", help="folder under which the run folder is made (runs/)"
+    )
+    parser.add_argument("--device", help="cpu, cuda, cuda:N or auto (overrides the config)")
+    parser.add_argument("--seed", type=int, help="seed (overrides the config's seeds)")
+    parser.add_argument("--steps", type=int, help="number of iterations (overrides the config)")
+    parser.add_argument("--runtime", choices=("simulator", "distributed"), help="execution runtime")
+    parser.add_argument(
+        "--entropy",
+        choices=("seed", "os"),
+        help="seed the per-node generators from --seed (reproducible) or from OS entropy",
+    )
+    parser.add_argument("--threads", type=int, help="torch CPU threads (torch's default)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--list-presets", action="store_true", help="list presets and exit")
+
+
+def _load(args) -> dict:
+    from dpdl.experiments.config import load_config_file, load_preset
+
+    if args.config and args.preset:
+        raise DPDLError("give either a config file or --preset, not both")
+    if args.config:
+        return load_config_file(args.config)
+    return load_preset(args.preset or DEFAULT_PRESET)
+
+
+def _overrides(args) -> dict:
+    given = {
+        "seed": args.seed,
+        "steps": args.steps,
+        "device": args.device,
+        "runtime": args.runtime,
+        "entropy": args.entropy,
+    }
+    if args.steps is not None and args.steps < 1:
+        raise DPDLError(f"--steps must be a positive integer, got {args.steps}")
+    if args.seed is not None and args.seed < 0:
+        raise DPDLError(f"--seed must be non-negative, got {args.seed}")
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def _fmt(value, digits: int = 4) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float):
+        return "inf" if math.isinf(value) else f"{value:.{digits}g}"
+    return str(value)
+
+
+def print_summary(results: dict) -> None:
+    header = (
+        "algorithm",
+        "eps target",
+        "test acc",
+        "node acc mean",
+        "node acc worst",
+        "eps CLT*",
+        "eps certified",
+        "status",
+    )
+    rows = []
+    for s in results.get("summary", []):
+        acc = _fmt(s.get("test_accuracy"))
+        if s.get("test_accuracy_std") is not None:
+            acc += f" ± {_fmt(s['test_accuracy_std'], 2)}"
+        rows.append(
+            (
+                s["algorithm"],
+                _fmt(s.get("epsilon_target")),
+                acc,
+                _fmt(s.get("node_accuracy_mean")),
+                _fmt(s.get("node_accuracy_worst")),
+                _fmt(s.get("epsilon_clt")) if s.get("epsilon_target") else "inf",
+                _fmt(s.get("epsilon_certified")) if s.get("epsilon_target") else "inf",
+                ",".join(s.get("status", [])),
+            )
+        )
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+    print("* CLT: the paper's approximation; it can understate epsilon (certified: PLD/RDP).")
+    for cell in results.get("cells", []):
+        if cell.get("status") != "ok":
+            print(f"! {cell['algorithm']} seed {cell['seed']}: {cell['message']}")
+    print(f"run folder: {results['run_dir']}")
+
+
+def run(args) -> int:
+    from dpdl.experiments.config import preset_names
+    from dpdl.experiments.registry import experiment_module
+
+    if args.list_presets:
+        print("\n".join(preset_names()))
+        return 0
+    if args.threads is not None:
+        if args.threads < 1:
+            raise DPDLError(f"--threads must be >= 1, got {args.threads}")
+        import torch
+
+        torch.set_num_threads(args.threads)
+    config = _load(args)
+    module = experiment_module(config.get("kind"))
+    overrides = _overrides(args)
+    if overrides:
+        if not hasattr(module, "apply_overrides"):
+            flags = ", ".join(f"--{k}" for k in overrides)
+            raise DPDLError(f"{flags} not supported for experiment kind {config.get('kind')!r}")
+        config = module.apply_overrides(config, **overrides)
+    results = module.run_experiment(config, Path(args.output), progress=not args.no_progress)
+    if "summary" in results:
+        print_summary(results)
+    else:
+        print(f"run folder: {results.get('run_dir', args.output)}")
+    failed = [c for c in results.get("cells", []) if c.get("status", "ok") != "ok"]
+    return 1 if failed else 0

@@ -1,0 +1,240 @@
+"""Configuration of a ``decentralized`` experiment (the Dyn-D2P family, SPEC §2-4).
+
+A config is a TOML document (or the same dict) with these tables; every table forbids
+unknown keys, and every error names the dotted key::
+
+    kind = "decentralized"
+    [experiment]  name, algorithms, seed (int or list), entropy, runtime, device
+    [data]        dataset, data_dir, download, partition, alpha, max_train_records
+    [model]       name
+    [topology]    name, nodes, seed, params
+    [training]    steps | epochs, batch_size (expected b), lr, eval_every, eval_* sizes
+    [privacy]     epsilon (float or list), delta, calibrate, clip, clip0, rho_c, rho_mu,
+                  certified_accountant, eval_blocks, final_mode, final_blocks
+
+An algorithm is a name of :data:`dpdl.accounting.schedules.ALGORITHMS`, optionally with the
+calibrating accountant after an ``@`` (``"dyn-d2p@clt"`` is the paper's CLT calibration,
+``"dyn-d2p"`` uses ``privacy.calibrate``).
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from dpdl.accounting.schedules import ALGORITHMS, DEFAULT_CLIP, DEFAULT_RHO_C, DEFAULT_RHO_MU
+from dpdl.errors import DPDLError
+
+PRESETS_DIR = Path(__file__).with_name("presets")
+CALIBRATIONS = ("clt", "pld", "rdp")
+
+__all__ = [
+    "RunConfig",
+    "AlgorithmSpec",
+    "parse_config",
+    "load_config_file",
+    "load_preset",
+    "preset_names",
+    "PRESETS_DIR",
+]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class AlgorithmSpec(BaseModel):
+    """``name`` from ALGORITHMS, ``calibrate`` the accountant (None: privacy.calibrate)."""
+
+    model_config = ConfigDict(frozen=True)
+    name: str
+    calibrate: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> AlgorithmSpec:
+        name, _, calibrate = str(text).strip().lower().partition("@")
+        if name not in ALGORITHMS:
+            raise ValueError(f"unknown algorithm {text!r}; choose one of {', '.join(ALGORITHMS)}")
+        if calibrate and calibrate not in CALIBRATIONS:
+            raise ValueError(
+                f"unknown calibration {calibrate!r} in {text!r}; use one of {CALIBRATIONS}"
+            )
+        if name == "sgp" and calibrate:
+            raise ValueError(f"{text!r}: sgp is not private and takes no calibration")
+        return cls(name=name, calibrate=calibrate or None)
+
+    @property
+    def label(self) -> str:
+        return self.name if self.calibrate is None else f"{self.name}@{self.calibrate}"
+
+
+class ExperimentSection(_Section):
+    name: str = "experiment"
+    algorithms: list[str] = Field(default_factory=lambda: ["sgp", "const-d2p", "dyn-d2p"])
+    seed: int | list[int] = 0
+    entropy: Literal["seed", "os"] = "seed"
+    runtime: Literal["simulator", "distributed"] = "simulator"
+    device: str = "cpu"
+
+    @field_validator("algorithms")
+    @classmethod
+    def _algorithms(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("at least one algorithm is needed")
+        labels = [AlgorithmSpec.parse(v).label for v in value]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"duplicate algorithms in {value}")
+        return labels
+
+    @field_validator("seed")
+    @classmethod
+    def _seed(cls, value: int | list[int]) -> int | list[int]:
+        seeds = value if isinstance(value, list) else [value]
+        if not seeds or any(s < 0 for s in seeds):
+            raise ValueError(f"seeds must be non-negative integers, got {value}")
+        return value
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        if not (value in ("cpu", "cuda", "auto") or value.startswith("cuda:")):
+            raise ValueError(f"unknown device {value!r}; use cpu, cuda, cuda:N or auto")
+        return value
+
+    @property
+    def seeds(self) -> list[int]:
+        return self.seed if isinstance(self.seed, list) else [self.seed]
+
+    @property
+    def specs(self) -> list[AlgorithmSpec]:
+        return [AlgorithmSpec.parse(a) for a in self.algorithms]
+
+
+class DataSection(_Section):
+    dataset: str = "digits"
+    data_dir: str | None = None
+    download: bool = False
+    partition: Literal["iid", "dirichlet"] = "iid"
+    alpha: float = Field(0.5, gt=0)
+    max_train_records: int | None = Field(None, ge=1)
+
+
+class ModelSection(_Section):
+    name: str = "logreg"
+
+
+class TopologySection(_Section):
+    name: str = "exp"
+    nodes: int = Field(20, ge=2)
+    seed: int = 0
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class TrainingSection(_Section):
+    steps: int | None = Field(None, ge=1)
+    epochs: float | None = Field(None, gt=0)
+    batch_size: float = Field(1.0, gt=0)
+    lr: float = Field(0.03, gt=0)
+    eval_every: int = Field(50, ge=1)
+    eval_train_samples: int = Field(1000, ge=1)
+    eval_test_samples: int | None = Field(None, ge=1)
+    eval_node_samples: int = Field(1000, ge=1)
+
+    @model_validator(mode="after")
+    def _steps_or_epochs(self) -> TrainingSection:
+        if (self.steps is None) == (self.epochs is None):
+            raise ValueError("set exactly one of training.steps and training.epochs")
+        return self
+
+
+class PrivacySection(_Section):
+    epsilon: float | list[float] = 1.0
+    delta: float = Field(1e-4, gt=0, lt=1)
+    calibrate: Literal["clt", "pld", "rdp"] = "pld"
+    clip: float = Field(DEFAULT_CLIP, gt=0)
+    clip0: float | None = Field(None, gt=0)
+    rho_c: float = Field(DEFAULT_RHO_C, ge=1)
+    rho_mu: float = Field(DEFAULT_RHO_MU, ge=1)
+    certified_accountant: Literal["pld", "rdp"] = "pld"
+    # Certified epsilon at evaluation points: PLD blocked upper bound with this many blocks.
+    eval_blocks: int = Field(20, ge=1)
+    # Certified epsilon of the whole run: "exact" PLD composition, or "blocked".
+    final_mode: Literal["exact", "blocked"] = "exact"
+    final_blocks: int = Field(1000, ge=1)
+    # Blocks used by a PLD/RDP calibration and by the ledger (None: exact composition).
+    calibration_blocks: int | None = Field(100, ge=1)
+
+    @field_validator("epsilon")
+    @classmethod
+    def _epsilon(cls, value: float | list[float]) -> float | list[float]:
+        values = value if isinstance(value, list) else [value]
+        if not values or any(not (math.isfinite(v) and v > 0) for v in values):
+            raise ValueError(f"epsilon must be positive and finite, got {value}")
+        return value
+
+    @property
+    def epsilons(self) -> list[float]:
+        return self.epsilon if isinstance(self.epsilon, list) else [self.epsilon]
+
+
+class RunConfig(_Section):
+    kind: Literal["decentralized"] = "decentralized"
+    experiment: ExperimentSection = Field(default_factory=ExperimentSection)
+    data: DataSection = Field(default_factory=DataSection)
+    model: ModelSection = Field(default_factory=ModelSection)
+    topology: TopologySection = Field(default_factory=TopologySection)
+    training: TrainingSection = Field(default_factory=lambda: TrainingSection(steps=200))
+    privacy: PrivacySection = Field(default_factory=PrivacySection)
+
+
+def _describe(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "config"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        parts.append(
+            f"{key}: {msg}"
+            + ("" if e["type"] == "extra_forbidden" else f" (got {e.get('input')!r})")
+        )
+    return "invalid config: " + "; ".join(parts)
+
+
+def parse_config(config: dict[str, Any] | RunConfig) -> RunConfig:
+    """Validate a config dict; raises DPDLError naming every offending key."""
+    if isinstance(config, RunConfig):
+        return config
+    if not isinstance(config, dict):
+        raise DPDLError(f"a config must be a table/dict, got {type(config).__name__}")
+    try:
+        return RunConfig.model_validate(config)
+    except ValidationError as err:
+        raise DPDLError(_describe(err)) from None
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a TOML config file into a dict (not validated: its ``kind`` decides how)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DPDLError(f"config file {str(path)!r} does not exist")
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except tomllib.TOMLDecodeError as err:
+        raise DPDLError(f"{path}: invalid TOML: {err}") from None
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.toml"))
+
+
+def load_preset(name: str) -> dict[str, Any]:
+    path = PRESETS_DIR / f"{name}.toml"
+    if not path.is_file():
+        raise DPDLError(f"unknown preset {name!r}; available: {', '.join(preset_names())}")
+    return load_config_file(path)

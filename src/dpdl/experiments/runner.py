@@ -1,0 +1,511 @@
+"""The ``decentralized`` experiment kind: train the Dyn-D2P family and SGP (SPEC §2-4).
+
+``run_experiment(config, output_dir)`` runs every cell (algorithm x seed x target epsilon; SGP
+once per seed) of a config and writes one run folder::
+
+    config.toml, config.json   the resolved config
+    metrics.csv                one row per evaluation (see METRIC_COLUMNS)
+    results.json               final numbers per cell, and the mean over seeds per algorithm
+    curves.png                 accuracy and training loss against iteration, every algorithm
+
+:func:`run_cell` runs one (algorithm, seed, epsilon) cell and is what a sweep may call.
+
+Privacy is fail-closed: before a private cell trains, a :class:`PrivacyLedger` under the
+schedule's calibrating accountant must approve the whole schedule (else
+``PrivacyBudgetExceeded`` and nothing trains), and every step is recorded in it before it
+runs.  The epsilon reported at each evaluation is the CLT approximation (the paper's
+accountant; it may understate epsilon, SPEC §2) and a certified PLD (or RDP) upper bound;
+at evaluation points the PLD bound is the cheap blocked one, for the final row the exact
+composition (``privacy.final_mode``).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dpdl.accounting.ledger import PrivacyLedger
+from dpdl.accounting.schedules import PrivacySchedule, make_schedule
+from dpdl.algorithms.dyn_d2p import NonFiniteUpdate
+from dpdl.engine.simulator import NodeData, Simulator, accuracy, resolve_device
+from dpdl.errors import DPDLError
+from dpdl.experiments.config import AlgorithmSpec, RunConfig, parse_config
+
+METRIC_COLUMNS = (
+    "iteration",
+    "algorithm",
+    "seed",
+    "epsilon_target",
+    "train_loss",
+    "test_loss",
+    "test_accuracy",
+    "node_accuracy_mean",
+    "node_accuracy_worst",
+    "epsilon_clt",
+    "epsilon_certified",
+)
+
+__all__ = [
+    "METRIC_COLUMNS",
+    "Workload",
+    "apply_overrides",
+    "prepare_workload",
+    "run_cell",
+    "run_experiment",
+]
+
+
+# --------------------------------------------------------------------------- set-up
+@dataclass
+class Workload:
+    """Everything a cell needs that does not depend on the algorithm: data, split, graph."""
+
+    config: RunConfig
+    seed: int
+    node_data: NodeData
+    topology: Any
+    input_shape: tuple[int, ...]
+    num_classes: int | None
+    loss: str
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    x_train_eval: torch.Tensor
+    y_train_eval: torch.Tensor
+    node_eval: slice
+    device: torch.device
+    steps: int
+    sample_rate: float
+    records_per_node: list[int] = field(default_factory=list)
+
+
+def prepare_workload(config: RunConfig, seed: int) -> Workload:
+    """Load and split the data set, build the topology, resolve the number of steps."""
+    from dpdl.data import load_dataset, partition, stack_node_data
+    from dpdl.topology import make_topology
+
+    cfg = config
+    device = resolve_device(cfg.experiment.device)
+    dataset = load_dataset(
+        cfg.data.dataset, data_dir=cfg.data.data_dir, download=cfg.data.download, seed=seed
+    )
+    rng = np.random.default_rng(seed)
+    x_train, y_train = dataset.x_train, dataset.y_train
+    if cfg.data.max_train_records is not None and cfg.data.max_train_records < len(x_train):
+        keep = np.sort(rng.choice(len(x_train), cfg.data.max_train_records, replace=False))
+        x_train, y_train = x_train[keep], y_train[keep]
+    n = cfg.topology.nodes
+    if len(x_train) < n:
+        raise DPDLError(f"topology.nodes = {n} exceeds the {len(x_train)} training records")
+    parts = partition(y_train, n, scheme=cfg.data.partition, alpha=cfg.data.alpha, seed=seed)
+    X, Y, mask = stack_node_data(x_train, y_train, parts)
+    node_data = NodeData.from_arrays(X, Y, mask, device=device)
+    topology = make_topology(cfg.topology.name, n, seed=cfg.topology.seed, **cfg.topology.params)
+    counts = [int(c) for c in node_data.counts]
+    b = cfg.training.batch_size
+    if b > min(counts):
+        raise DPDLError(
+            f"training.batch_size = {b} exceeds the smallest local data set ({min(counts)})"
+        )
+    sample_rate = b / min(counts)
+    if cfg.training.steps is not None:
+        steps = cfg.training.steps
+    else:  # one epoch = J_min / b steps: each record is sampled once per epoch on average
+        steps = max(1, math.ceil(cfg.training.epochs * min(counts) / b))
+
+    classification = dataset.task == "classification"
+    y_dtype = torch.int64 if classification else torch.float32
+    x_test = torch.as_tensor(dataset.x_test, dtype=torch.float32, device=device)
+    y_test = torch.as_tensor(dataset.y_test, dtype=y_dtype, device=device)
+    if cfg.training.eval_test_samples is not None and cfg.training.eval_test_samples < len(x_test):
+        pick = np.sort(rng.choice(len(x_test), cfg.training.eval_test_samples, replace=False))
+        x_test, y_test = x_test[pick], y_test[pick]
+    m = min(cfg.training.eval_train_samples, len(x_train))
+    pick = np.sort(rng.choice(len(x_train), m, replace=False))
+    return Workload(
+        config=cfg,
+        seed=seed,
+        node_data=node_data,
+        topology=topology,
+        input_shape=tuple(dataset.input_shape),
+        num_classes=dataset.num_classes if classification else None,
+        loss="cross_entropy" if classification else "squared_error",
+        x_test=x_test,
+        y_test=y_test,
+        x_train_eval=torch.as_tensor(x_train[pick], dtype=torch.float32, device=device),
+        y_train_eval=torch.as_tensor(y_train[pick], dtype=y_dtype, device=device),
+        node_eval=slice(0, min(cfg.training.eval_node_samples, len(x_test))),
+        device=device,
+        steps=steps,
+        sample_rate=sample_rate,
+        records_per_node=counts,
+    )
+
+
+def build_schedule(
+    config: RunConfig, spec: AlgorithmSpec, epsilon: float | None, steps: int, sample_rate: float
+) -> PrivacySchedule:
+    """The calibrated privacy schedule of one cell (SPEC §2)."""
+    p = config.privacy
+    calibrate = spec.calibrate or p.calibrate
+    return make_schedule(
+        spec.name,
+        epsilon=None if spec.name == "sgp" else epsilon,
+        delta=p.delta,
+        steps=steps,
+        sample_rate=sample_rate,
+        clip=p.clip,
+        clip0=p.clip0,
+        rho_c=p.rho_c,
+        rho_mu=p.rho_mu,
+        calibrate=calibrate,
+        blocks=p.calibration_blocks if calibrate == "pld" else None,
+    )
+
+
+def _ledger_for(config: RunConfig, schedule: PrivacySchedule) -> PrivacyLedger:
+    accountant = schedule.calibrated_with or config.privacy.calibrate
+    blocks = config.privacy.calibration_blocks if accountant == "pld" else None
+    ledger = PrivacyLedger(
+        schedule.sample_rate, schedule.delta, schedule.epsilon_target, accountant, blocks=blocks
+    )
+    ledger.plan(schedule.noise_multipliers)  # raises PrivacyBudgetExceeded: nothing trains
+    return ledger
+
+
+# --------------------------------------------------------------------------- evaluation
+def _epsilons(config: RunConfig, schedule: PrivacySchedule, steps_done: int, final: bool):
+    if not schedule.private:
+        return math.inf, math.inf, "none"
+    if steps_done == 0:
+        return 0.0, 0.0, "no-steps"
+    clt = schedule.epsilon("clt", steps=steps_done).epsilon
+    p = config.privacy
+    accountant = p.certified_accountant
+    if accountant == "pld":
+        if final and p.final_mode == "exact":
+            options = {"mode": "exact"}
+        else:
+            options = {"mode": "blocked", "blocks": p.final_blocks if final else p.eval_blocks}
+    else:
+        options = {}
+    report = schedule.epsilon(accountant, steps=steps_done, **options)
+    return float(clt), float(report.epsilon), report.method
+
+
+def _evaluate(sim: Simulator, work: Workload) -> dict[str, float]:
+    out = sim.predict_average(work.x_test)
+    test_loss = float(
+        torch.nn.functional.cross_entropy(out, work.y_test)
+        if work.loss == "cross_entropy"
+        else 0.5 * (out.reshape(work.y_test.shape) - work.y_test).pow(2).mean()
+    )
+    row = {
+        "train_loss": sim.average_loss(work.x_train_eval, work.y_train_eval),
+        "test_loss": test_loss,
+    }
+    if work.loss == "cross_entropy":
+        node_out = sim.predict_nodes(work.x_test[work.node_eval])
+        node_acc = accuracy(node_out, work.y_test[work.node_eval])
+        row |= {
+            "test_accuracy": float(accuracy(out, work.y_test)),
+            "node_accuracy_mean": float(node_acc.mean()),
+            "node_accuracy_worst": float(node_acc.min()),
+        }
+    else:
+        row |= {
+            "test_accuracy": math.nan,
+            "node_accuracy_mean": math.nan,
+            "node_accuracy_worst": math.nan,
+        }
+    return row
+
+
+# --------------------------------------------------------------------------- one cell
+def run_cell(
+    work: Workload,
+    algorithm: str | AlgorithmSpec,
+    epsilon: float | None,
+    *,
+    progress: bool = True,
+    on_row=None,
+) -> dict[str, Any]:
+    """Train one algorithm for one seed and target epsilon; returns the cell's results.
+
+    ``on_row(row)`` is called with every metrics row as it is produced.  A NaN/inf update
+    stops the cell cleanly: the result has ``status = "diverged"`` and the message names the
+    node and step.
+    """
+    from dpdl.models import make_model
+
+    cfg = work.config
+    spec = algorithm if isinstance(algorithm, AlgorithmSpec) else AlgorithmSpec.parse(algorithm)
+    schedule = build_schedule(cfg, spec, epsilon, work.steps, work.sample_rate)
+    ledger = _ledger_for(cfg, schedule) if schedule.private else None
+    # The same initial model x^0 for every algorithm of a seed (a fair comparison).
+    model = make_model(cfg.model.name, work.input_shape, work.num_classes, seed=work.seed)
+    seed = None if cfg.experiment.entropy == "os" else work.seed
+    sim = Simulator(
+        model, work.node_data, work.topology, lr=cfg.training.lr,
+        expected_batch_size=cfg.training.batch_size, seed=seed, device=work.device,
+        loss=work.loss,
+    )  # fmt: skip
+    assert math.isclose(sim.sample_rate, schedule.sample_rate)
+    rows: list[dict[str, Any]] = []
+    eps_target = None if spec.name == "sgp" else epsilon
+
+    def record(iteration: int, final: bool = False) -> dict[str, Any]:
+        eps_clt, eps_cert, method = _epsilons(cfg, schedule, iteration, final)
+        row = {
+            "iteration": iteration, "algorithm": spec.label, "seed": work.seed,
+            "epsilon_target": math.nan if eps_target is None else eps_target,
+            **_evaluate(sim, work), "epsilon_clt": eps_clt, "epsilon_certified": eps_cert,
+            "epsilon_certified_method": method,
+        }  # fmt: skip
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+        return row
+
+    from tqdm.auto import tqdm
+
+    label = spec.label + ("" if eps_target is None else f" eps={eps_target:g}")
+    bar = tqdm(
+        total=work.steps,
+        desc=f"{label} seed={work.seed}",
+        disable=None if progress else True,
+        leave=False,
+        dynamic_ncols=True,
+    )
+    status, message = "ok", ""
+    started = time.perf_counter()
+    record(0)
+    every = cfg.training.eval_every
+    try:
+        z = schedule.noise_multipliers
+        for k in range(work.steps):
+            if schedule.private:
+                ledger.record_step(float(z[k]))
+                sim.step(private=True, clip=float(schedule.clip[k]), sigma=float(schedule.sigma[k]))
+            else:
+                sim.step(private=False)
+            bar.update(1)
+            done = k + 1
+            if done % every == 0 and done < work.steps:
+                row = record(done)
+                bar.set_postfix(
+                    loss=f"{row['train_loss']:.3f}",
+                    acc=f"{row['test_accuracy']:.3f}",
+                    eps=f"{row['epsilon_clt']:.3g}",
+                )
+    except NonFiniteUpdate as err:
+        status, message = "diverged", str(err)
+    finally:
+        bar.close()
+    seconds = time.perf_counter() - started
+    if status == "ok":
+        if not sim.all_finite():
+            status, message = "diverged", f"non-finite parameters after step {work.steps - 1}"
+        else:
+            record(work.steps, final=True)
+    final_row = rows[-1]
+    return {
+        "algorithm": spec.label,
+        "base_algorithm": spec.name,
+        "seed": work.seed,
+        "epsilon_target": eps_target,
+        "delta": cfg.privacy.delta if schedule.private else None,
+        "calibrated_with": schedule.calibrated_with,
+        "status": status,
+        "message": message,
+        "steps": work.steps,
+        "steps_done": sim.iteration,
+        "sample_rate": work.sample_rate,
+        "train_seconds": seconds,
+        "final": {
+            k: _json_number(v)
+            for k, v in final_row.items()
+            if k not in ("algorithm", "seed", "epsilon_target", "epsilon_certified_method")
+        },
+        "certified_method": final_row["epsilon_certified_method"],
+        "ledger_epsilon_spent": None if ledger is None else ledger.epsilon_spent(),
+        "ledger_accountant": None if ledger is None else ledger.accountant,
+        "schedule": schedule.to_dict(),
+        "rows": rows,
+    }
+
+
+def _json_number(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+# --------------------------------------------------------------------------- whole run
+def apply_overrides(
+    config: dict[str, Any],
+    *,
+    seed: int | None = None,
+    steps: int | None = None,
+    device: str | None = None,
+    runtime: str | None = None,
+    entropy: str | None = None,
+) -> dict[str, Any]:
+    """Command-line overrides (``dpdl run --seed/--steps/--device/...``) on a config dict."""
+    out = json.loads(json.dumps(config))
+    exp = out.setdefault("experiment", {})
+    if seed is not None:
+        exp["seed"] = seed
+    if device is not None:
+        exp["device"] = device
+    if runtime is not None:
+        exp["runtime"] = runtime
+    if entropy is not None:
+        exp["entropy"] = entropy
+    if steps is not None:
+        training = out.setdefault("training", {})
+        training.pop("epochs", None)
+        training["steps"] = steps
+    return out
+
+
+def _run_dir(output_dir: Path, name: str, run_name: str | None) -> Path:
+    output_dir = Path(output_dir)
+    if run_name is None:
+        stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+        base = output_dir / f"{name}-{stamp}"
+        run_dir, i = base, 1
+        while run_dir.exists():
+            run_dir, i = Path(f"{base}-{i}"), i + 1
+    else:
+        run_dir = output_dir / run_name
+    run_dir.mkdir(parents=True, exist_ok=run_name is not None)
+    return run_dir
+
+
+def _write_config(run_dir: Path, cfg: RunConfig) -> None:
+    resolved = cfg.model_dump(mode="json")
+    (run_dir / "config.json").write_text(json.dumps(resolved, indent=2) + "\n")
+    (run_dir / "config.toml").write_text(to_toml(resolved))
+
+
+def to_toml(data: dict[str, Any]) -> str:
+    """A small TOML writer for the resolved config (tables of scalars, lists and dicts)."""
+
+    def value(v) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, int | float):
+            return repr(v)
+        if isinstance(v, str):
+            return json.dumps(v)
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{json.dumps(k)} = {value(x)}" for k, x in v.items()) + "}"
+        raise TypeError(f"cannot write {v!r} as TOML")
+
+    top = [
+        f"{k} = {value(v)}" for k, v in data.items() if not isinstance(v, dict) and v is not None
+    ]
+    lines = top + [""]
+    for section, table in data.items():
+        if isinstance(table, dict):
+            lines.append(f"[{section}]")
+            lines += [f"{k} = {value(v)}" for k, v in table.items() if v is not None]
+            lines.append("")
+    return "\n".join(lines)
+
+
+def _summary(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mean and std over seeds of the final numbers, per (algorithm, epsilon target)."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for cell in cells:
+        groups.setdefault((cell["algorithm"], cell["epsilon_target"]), []).append(cell)
+    summary = []
+    for (algorithm, eps), members in groups.items():
+        entry: dict[str, Any] = {
+            "algorithm": algorithm,
+            "epsilon_target": eps,
+            "seeds": [c["seed"] for c in members],
+            "status": sorted({c["status"] for c in members}),
+        }
+        for key in (
+            "test_accuracy",
+            "node_accuracy_mean",
+            "node_accuracy_worst",
+            "train_loss",
+            "epsilon_clt",
+            "epsilon_certified",
+        ):
+            vals = [c["final"].get(key) for c in members if c["status"] == "ok"]
+            vals = [v for v in vals if v is not None]
+            entry[key] = float(np.mean(vals)) if vals else None
+            entry[f"{key}_std"] = float(np.std(vals)) if len(vals) > 1 else None
+        summary.append(entry)
+    return summary
+
+
+def run_experiment(
+    config: dict[str, Any] | RunConfig,
+    output_dir: str | Path,
+    *,
+    progress: bool = True,
+    run_name: str | None = None,
+) -> dict[str, Any]:
+    """Run every cell of ``config`` and write one run folder under ``output_dir``.
+
+    Returns ``{"run_dir", "cells": [per-cell results], "summary": [mean over seeds]}``
+    (also written to ``results.json``).  ``run_name`` fixes the folder's name (default:
+    ``<experiment.name>-<UTC timestamp>``).
+    """
+    cfg = parse_config(config)
+    if cfg.experiment.runtime != "simulator":
+        raise DPDLError(
+            f"experiment.runtime = {cfg.experiment.runtime!r} is not available in this runner; "
+            "use 'simulator'"
+        )
+    run_dir = _run_dir(Path(output_dir), cfg.experiment.name, run_name)
+    _write_config(run_dir, cfg)
+    cells: list[dict[str, Any]] = []
+    metrics_path = run_dir / "metrics.csv"
+    with metrics_path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=METRIC_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+
+        def on_row(row):
+            writer.writerow({k: _csv_value(row[k]) for k in METRIC_COLUMNS})
+            fh.flush()
+
+        try:
+            for seed in cfg.experiment.seeds:
+                work = prepare_workload(cfg, seed)
+                for spec in cfg.experiment.specs:
+                    epsilons = [None] if spec.name == "sgp" else cfg.privacy.epsilons
+                    for eps in epsilons:
+                        cell = run_cell(work, spec, eps, progress=progress, on_row=on_row)
+                        cell.pop("rows")
+                        cells.append(cell)
+        finally:
+            results = {"run_dir": str(run_dir), "cells": cells, "summary": _summary(cells)}
+            (run_dir / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    from dpdl.experiments.plots import plot_curves
+
+    plot_curves(metrics_path, run_dir / "curves.png", title=cfg.experiment.name)
+    results["plot"] = str(run_dir / "curves.png")
+    (run_dir / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    return results
+
+
+def _csv_value(v):
+    if isinstance(v, float):
+        return repr(v)
+    return v
