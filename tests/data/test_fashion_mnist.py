@@ -106,6 +106,22 @@ def test_missing_files_message_says_how_to_get_them(tmp_path, monkeypatch):
     assert str(tmp_path / "empty") in message
 
 
+def test_image_label_count_mismatch_is_refused(tmp_path):
+    _write_tiny_fashion(tmp_path, n_train=6)
+    labels = np.zeros(5, np.uint8)
+    (tmp_path / "train-labels-idx1-ubyte.gz").write_bytes(gzip.compress(_hand_made_idx(labels)))
+    with pytest.raises(DPDLError, match="6 images but 5 labels"):
+        load_dataset("fashion-mnist", data_dir=tmp_path)
+
+
+def test_wrong_image_size_is_refused(tmp_path):
+    _write_tiny_fashion(tmp_path)
+    small = np.zeros((12, 8, 8), np.uint8)
+    (tmp_path / "train-images-idx3-ubyte.gz").write_bytes(gzip.compress(_hand_made_idx(small)))
+    with pytest.raises(DPDLError, match=r"\(12, 8, 8\)"):
+        load_dataset("fmnist", data_dir=tmp_path)
+
+
 @pytest.mark.skipif(
     not (SYSTEM_DIR / "train-images-idx3-ubyte.gz").exists(),
     reason=f"Fashion-MNIST not installed in {SYSTEM_DIR} (apt-get install dataset-fashion-mnist)",

@@ -72,7 +72,15 @@ def load_fashion_mnist(
     is unused: the data set ships with its own train/test split. There is no download:
     the files must be present (see the DatasetNotFound message).
     """
-    paths = find_fashion_mnist(data_dir)
+    try:
+        paths = find_fashion_mnist(data_dir)
+    except DatasetNotFound as exc:
+        if download:
+            raise DatasetNotFound(
+                f"{exc} (download=True is not available for Fashion-MNIST: the mirrors' files "
+                "have no checksum we could verify)"
+            ) from None
+        raise
     images = {k: read_idx(paths[k], expected_ndim=3) for k in ("x_train", "x_test")}
     labels = {k: read_idx(paths[k], expected_ndim=1) for k in ("y_train", "y_test")}
     for split in ("train", "test"):
