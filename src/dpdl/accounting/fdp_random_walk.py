@@ -152,7 +152,8 @@ def per_hop_mu(steps: int, sigma: float, *, sensitivity: float = 1.0, local_step
         c2 = contraction**2
         # c^{2t}(1−c²)/(1−c^{2(t+1)}) in log space (c^{2t} underflows for long walks)
         log_g2 = t * math.log(c2) + math.log1p(-c2) - np.log(-np.expm1((t + 1) * math.log(c2)))
-        shape = np.exp(log_g2 / 2)
+        with np.errstate(under="ignore"):
+            shape = np.exp(log_g2 / 2)
     return math.sqrt(local_steps) * sensitivity / sigma * shape
 
 

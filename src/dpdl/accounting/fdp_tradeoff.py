@@ -247,7 +247,7 @@ class EpsilonDeltaTradeOff(TradeOff):
         )
 
     def to_pld(self, value_discretization: float = 1e-4):
-        from dp_accounting import common
+        from dp_accounting.pld import common
         from dp_accounting.pld import privacy_loss_distribution as pld
 
         return pld.from_privacy_parameters(
@@ -290,7 +290,8 @@ class RevealedGaussianMixture(TradeOff):
     def delta(self, epsilon: ArrayLike):
         e = np.asarray(epsilon, dtype=float)
         log_d = gaussian_log_delta(e[..., None], np.sqrt(self.mu_squared))
-        out = np.exp(log_d) @ self.probabilities
+        with np.errstate(under="ignore"):
+            out = np.exp(log_d) @ self.probabilities
         out = np.asarray(out)
         return float(out) if out.ndim == 0 else out
 
