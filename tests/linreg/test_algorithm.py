@@ -15,6 +15,7 @@ from dpdl.algorithms.linreg import (
     clip_rows,
     pooled_least_squares,
     run_linreg,
+    run_linreg_replicas,
     spectral_norm_bound_holds,
     validate_symmetric_mixing,
 )
@@ -220,3 +221,21 @@ def test_divergence_and_shape_errors_are_reported(rng):
         LocalProblems.from_parts([np.ones((3, 2))], [np.ones(4)])
     with pytest.raises(DPDLError, match="rank"):
         LocalProblems.from_parts([np.ones((3, 2))], [np.ones(3)]).pooled_solution()
+
+
+def test_replicas_match_individual_runs(rng):
+    xs, ys = synthetic_parts(rng, nodes=5)
+    problems = LocalProblems.from_parts(xs, ys)
+    w = make_topology("undirected-ring", 5).mixing_matrix(0)
+    alpha = PowerDecay(0.05, 10.0, 0.5)
+    noises = [PowerDecay(0.5, 9.0, 0.5), None, PowerDecay(2.0, 9.0, 0.5)]
+    seeds = [11, 12, 13]
+    batch = run_linreg_replicas(problems, w, steps=300, alpha=alpha, noises=noises,
+                                domain=Ball(5.0), seeds=seeds, record_every=7)
+    for noise, seed, replica in zip(noises, seeds, batch, strict=True):
+        single = run_linreg(problems, w, steps=300, alpha=alpha, noise=noise,
+                            domain=Ball(5.0) if noise else None, seed=seed, record_every=7)
+        np.testing.assert_allclose(replica.beta, single.beta, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(replica.errors, single.errors, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(replica.released, single.released, rtol=1e-12, atol=1e-14)
+    np.testing.assert_array_equal(batch[0].steps, np.append(np.arange(0, 300, 7), 300))
