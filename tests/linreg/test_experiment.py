@@ -88,7 +88,7 @@ def test_calibrated_epsilons_and_utility_ordering(small_run):
         sens = small_run["sensitivity"]
         assert cell["epsilon_closed_form"] == pytest.approx(
             sens["coefficient"] * 0.1 / cell["c_v"] * 400, rel=1e-10)
-    by_key = {(r["topology"], r["epsilon_target"]): r for r in small_run["summary"]}
+    by_key = {(r["topology"], r["epsilon_target"]): r for r in small_run["final_table"]}
     for topology in ("undirected-ring", "random-regular(d=4)"):
         strong = by_key[(topology, 1e5)]["final_error_mean"]
         weak = by_key[(topology, 1e10)]["final_error_mean"]
@@ -147,6 +147,43 @@ def test_preset_matches_the_issue():
 def test_full_preset_runs(tmp_path):
     with (PRESETS_DIR / "linreg.toml").open("rb") as fh:
         result = run_experiment(tomllib.load(fh), tmp_path, progress=False)
-    rows = {(r["topology"], r["epsilon_target"]): r for r in result["summary"]}
+    rows = {(r["topology"], r["epsilon_target"]): r for r in result["final_table"]}
     assert rows[("undirected-ring", 1e10)]["final_relative_error_mean"] < 0.15
     assert rows[("undirected-ring", 1e5)]["final_relative_error_mean"] > 1.0
+
+
+TINY_TOML = """
+kind = "linreg"
+[experiment]
+name = "cli-tiny"
+seeds = [0, 1]
+[data]
+nodes = 10
+[[topologies]]
+name = "undirected-ring"
+[algorithm]
+steps = 500
+record_every = 10
+[privacy]
+epsilons = [1e8]
+"""
+
+
+def test_dpdl_run_dispatches_with_overrides(tmp_path, capsys):
+    from pathlib import Path
+
+    from dpdl.cli import main
+
+    config_path = tmp_path / "tiny.toml"
+    config_path.write_text(TINY_TOML)
+    out = tmp_path / "runs"
+    code = main(["run", str(config_path), "--output", str(out), "--steps", "30", "--seed", "5",
+                 "--no-progress"])
+    assert code == 0
+    (run_dir,) = out.iterdir()
+    resolved = json.loads((Path(run_dir) / "config.json").read_text())
+    assert resolved["experiment"]["seeds"] == [5]
+    assert resolved["algorithm"]["steps"] == 30
+    assert "run folder" in capsys.readouterr().out
+    assert main(["run", str(config_path), "--output", str(out), "--device", "cuda"]) == 2
+    assert "linreg kind runs on the CPU" in capsys.readouterr().err

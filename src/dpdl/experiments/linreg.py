@@ -56,7 +56,7 @@ from dpdl.algorithms.linreg import (
 )
 from dpdl.errors import DPDLError
 
-__all__ = ["LinRegConfig", "parse_linreg_config", "run_experiment"]
+__all__ = ["LinRegConfig", "parse_linreg_config", "apply_overrides", "run_experiment"]
 
 NON_PRIVATE = "non-private"
 
@@ -173,6 +173,26 @@ def parse_linreg_config(config: dict[str, Any] | LinRegConfig) -> LinRegConfig:
                 msg = e["msg"].removeprefix("Value error, ")
                 parts.append(f"{key}: {msg} (got {e.get('input')!r})")
         raise DPDLError("invalid linreg config: " + "; ".join(parts)) from None
+
+
+def apply_overrides(config: dict[str, Any], *, seed: int | None = None,
+                    steps: int | None = None, device: str | None = None,
+                    runtime: str | None = None, entropy: str | None = None) -> dict[str, Any]:
+    """``dpdl run`` flags: ``--seed`` (one seed) and ``--steps`` (T). The run is numpy on the
+    CPU in one process, so ``--device`` other than cpu, ``--runtime`` other than simulator
+    and ``--entropy`` are refused."""
+    if device not in (None, "cpu", "auto"):
+        raise DPDLError(f"--device {device!r}: the linreg kind runs on the CPU (numpy)")
+    if runtime not in (None, "simulator"):
+        raise DPDLError(f"--runtime {runtime!r}: the linreg kind has no distributed runtime")
+    if entropy is not None:
+        raise DPDLError("--entropy is not supported by the linreg kind: runs are seeded")
+    out = json.loads(json.dumps(config))
+    if seed is not None:
+        out.setdefault("experiment", {})["seeds"] = [int(seed)]
+    if steps is not None:
+        out.setdefault("algorithm", {})["steps"] = int(steps)
+    return out
 
 
 # ------------------------------------------------------------------------------ workload
@@ -360,12 +380,12 @@ def run_experiment(
         "privacy_notion": "pure epsilon-DP under (delta_X, delta_y)-adjacency: one node's whole "
         "data set replaced (SPEC §5); delta_X, delta_y are data-norm bounds, not the DP delta",
         "cells": cells,
-        "summary": summary,
+        "final_table": summary,
         "files": ["config.json", "errors.csv", "final.csv", "final.md", "error_vs_t.png",
                   "error_vs_epsilon.png"],
     }
     (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    say(f"wrote {run_dir}")
+    say((run_dir / "final.md").read_text())
     return results
 
 
