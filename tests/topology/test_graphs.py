@@ -5,6 +5,8 @@ import math
 import networkx as nx
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dpdl.errors import DPDLError
 from dpdl.topology import (
@@ -240,3 +242,36 @@ def test_circulant_matrix_helper_matches_shifts():
     np.testing.assert_allclose(
         circulant_matrix(form, 5), 0.25 * np.eye(5) + 0.5 * shift(5, 3) + 0.25 * shift(5, 4)
     )
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(min_value=2, max_value=300))
+def test_exponential_graph_property_any_n(n):
+    topology = make_topology("exp", n)
+    m = math.floor(math.log2(n - 1)) + 1
+    assert topology.period == m
+    offsets = [topology.circulant(k)[1][0] for k in range(m)]
+    assert offsets == [2**t for t in range(m)] and max(offsets) < n
+    graph = nx.DiGraph((i, (i + s) % n) for i in range(n) for s in offsets)
+    assert nx.is_strongly_connected(graph)
+    assert topology.connectivity.diameter == nx.diameter(graph)
+
+
+def test_matrices_are_returned_as_copies_and_summaries():
+    topology = make_topology("star", 5)
+    P = topology.mixing_matrix(0)
+    P[:] = 0
+    assert topology.mixing_matrix(0)[0, 0] == pytest.approx(1 / 5)
+    assert topology.describe() == {
+        "name": "star",
+        "n": 5,
+        "period": 1,
+        "directed": False,
+        "time_varying": False,
+        "params": {},
+    }
+    assert "time-varying" in repr(make_topology("exp", 5))
+    with pytest.raises(DPDLError, match="node 5 is out of range 0..4"):
+        topology.out_neighbours(0, 5)
+    with pytest.raises(DPDLError, match="step index must be >= 0, got -1"):
+        topology.mixing_matrix(-1)

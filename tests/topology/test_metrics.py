@@ -5,6 +5,9 @@ import pytest
 
 from dpdl.errors import DPDLError
 from dpdl.topology import (
+    MatrixTopology,
+    circulant_matrix,
+    circulant_spectrum,
     make_topology,
     mixing_matrices,
     mixing_report,
@@ -135,3 +138,33 @@ def test_mixing_matrices_stacks_a_window():
         mixing_matrices(topology, 5, 2)
     with pytest.raises(DPDLError, match="k0=-1"):
         mixing_matrices(topology, -1, 2)
+
+
+@pytest.mark.parametrize(
+    ("name", "n"),
+    [("exp", 20), ("exp", 12), ("ring", 9), ("static-exp", 20), ("undirected-ring", 10)],
+)
+def test_fourier_fast_path_matches_dense_matrices(name, n):
+    """Circulant schedules are measured from their spectra; the dense route must agree."""
+    fast = make_topology(name, n)
+    dense = MatrixTopology.from_matrices(
+        name,
+        [fast.mixing_matrix(k) for k in range(fast.period)],
+        directed=fast.directed,
+        detect_circulant=False,
+    )
+    assert dense.circulant(0) is None
+    fast_report, dense_report = mixing_report(fast), mixing_report(dense)
+    assert fast_report.q == pytest.approx(dense_report.q, abs=1e-10)
+    assert fast_report.q_spectral_radius == pytest.approx(dense_report.q_spectral_radius, abs=1e-10)
+    if not fast.time_varying:
+        assert fast_report.spectral_gap == pytest.approx(dense_report.spectral_gap, abs=1e-10)
+        assert spectral_gap(fast) == pytest.approx(spectral_gap(fast.mixing_matrix(0)), abs=1e-10)
+
+
+def test_circulant_spectrum_matches_numpy_eigenvalues():
+    form = [(0, 0.4), (3, 0.35), (5, 0.25)]
+    n = 11
+    ours = np.sort_complex(np.round(circulant_spectrum(form, n), 12))
+    reference = np.sort_complex(np.round(np.linalg.eigvals(circulant_matrix(form, n)), 12))
+    np.testing.assert_allclose(ours, reference, atol=1e-10)

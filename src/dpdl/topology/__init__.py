@@ -12,6 +12,7 @@ from dpdl.topology.base import (
     Topology,
     circulant_form_of,
     circulant_matrix,
+    circulant_spectrum,
 )
 from dpdl.topology.graphs import (
     TOPOLOGIES,
@@ -47,6 +48,7 @@ __all__ = [
     "check_b_strongly_connected",
     "circulant_form_of",
     "circulant_matrix",
+    "circulant_spectrum",
     "edgelist_node_count",
     "exponential_period",
     "make_topology",

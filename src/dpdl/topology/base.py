@@ -219,6 +219,18 @@ def circulant_form_of(P: np.ndarray, atol: float = 1e-12) -> CirculantForm | Non
     return [(int(s), float(weights[s])) for s in np.flatnonzero(weights > atol)]
 
 
+def circulant_spectrum(form: Sequence[tuple[int, float]], n: int) -> np.ndarray:
+    """Eigenvalues of ``Σ w · Shift_s`` by Fourier mode: ``λ_f = Σ w · exp(−2πi f s / n)``.
+
+    The Fourier vector ``v_f = exp(2πi f j / n)`` satisfies ``Shift_s v_f = λ v_f`` with
+    ``λ = exp(−2πi f s / n)``; mode ``f = 0`` is the consensus direction.
+    """
+    offsets = np.array([s for s, _ in form], dtype=np.float64)
+    weights = np.array([w for _, w in form])
+    modes = np.arange(n)[:, None]
+    return np.exp(-2j * np.pi * modes * offsets[None, :] / n) @ weights
+
+
 class CirculantTopology(Topology):
     """Each phase is a weighted sum of shifts; no matrix is stored (SPEC §3)."""
 
@@ -249,6 +261,28 @@ class CirculantTopology(Topology):
 
     def _circulant(self, phase: int) -> CirculantForm:
         return self._forms[phase]
+
+    def out_neighbours(self, k: int, i: int) -> list[int]:
+        i = _node_index(i, self.n)
+        return sorted((i + s) % self.n for s in self.offsets(k))
+
+    def in_neighbours(self, k: int, i: int) -> list[int]:
+        i = _node_index(i, self.n)
+        return sorted((i - s) % self.n for s in self.offsets(k))
+
+    def edges(self, k: int) -> list[tuple[int, int, float]]:
+        # O(n · offsets) without a dense matrix; offsets are distinct and non-zero mod n.
+        sends = [(s, w) for s, w in self._forms[self.phase(k)] if s != 0]
+        offsets = np.array([s for s, _ in sends], dtype=np.int64)
+        weights = np.array([w for _, w in sends])
+        senders = np.repeat(np.arange(self.n), len(sends))
+        receivers = (senders + np.tile(offsets, self.n)) % self.n
+        weights = np.tile(weights, self.n)
+        order = np.lexsort((receivers, senders))
+        return [
+            (int(j), int(i), float(w))
+            for j, i, w in zip(senders[order], receivers[order], weights[order], strict=True)
+        ]
 
     def offsets(self, k: int) -> list[int]:
         """Non-zero shift offsets used at step ``k`` (where node ``i`` sends: ``i + s``)."""

@@ -20,7 +20,7 @@ from functools import reduce
 import numpy as np
 
 from dpdl.errors import DPDLError
-from dpdl.topology.base import Topology
+from dpdl.topology.base import Topology, circulant_spectrum
 from dpdl.topology.validation import validate_mixing_matrix
 
 
@@ -36,6 +36,20 @@ def mixing_matrices(topology: Topology, k0: int, k1: int) -> np.ndarray:
     return per_phase[np.arange(k0, k1) % topology.period]
 
 
+def _circulant_mode_moduli(topology: Topology) -> np.ndarray | None:
+    """``|eigenvalue|`` of one period's product per Fourier mode, or None if not circulant.
+
+    Circulant matrices share the Fourier eigenvectors, so the product's eigenvalue for mode
+    ``f`` is the product of the per-step eigenvalues; the product is normal, so on the
+    zero-sum subspace (modes ``f != 0``) its spectral norm equals its spectral radius.
+    """
+    forms = [topology.circulant(phase) for phase in range(topology.period)]
+    if any(form is None for form in forms):
+        return None
+    spectra = np.stack([circulant_spectrum(form, topology.n) for form in forms])
+    return np.abs(np.prod(spectra, axis=0))
+
+
 def spectral_gap(matrix_or_topology) -> float:
     """``1 − SLEM`` of a static mixing matrix or a static topology (module docstring)."""
     if isinstance(matrix_or_topology, Topology):
@@ -44,6 +58,9 @@ def spectral_gap(matrix_or_topology) -> float:
                 f"spectral_gap needs a static topology; {matrix_or_topology.name!r} has period "
                 f"{matrix_or_topology.period} (use period_contraction)"
             )
+        moduli = _circulant_mode_moduli(matrix_or_topology)
+        if moduli is not None:
+            return float(max(0.0, 1.0 - moduli[1:].max()))
         P = matrix_or_topology.mixing_matrix(0)
     else:
         P = validate_mixing_matrix(matrix_or_topology)
@@ -67,9 +84,27 @@ def _disagreement_part(M: np.ndarray) -> np.ndarray:
     return M - M.mean(axis=1, keepdims=True)  # == M (I − 11ᵀ/n)
 
 
+def _contraction(topology: Topology, k0: int = 0) -> tuple[float, float]:
+    """(spectral norm, spectral radius) of ``(Π P^k)(I − 11ᵀ/n)`` over one period."""
+    moduli = _circulant_mode_moduli(topology)
+    if moduli is not None:  # products of circulants commute: k0 does not matter
+        q = float(moduli[1:].max())
+        return q, q
+    restricted = _disagreement_part(period_product(topology, k0))
+    if np.allclose(restricted, restricted.T, rtol=0.0, atol=1e-12):
+        radius = float(np.abs(np.linalg.eigvalsh(restricted)).max())
+        return radius, radius  # symmetric: norm == spectral radius
+    norm = float(np.linalg.norm(restricted, 2))
+    return norm, float(np.abs(np.linalg.eigvals(restricted)).max())
+
+
 def period_contraction(topology: Topology, k0: int = 0) -> float:
-    """The paper's q for one period: ``‖(Π P^k)(I − 11ᵀ/n)‖₂`` (module docstring)."""
-    return float(np.linalg.norm(_disagreement_part(period_product(topology, k0)), 2))
+    """The paper's q for one period: ``‖(Π P^k)(I − 11ᵀ/n)‖₂`` (module docstring).
+
+    Circulant schedules use their Fourier spectra (exact, O(n · period)); others the dense
+    product.
+    """
+    return _contraction(topology, k0)[0]
 
 
 @dataclass(frozen=True)
@@ -94,9 +129,7 @@ class MixingReport:
 
 def mixing_report(topology: Topology) -> MixingReport:
     """All mixing metrics of ``topology`` at once."""
-    restricted = _disagreement_part(period_product(topology))
-    q = float(np.linalg.norm(restricted, 2))
-    radius = float(np.max(np.abs(np.linalg.eigvals(restricted))))
+    q, radius = _contraction(topology)
     return MixingReport(
         period=topology.period,
         q=q,
