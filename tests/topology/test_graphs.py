@@ -275,3 +275,15 @@ def test_matrices_are_returned_as_copies_and_summaries():
         topology.out_neighbours(0, 5)
     with pytest.raises(DPDLError, match="step index must be >= 0, got -1"):
         topology.mixing_matrix(-1)
+
+
+@pytest.mark.parametrize(("name", "n"), [("exp", 20), ("static-exp", 12), ("undirected-ring", 7)])
+def test_circulant_form_is_a_torch_roll(name, n):
+    """The engine mixes circulant graphs with torch.roll(x, s, dims=0): it must equal P @ x."""
+    torch = pytest.importorskip("torch")
+    topology = make_topology(name, n)
+    x = torch.randn(n, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    for k in range(topology.period):
+        rolled = sum(w * torch.roll(x, shifts=s, dims=0) for s, w in topology.circulant(k))
+        expected = torch.from_numpy(topology.mixing_matrix(k)) @ x
+        torch.testing.assert_close(rolled, expected, rtol=0, atol=1e-14)

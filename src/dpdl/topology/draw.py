@@ -31,6 +31,11 @@ def _positions(topology: Topology, graph: nx.DiGraph, seed: int) -> dict:
     return nx.spring_layout(graph.to_undirected(), seed=seed)
 
 
+def _grid_distance(positions: dict, u: int, v: int) -> float:
+    (xu, yu), (xv, yv) = positions[u], positions[v]
+    return abs(xu - xv) + abs(yu - yv)
+
+
 def _draw_panel(ax, topology: Topology, graph: nx.DiGraph, positions: dict, title: str) -> None:
     small = topology.n <= 40
     nx.draw_networkx_nodes(
@@ -51,9 +56,31 @@ def _draw_panel(ax, topology: Topology, graph: nx.DiGraph, positions: dict, titl
             edge_color="#555555",
         )
     else:
+        undirected = graph.to_undirected()
+        # grid wrap-around edges would lie on top of the row/column lines: draw them as arcs
+        wraps = [
+            (u, v)
+            for u, v in undirected.edges
+            if topology.layout == "grid" and _grid_distance(positions, u, v) > 1.5
+        ]
+        straight = [edge for edge in undirected.edges if edge not in set(wraps)]
         nx.draw_networkx_edges(
-            graph.to_undirected(), positions, ax=ax, width=0.8, edge_color="#555555"
+            undirected, positions, edgelist=straight, ax=ax, width=0.8, edge_color="#555555"
         )
+        if wraps:
+            nx.draw_networkx_edges(
+                graph,
+                positions,
+                edgelist=wraps,
+                ax=ax,
+                arrows=True,
+                arrowstyle="-",
+                width=0.6,
+                style="dashed",
+                edge_color="#8c8c8c",
+                node_size=220 if small else 40,
+                connectionstyle="arc3,rad=0.25",
+            )
     ax.set_title(title, fontsize=9)
     ax.set_axis_off()
 
