@@ -43,6 +43,17 @@ def test_binarize_median_and_row_normalisation(tmp_path):
     assert via_registry.task == "regression" and via_registry.num_train == data.num_train
 
 
+def test_options_in_dataset_name(tmp_path):
+    path, _, _ = _housing_like(tmp_path)
+    data = load_dataset(f"csv:{path}?binarize=0.5&normalize_rows=true&test_fraction=0.25")
+    assert data.num_test == 15 and data.info["binarize_threshold"] == 0.5
+    np.testing.assert_allclose(np.linalg.norm(data.x_test, axis=1), 1.0, atol=1e-5)
+    with pytest.raises(DPDLError, match="'colour'"):
+        load_dataset(f"csv:{path}?colour=red")
+    with pytest.raises(DPDLError, match="'abc'"):
+        load_dataset(f"csv:{path}?test_fraction=abc")
+
+
 def test_string_labels_become_classes(tmp_path):
     rows = ["a,b,label"] + [f"{i},{i % 3},{'yes' if i % 2 else 'no'}" for i in range(20)]
     (tmp_path / "t.csv").write_text("\n".join(rows))

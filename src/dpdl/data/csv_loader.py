@@ -148,3 +148,36 @@ def load_csv(
         x_train=x_train, y_train=labels[train_idx], x_test=x_test, y_test=labels[test_idx],
         num_classes=num_classes, input_shape=(features.shape[1],), info=info,
     )
+
+
+def load_csv_spec(spec: str, *, seed: int = 0) -> Dataset:
+    """``load_csv`` from a "<path>[?key=value&...]" string (what follows "csv:" in a data-set
+    name), so a config file can name a CSV and its options in one string."""
+    path, _, query = spec.partition("?")
+    options: dict = {}
+    for item in filter(None, query.split("&")):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep:
+            raise DPDLError(f"CSV option {item!r} must look like key=value")
+        if key == "normalize_rows":
+            if value.lower() not in ("1", "0", "true", "false", "yes", "no"):
+                raise DPDLError(f"normalize_rows must be true or false, got {value!r}")
+            options[key] = value.lower() in ("1", "true", "yes")
+        elif key == "binarize":
+            options[key] = value if value == "median" else _number(key, value)
+        elif key == "test_fraction":
+            options[key] = _number(key, value)
+        elif key == "task":
+            options[key] = value
+        else:
+            raise DPDLError(
+                f"unknown CSV option {key!r}; use task, binarize, normalize_rows, test_fraction"
+            )
+    return load_csv(path, seed=seed, **options)
+
+
+def _number(key: str, value: str) -> float:
+    if not _is_number(value):
+        raise DPDLError(f"CSV option {key} must be a number, got {value!r}")
+    return float(value)

@@ -100,7 +100,9 @@ def load_dataset(
     seed: int = 0,
 ) -> Dataset:
     """Load a data set by name: "digits", "fashion-mnist", "cifar10", "breast-cancer",
-    "diabetes", or "csv:<path>" for a user CSV whose last column is the label.
+    "diabetes", or "csv:<path>[?option=value&...]" for a user CSV whose last column is the
+    label (options: task, binarize, normalize_rows, test_fraction; see ``load_csv``), e.g.
+    "csv:houses.csv?normalize_rows=true" for the OpenML 823 Housing set of SPEC §6.
 
     ``seed`` fixes the train/test split of sets that ship without one (the scikit-learn sets,
     CSV files); ``data_dir`` and ``download`` matter for the sets read from disk.
@@ -109,9 +111,9 @@ def load_dataset(
         raise DPDLError(f"dataset name must be a string, got {name!r}")
     key = name.strip().lower().replace("_", "-")
     if key.startswith("csv:"):
-        from dpdl.data.csv_loader import load_csv
+        from dpdl.data.csv_loader import load_csv_spec
 
-        return load_csv(name.strip()[4:], seed=seed)
+        return load_csv_spec(name.strip()[4:], seed=seed)
     aliases = {"fmnist": "fashion-mnist", "cifar-10": "cifar10"}
     key = aliases.get(key, key)
     if key not in _LOADERS:
