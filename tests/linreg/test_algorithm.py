@@ -13,6 +13,8 @@ from dpdl.algorithms.linreg import (
     LocalProblems,
     clip_labels,
     clip_rows,
+    enforce_data_bounds,
+    fit_private_linreg,
     pooled_least_squares,
     run_linreg,
     run_linreg_replicas,
@@ -239,3 +241,37 @@ def test_replicas_match_individual_runs(rng):
         np.testing.assert_allclose(replica.errors, single.errors, rtol=1e-12, atol=1e-14)
         np.testing.assert_allclose(replica.released, single.released, rtol=1e-12, atol=1e-14)
     np.testing.assert_array_equal(batch[0].steps, np.append(np.arange(0, 300, 7), 300))
+
+
+def test_enforce_data_bounds_clips_and_reports(rng):
+    xs = [rng.normal(scale=2.0, size=(n, 4)) for n in (10, 16, 12)]
+    ys = [rng.normal(scale=3.0, size=n) for n in (10, 16, 12)]
+    bounded = enforce_data_bounds(xs, ys, row_clip=1.5, label_clip=2.0)
+    assert bounded.max_local_records == 16
+    assert bounded.delta_x == pytest.approx(1.5 * 4.0)
+    assert bounded.delta_y == pytest.approx(2.0 * 4.0)
+    assert bounded.rows_clipped == sum(int(np.sum(np.linalg.norm(x, axis=1) > 1.5)) for x in xs)
+    assert bounded.labels_clipped == sum(int(np.sum(np.abs(y) > 2.0)) for y in ys)
+    for x, y in zip(bounded.x_parts, bounded.y_parts, strict=True):
+        assert np.linalg.norm(x, ord=2) <= bounded.delta_x
+        assert np.linalg.norm(y) <= bounded.delta_y
+    assert f"{bounded.rows_clipped} of 38 feature rows" in bounded.describe()
+
+
+def test_fit_private_linreg_spends_exactly_the_target(rng):
+    xs, ys = synthetic_parts(rng, nodes=6, records=20, features=3)
+    w = make_topology("undirected-ring", 6).mixing_matrix(0)
+    alpha = PowerDecay(0.1, 20.0, 0.6)
+    fit = fit_private_linreg(xs, ys, w, epsilon=1e7, steps=300, alpha=alpha,
+                             domain=Ball(4.0), row_clip=1.0, label_clip=2.0, seed=0)
+    assert fit.privacy.epsilon <= 1e7 and fit.privacy.epsilon == pytest.approx(1e7, rel=1e-12)
+    # Default noise shape (d_v, e_v) = (d_alpha - 1, e_alpha): the closed form is exact.
+    assert (fit.noise.d, fit.noise.e) == (19.0, 0.6)
+    assert fit.privacy.epsilon_closed_form == pytest.approx(1e7, rel=1e-12)
+    # Recompute the epsilon by hand from SPEC §5 with the enforced bounds (m=3, k=6, n_M=20).
+    dx, dy = np.sqrt(20) * 1.0, np.sqrt(20) * 2.0
+    coefficient = 4 * dx * np.sqrt(3 * 20) * (dx * 4.0 * np.sqrt(6 * 3) + dy)
+    assert fit.privacy.epsilon == pytest.approx(coefficient * 0.1 / fit.noise.c * 300, rel=1e-12)
+    np.testing.assert_allclose(fit.result.noise_scale, fit.noise(np.arange(300)))
+    clipped_star = pooled_least_squares(fit.data.x_parts, fit.data.y_parts)
+    np.testing.assert_allclose(fit.result.beta_star, clipped_star, rtol=1e-9)

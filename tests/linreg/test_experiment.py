@@ -59,9 +59,10 @@ def test_data_bounds_are_enforced_and_reported(small_run):
     x = np.asarray(data.x_train, dtype=np.float64)
     y = np.asarray(data.y_train, dtype=np.float64)
     facts = small_run["data"]
-    assert facts["rows_clipped"] == int(np.sum(np.linalg.norm(x, axis=1) > 2.0))
-    assert facts["labels_clipped"] == int(np.sum(np.abs(y) > 2.0))
     parts = partition(y, 10, seed=0)
+    used = np.concatenate(parts)  # the iid split drops N mod n records
+    assert facts["rows_clipped"] == int(np.sum(np.linalg.norm(x[used], axis=1) > 2.0))
+    assert facts["labels_clipped"] == int(np.sum(np.abs(y[used]) > 2.0))
     n_max = max(len(p) for p in parts)
     assert facts["max_local_records"] == n_max
     assert facts["delta_x"] == pytest.approx(2.0 * np.sqrt(n_max))
@@ -187,3 +188,17 @@ def test_dpdl_run_dispatches_with_overrides(tmp_path, capsys):
     assert "run folder" in capsys.readouterr().out
     assert main(["run", str(config_path), "--output", str(out), "--device", "cuda"]) == 2
     assert "linreg kind runs on the CPU" in capsys.readouterr().err
+
+
+def test_per_node_errors_are_saved(small_run):
+    from pathlib import Path
+
+    with np.load(Path(small_run["run_dir"]) / "node_errors.npz") as saved:
+        np.testing.assert_array_equal(saved["t"], np.arange(0, 401, 50))
+        errors = saved["undirected-ring|non-private|seed=0"]
+        assert errors.shape == (9, 10)
+        # beta(0) = 0, so every node starts at distance ||beta*||.
+        np.testing.assert_allclose(errors[0], small_run["beta_star_norm"])
+        cell = next(c for c in small_run["cells"] if c["topology"] == "undirected-ring"
+                    and c["epsilon_target"] is None and c["seed"] == 0)
+        assert errors[-1].mean() == pytest.approx(cell["final_error_mean"])

@@ -45,6 +45,7 @@ __all__ = [
     "closed_form_violations",
     "epsilon_closed_form",
     "calibrate_noise_scale",
+    "default_noise_shape",
     "privacy_report",
 ]
 
@@ -241,6 +242,13 @@ def calibrate_noise_scale(
             return noise
         noise = PowerDecay(float(np.nextafter(noise.c, np.inf)) * (1 + 1e-15), noise.d, noise.e)
     raise DPDLError(f"could not calibrate c_v to reach epsilon <= {epsilon!r}")  # pragma: no cover
+
+
+def default_noise_shape(alpha: PowerDecay) -> tuple[float, float]:
+    """``(d_v, e_v) = (d_α − 1, e_α)``: every α(t)/v(t+1) then equals c_α/c_v, so the closed
+    form holds and equals the exact sum. With d_α ≤ 1 no d_v > 0 satisfies d_v + 1 ≤ d_α;
+    then d_v = d_α (the closed form does not apply; the exact sum still does)."""
+    return (alpha.d - 1.0 if alpha.d > 1.0 else alpha.d), alpha.e
 
 
 @dataclass(frozen=True)

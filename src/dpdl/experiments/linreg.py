@@ -22,7 +22,8 @@ fails closed if any node's block still exceeds the bounds.
 Run folder: ``config.json`` (resolved), ``errors.csv`` (per recorded t: mean/worst node
 error and consensus distance), ``final.csv`` and ``final.md`` (final error against ε),
 ``results.json``, ``error_vs_t.png`` (one panel per topology, one curve per ε) and
-``error_vs_epsilon.png``.
+``error_vs_epsilon.png``; ``node_errors.npz`` holds ‖β_i(t) − β*‖ for every node (arrays
+named "topology|epsilon|seed=s" of shape (len(t), k), and ``t``).
 """
 
 from __future__ import annotations
@@ -41,18 +42,17 @@ from dpdl.accounting.linreg import (
     LinRegSensitivity,
     PowerDecay,
     calibrate_noise_scale,
-    data_norm_bounds,
+    default_noise_shape,
     privacy_report,
 )
 from dpdl.algorithms.linreg import (
     Ball,
     Box,
     LocalProblems,
-    clip_labels,
     clip_rows,
+    enforce_data_bounds,
     omega_bound,
     run_linreg_replicas,
-    spectral_norm_bound_holds,
 )
 from dpdl.errors import DPDLError
 
@@ -115,15 +115,14 @@ class AlgorithmSection(_Section):
 
     @property
     def d_v(self) -> float:
-        # d_v = d_α − 1 and e_v = e_α make every α(t)/v(t+1) equal, so the paper's closed form
-        # is then exact; d_α ≤ 1 leaves no valid d_v on that line, fall back to 1.
         if self.noise_offset is not None:
             return self.noise_offset
-        return self.d_alpha - 1 if self.d_alpha > 1 else 1.0
+        return default_noise_shape(self.alpha)[0]
 
     @property
     def e_v(self) -> float:
-        return self.e_alpha if self.noise_exponent is None else self.noise_exponent
+        return default_noise_shape(self.alpha)[1] if self.noise_exponent is None \
+            else self.noise_exponent
 
     def make_domain(self, num_features: int) -> Ball | Box:
         if self.domain == "ball":
@@ -204,27 +203,21 @@ def _prepare_data(cfg: LinRegConfig, say) -> dict[str, Any]:
     if dataset.task != "regression":
         raise DPDLError(f"data.dataset = {cfg.data.dataset!r} is a {dataset.task} data set; "
                         "linreg needs a regression one")
-    x_raw = np.asarray(dataset.x_train, dtype=np.float64).reshape(dataset.num_train, -1)
-    x_train, rows_clipped = clip_rows(x_raw, cfg.data.row_clip)
-    y_train, labels_clipped = clip_labels(dataset.y_train, cfg.data.label_clip)
+    x_train = np.asarray(dataset.x_train, dtype=np.float64).reshape(dataset.num_train, -1)
+    y_train = np.asarray(dataset.y_train, dtype=np.float64)
     x_test, _ = clip_rows(
         np.asarray(dataset.x_test, dtype=np.float64).reshape(len(dataset.x_test), -1),
         cfg.data.row_clip)
     y_test = np.asarray(dataset.y_test, dtype=np.float64)
     parts = partition(y_train, cfg.data.nodes, scheme=cfg.data.partition,
                       seed=cfg.data.split_seed)
-    x_parts = [x_train[p] for p in parts]
-    y_parts = [y_train[p] for p in parts]
-    n_max = max(len(p) for p in parts)
-    delta_x, delta_y = data_norm_bounds(cfg.data.row_clip, cfg.data.label_clip, n_max)
-    if not spectral_norm_bound_holds(x_parts, y_parts, delta_x, delta_y):  # fail closed
-        raise DPDLError("a node's data exceed the data-norm bounds after clipping; refusing "
-                        "to claim the privacy guarantee")
+    bounded = enforce_data_bounds([x_train[p] for p in parts], [y_train[p] for p in parts],
+                                  row_clip=cfg.data.row_clip, label_clip=cfg.data.label_clip)
+    x_parts, y_parts = bounded.x_parts, bounded.y_parts
+    n_max, delta_x, delta_y = bounded.max_local_records, bounded.delta_x, bounded.delta_y
+    rows_clipped, labels_clipped = bounded.rows_clipped, bounded.labels_clipped
     say(f"data: {cfg.data.dataset}, {sum(len(p) for p in parts)} training records over "
-        f"{cfg.data.nodes} nodes (n_M = {n_max}), m = {x_train.shape[1]}; data-norm bounds "
-        f"enforced by clipping {rows_clipped} feature rows to norm {cfg.data.row_clip:g} and "
-        f"{labels_clipped} labels to |y| <= {cfg.data.label_clip:g}: delta_X = {delta_x:.4g}, "
-        f"delta_y = {delta_y:.4g}")
+        f"{cfg.data.nodes} nodes, m = {x_train.shape[1]}; {bounded.describe()}")
     problems = LocalProblems.from_parts(x_parts, y_parts)
     return {
         "problems": problems,
@@ -296,6 +289,7 @@ def run_experiment(
     (run_dir / "config.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=2) + "\n")
     cells: list[dict[str, Any]] = []
     curves: dict[tuple[str, str], list[np.ndarray]] = {}
+    node_errors: dict[str, np.ndarray] = {}
     with (run_dir / "errors.csv").open("w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(["topology", "epsilon", "seed", "t", "error_mean", "error_worst",
@@ -324,6 +318,7 @@ def run_experiment(
                     for t, a, b, c in zip(result.steps, mean_err, worst_err,
                                           result.consensus, strict=True))
                 curves.setdefault((spec.label, _epsilon_label(eps)), []).append(mean_err)
+                node_errors[f"{spec.label}|{_epsilon_label(eps)}|seed={seed}"] = result.errors
                 residual = data["x_test"] @ result.released.T - data["y_test"][:, None]
                 cells.append({
                     "topology": spec.label,
@@ -350,11 +345,12 @@ def run_experiment(
                 say(f"{spec.label:>24}  eps = {_epsilon_label(eps):>11}  final error "
                     f"(node mean, seed mean) = {np.mean(finals):.4g}")
 
+    steps_axis = np.unique(np.append(np.arange(0, algo.steps + 1, algo.record_every),
+                                     algo.steps))
+    np.savez_compressed(run_dir / "node_errors.npz", t=steps_axis, **node_errors)
     summary = _summary(cells, cfg)
     test_mse_star = float(np.mean((data["x_test"] @ beta_star - data["y_test"]) ** 2))
     _write_tables(run_dir, summary, beta_star_norm, test_mse_star)
-    steps_axis = np.unique(np.append(np.arange(0, algo.steps + 1, algo.record_every),
-                                     algo.steps))
     _plot_error_vs_t(run_dir / "error_vs_t.png", curves, steps_axis, cfg, beta_star_norm)
     _plot_error_vs_epsilon(run_dir / "error_vs_epsilon.png", summary, beta_star_norm)
     results = {
@@ -381,8 +377,8 @@ def run_experiment(
         "data set replaced (SPEC §5); delta_X, delta_y are data-norm bounds, not the DP delta",
         "cells": cells,
         "final_table": summary,
-        "files": ["config.json", "errors.csv", "final.csv", "final.md", "error_vs_t.png",
-                  "error_vs_epsilon.png"],
+        "files": ["config.json", "errors.csv", "node_errors.npz", "final.csv", "final.md",
+                  "error_vs_t.png", "error_vs_epsilon.png"],
     }
     (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     say((run_dir / "final.md").read_text())
