@@ -27,6 +27,25 @@ def test_iid_equal_sizes_disjoint_and_drops_only_remainder(n_records, n_nodes, s
     assert flat.min() >= 0 and flat.max() < n_records
 
 
+@settings(max_examples=30, deadline=None)
+@given(n_records=st.integers(1, 300), n_nodes=st.integers(1, 30), n_classes=st.integers(1, 12),
+       alpha=st.floats(0.01, 50.0), minimum=st.integers(0, 12), seed=st.integers(0, 10**6))
+def test_dirichlet_property_every_record_once_and_minimum_respected(
+    n_records, n_nodes, n_classes, alpha, minimum, seed
+):
+    y = _labels(n_records, n_classes, seed)
+    if n_nodes > n_records or minimum * n_nodes > n_records:
+        with pytest.raises(DPDLError):
+            partition(y, n_nodes, scheme="dirichlet", alpha=alpha, seed=seed,
+                      min_records_per_node=minimum)
+        return
+    parts = partition(y, n_nodes, scheme="dirichlet", alpha=alpha, seed=seed,
+                      min_records_per_node=minimum)
+    assert len(parts) == n_nodes
+    np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(n_records))
+    assert min(len(p) for p in parts) >= minimum
+
+
 def test_iid_is_seeded():
     y = _labels(1000)
     a, b, c = (partition(y, 7, seed=s) for s in (5, 5, 6))

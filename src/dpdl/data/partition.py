@@ -86,20 +86,15 @@ def partition(
     reserved_node = np.repeat(np.arange(n_nodes), min_records_per_node)
 
     rest = shuffled[n_reserved:]
-    rest_labels = labels[rest]
-    classes = np.unique(rest_labels)
-    # Class-by-class (a handful of classes); within a class everything is vectorised.
-    order = np.argsort(rest_labels, kind="stable")
+    # Sorting the remaining records by label makes each class a contiguous block; within
+    # block c the first node_counts[c, 0] records go to node 0, the next node_counts[c, 1]
+    # to node 1, and so on.
+    order = np.argsort(labels[rest], kind="stable")
     rest_sorted = rest[order]
-    class_counts = np.array([np.count_nonzero(rest_labels == c) for c in classes], dtype=np.int64)
-    shares = rng.dirichlet(np.full(n_nodes, float(alpha)), size=len(classes))
-    node_counts = np.stack(
-        [rng.multinomial(count, share) for count, share in zip(class_counts, shares, strict=True)]
-    ) if len(classes) else np.zeros((0, n_nodes), dtype=np.int64)
-    # Within each class block of rest_sorted, the first node_counts[c, 0] go to node 0, etc.
-    rest_node = np.concatenate(
-        [np.repeat(np.arange(n_nodes), counts) for counts in node_counts]
-    ) if len(classes) else np.zeros(0, dtype=np.int64)
+    _, class_counts = np.unique(labels[rest], return_counts=True)
+    shares = rng.dirichlet(np.full(n_nodes, float(alpha)), size=len(class_counts))
+    node_counts = rng.multinomial(class_counts, shares)  # (classes, nodes)
+    rest_node = np.repeat(np.tile(np.arange(n_nodes), len(class_counts)), node_counts.ravel())
 
     all_idx = np.concatenate([reserved_idx, rest_sorted])
     all_node = np.concatenate([reserved_node, rest_node])
