@@ -309,6 +309,10 @@ class MatrixTopology(Topology):
         if len(matrices) == 0:
             raise DPDLError("a topology needs at least one mixing matrix")
         stacked = [np.asarray(M, dtype=np.float64) for M in matrices]
+        if stacked[0].ndim != 2 or stacked[0].shape[0] != stacked[0].shape[1]:
+            raise DPDLError(
+                f"mixing matrix of {name!r} at step 0 must be square, got shape {stacked[0].shape}"
+            )
         super().__init__(
             name,
             stacked[0].shape[0] if stacked[0].ndim == 2 else 0,
