@@ -4,6 +4,9 @@ checks. References: scipy optimizers, scipy.stats.laplace, numpy lstsq, networkx
 import networkx as nx
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
 from scipy import optimize, stats
 
 from dpdl.accounting.linreg import PowerDecay
@@ -15,6 +18,7 @@ from dpdl.algorithms.linreg import (
     clip_rows,
     enforce_data_bounds,
     fit_private_linreg,
+    omega_bound,
     pooled_least_squares,
     run_linreg,
     run_linreg_replicas,
@@ -275,3 +279,22 @@ def test_fit_private_linreg_spends_exactly_the_target(rng):
     np.testing.assert_allclose(fit.result.noise_scale, fit.noise(np.arange(300)))
     clipped_star = pooled_least_squares(fit.data.x_parts, fit.data.y_parts)
     np.testing.assert_allclose(fit.result.beta_star, clipped_star, rtol=1e-9)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    # Magnitudes >= 1e-3 or exactly 0: squaring subnormals would only test float underflow.
+    points=arrays(np.float64, (2, 4), elements=st.one_of(
+        st.just(0.0), st.floats(1e-3, 50.0), st.floats(-50.0, -1e-3))),
+    radius=st.floats(0.1, 10.0),
+    half_width=st.floats(0.1, 10.0),
+)
+def test_projections_are_idempotent_nonexpansive_and_land_inside(points, radius, half_width):
+    for domain in (Ball(radius), Box(-half_width, half_width)):
+        projected = domain.project(points)
+        assert np.all(domain.contains(projected))
+        np.testing.assert_allclose(domain.project(projected), projected, rtol=1e-12, atol=1e-12)
+        # Euclidean projections onto convex sets are 1-Lipschitz.
+        gap = np.linalg.norm(projected[0] - projected[1])
+        assert gap <= np.linalg.norm(points[0] - points[1]) * (1 + 1e-12) + 1e-12
+        assert np.all(np.linalg.norm(projected, axis=1) <= omega_bound(domain, 4) * (1 + 1e-12))
