@@ -19,6 +19,11 @@ Data-norm bounds are enforced, not assumed: feature rows are clipped to norm r a
 |y| ≤ r_y, giving δ_X = r√n_M and δ_y = r_y√n_M; the run says how many were clipped, and
 fails closed if any node's block still exceeds the bounds.
 
+Outside the guarantee (stated, not hidden): the loader standardises features and target with
+statistics of the pooled training set, and the node sizes n_i, B_Ω and the clipping norms are
+public; the guarantee is for one node's whole data set given those. The paper's constants
+are loose (ℓ1 bounds, √(km)), so useful accuracy needs very large pure-DP ε (see final.md).
+
 Run folder: ``config.json`` (resolved), ``errors.csv`` (per recorded t: mean/worst node
 error and consensus distance), ``final.csv`` and ``final.md`` (final error against ε),
 ``results.json``, ``error_vs_t.png`` (one panel per topology, one curve per ε) and
