@@ -127,13 +127,14 @@ def test_per_sample_grads_vmap_equal_loop(name, shape, classes, n_records):
         assert not torch.allclose(looped[first][0], looped[first][1])
 
 
-def test_nested_vmap_over_nodes_and_records():
+@pytest.mark.parametrize("name, options", [("cnn", {}), ("resnet18-gn", {"width": 8, "groups": 4})])
+def test_nested_vmap_over_nodes_and_records(name, options):
     """The simulator vmaps over nodes (stacked parameters) and then over records."""
-    model = make_model("cnn", (1, 8, 8), 10, seed=0)
+    model = make_model(name, (1, 8, 8), 10, seed=0, **options).double()
     n_nodes, n_records = 3, 2
     base = {k: v.detach() for k, v in model.named_parameters()}
     stacked = {k: torch.stack([v + 0.01 * i for i in range(n_nodes)]) for k, v in base.items()}
-    x = torch.randn(n_nodes, n_records, 1, 8, 8)
+    x = torch.randn(n_nodes, n_records, 1, 8, 8, dtype=torch.float64)
     y = torch.randint(0, 10, (n_nodes, n_records))
 
     def loss_of_one(p, xi, yi):
@@ -146,7 +147,7 @@ def test_nested_vmap_over_nodes_and_records():
     node_params = {k: v[node] for k, v in stacked.items()}
     direct = grad(loss_of_one)(node_params, x[node, record], y[node, record])
     for key in direct:
-        torch.testing.assert_close(grads[key][node, record], direct[key], rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(grads[key][node, record], direct[key], rtol=1e-9, atol=1e-12)
 
 
 def test_make_model_errors_name_the_value():
