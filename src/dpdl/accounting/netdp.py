@@ -201,10 +201,14 @@ def rdp_epsilon(rho: ArrayLike, delta: float) -> np.ndarray:
     delta = _probability("delta", delta)
     rho = np.asarray(rho, dtype=float)
     require(np.all(rho >= 0), "rho must be >= 0")
-    a = RDP_ORDERS.reshape((1,) * rho.ndim + (-1,))
-    eps = (
-        a * rho[..., None] + np.log1p(-1 / a) - (math.log(delta) + np.log(a)) / (a - 1)
-    ).min(axis=-1)
+    a = RDP_ORDERS
+    offset = np.log1p(-1 / a) - (math.log(delta) + np.log(a)) / (a - 1)  # independent of ρ
+    flat = rho.ravel()
+    eps = np.empty_like(flat)
+    for start in range(0, flat.size, 4096):  # blocks keep the (block, orders) table in cache
+        block = flat[start : start + 4096]
+        eps[start : start + block.size] = (block[:, None] * a + offset).min(axis=1)
+    eps = eps.reshape(rho.shape)
     eps = np.maximum(eps, 0.0)
     return eps if eps.ndim else eps[()]
 
