@@ -103,6 +103,13 @@ def test_ring_summation_guarantees():
     assert g["local-same-error"].epsilon > 3 * g["network"].epsilon
 
 
+def test_ring_summation_calibration_reaches_the_target():
+    eps0, sigma = nd.ring_summation_sigma_for_target(30, 8, 2.0, 1e-7, 1e-6)
+    g = nd.ring_summation_guarantees(30, 8, eps0, 1e-7, 1e-6)
+    assert g["network"].epsilon == pytest.approx(2.0, rel=1e-9)
+    assert g["network"].error == pytest.approx(math.sqrt(math.ceil(8 * 30 / 29)) * sigma)
+
+
 def test_ring_histogram_network_amplifies_for_large_n():
     g = nd.ring_histogram_guarantees(20_000, 5, 10, 0.5, 1e-7, 1e-7)
     assert g["network"].epsilon < g["local"].epsilon / 3

@@ -44,6 +44,7 @@ __all__ = [
     "randomized_response_gamma",
     "shuffle_amplification_epsilon",
     "ring_summation_guarantees",
+    "ring_summation_sigma_for_target",
     "ring_histogram_guarantees",
     "ring_histogram_gamma_for_target",
     "random_walk_contribution_bound",
@@ -326,6 +327,22 @@ def ring_summation_guarantees(
                                   error=math.sqrt(K) * sigma,
                                   method="trusted aggregator, one noise per round", **common),
     }
+
+
+def ring_summation_sigma_for_target(
+    n: int, rounds: int, epsilon: float, delta0: float, delta_prime: float, *,
+    sensitivity: float = 1.0, model: str = "network",
+) -> tuple[float, float]:
+    """A1's noise calibration: the (ε₀, σ_loc) with K-fold advanced composition of ε₀ equal to
+    the target ε (δ = K δ₀ + δ'). Under "network" σ_loc is drawn once every n − 1 hops, under
+    "local" on every contribution; both reach the same ε, the error differs by ≈ √n."""
+    n, K = _users(n), _count("rounds (K)", rounds, 1)
+    target = _positive("epsilon", epsilon)
+    require(model in ("network", "local"), f"model must be 'network' or 'local', got {model!r}")
+    dp = _probability("delta_prime", delta_prime)
+    eps0 = brentq(lambda e: float(advanced_composition(e, K, dp)) - target, 1e-12, 50.0,
+                  xtol=1e-14)
+    return float(eps0), gaussian_sigma_for_ldp(eps0, delta0, sensitivity)
 
 
 def _histogram_expected_l1(n_reports: int, gamma: float, num_values: int, init: int) -> float:
