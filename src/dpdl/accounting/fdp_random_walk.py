@@ -68,7 +68,6 @@ __all__ = [
 
 RDP_ORDERS = np.concatenate([np.linspace(1.01, 10.0, 300), np.geomspace(10.0, 1e5, 300)[1:]])
 _MAX_WEIGHT_ENTRIES = 2e8
-_BISECTION_ITERATIONS = 34
 
 
 def walk_matrix(matrix: ArrayLike) -> np.ndarray:
@@ -237,50 +236,74 @@ def _dominating_groups(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.clip(rep_weights, 0.0, None), inverse
 
 
-def _epsilon_of_laws(laws: np.ndarray, grid: float, delta: float, upper: np.ndarray) -> np.ndarray:
-    """Smallest ε (within 2^-34 of ``upper``) with Σ_s law[s] δ_G(ε; √(s·grid)) ≤ δ, per row,
-    by a bisection that always keeps the certified end."""
-    mu_support = np.sqrt(np.arange(laws.shape[1]) * grid)
-    lo = np.zeros(laws.shape[0])
-    hi = upper.astype(float).copy()
+@dataclass(frozen=True)
+class _ComposedLaws:
+    """Laws of S = Σ_k μ² (rows) on the grid {0, h, 2h, …} for σ = 1; for another σ the
+    support scales by 1/σ² (a rounding that dominated at σ = 1 still dominates), so σ
+    calibration reuses one FFT."""
+
+    laws: list[np.ndarray]       # per row: the masses at the support points kept
+    support: list[np.ndarray]    # per row: S values at σ = 1 (grid multiples)
+
+    def epsilons(self, sigma: float, delta: float) -> np.ndarray:
+        return np.array([_epsilon_of_law(p, np.sqrt(s) / sigma, delta)
+                         for p, s in zip(self.laws, self.support, strict=True)])
+
+
+def _compose_laws(weights: np.ndarray, mu_squared: np.ndarray, compositions: int,
+                  relative_slack: float, rounding: str, chunk: int = 64) -> _ComposedLaws:
+    """k-fold laws of Σμ² per row of ``weights`` (P, T+1) over the single-visit support
+    ``mu_squared`` (at σ = 1), grid step ``relative_slack · max μ²`` (SPEC §7 sizing)."""
+    grid = relative_slack * float(mu_squared.max())
+    laws, support = [], []
+    for start in range(0, weights.shape[0], chunk):
+        block = self_convolve(bin_mu_squared(mu_squared, weights[start:start + chunk], grid,
+                                             rounding), compositions)
+        for row in block:
+            kept = np.flatnonzero(row > 0)
+            laws.append(row[kept])
+            support.append(kept * grid)
+    return _ComposedLaws(laws, support)
+
+
+def _epsilon_of_law(masses: np.ndarray, mus: np.ndarray, delta: float) -> float:
+    """Smallest ε with Σ_s p_s δ_G(ε; μ_s) ≤ δ, returned from the certified side."""
     log_target = math.log(delta)
-    # only support points with mass matter; the rest cost time
-    used = laws.max(axis=0) > 0
-    laws, mu_support = laws[:, used], mu_support[used]
-    with np.errstate(divide="ignore", under="ignore"):
-        log_laws = np.log(laws)
-        for _ in range(_BISECTION_ITERATIONS):
-            mid = (lo + hi) / 2
-            log_terms = gaussian_log_delta(mid[:, None], mu_support[None, :]) + log_laws
-            peak = np.max(log_terms, axis=1)
-            safe_peak = np.where(np.isfinite(peak), peak, 0.0)
-            log_delta = safe_peak + np.log(np.sum(np.exp(log_terms - safe_peak[:, None]), axis=1))
-            ok = log_delta <= log_target
-            hi = np.where(ok, mid, hi)
-            lo = np.where(ok, lo, mid)
-    return hi
+    with np.errstate(divide="ignore"):
+        log_masses = np.log(masses)
+
+    def log_delta(eps: float) -> float:
+        with np.errstate(under="ignore"):
+            terms = gaussian_log_delta(eps, mus) + log_masses
+            peak = float(np.max(terms))
+            if not math.isfinite(peak):
+                return -math.inf
+            return peak + math.log(float(np.sum(np.exp(terms - peak))))
+
+    if log_delta(0.0) <= log_target:
+        return 0.0
+    # the mixture is dominated by its largest μ, whose ε is a valid upper end
+    high = _gaussian_epsilon(float(mus.max()), delta) + 1e-9
+    while log_delta(high) > log_target:  # guards the bracket against rounding
+        high = 2 * high + 1e-6
+    root = brentq(lambda e: log_delta(e) - log_target, 0.0, high, xtol=1e-10, rtol=1e-12)
+    step = 1e-10
+    while log_delta(root) > log_target:
+        root, step = root + step, 2 * step
+    return float(root)
 
 
-def _gaussian_epsilon_vector(mus: np.ndarray, delta: float) -> np.ndarray:
+def _gaussian_epsilon(mu: float, delta: float) -> float:
     from dpdl.accounting.gdp import epsilon_from_delta
 
-    return np.array([epsilon_from_delta(delta, float(m)) if m > 0 else 0.0 for m in mus])
+    return epsilon_from_delta(delta, mu) if mu > 0 else 0.0
 
 
 def _epsilon_from_weights(weights: np.ndarray, mu_squared: np.ndarray, compositions: int,
-                          delta: float, relative_slack: float, rounding: str,
-                          chunk: int = 64) -> np.ndarray:
+                          delta: float, relative_slack: float, rounding: str) -> np.ndarray:
     """ε per row of ``weights`` (P, T+1) over the single-visit μ² support ``mu_squared``."""
-    grid = relative_slack * float(mu_squared.max())
-    out = np.empty(weights.shape[0])
-    for start in range(0, weights.shape[0], chunk):
-        block = weights[start:start + chunk]
-        laws = self_convolve(bin_mu_squared(mu_squared, block, grid, rounding), compositions)
-        top = np.flatnonzero(laws.max(axis=0) > 0).max()
-        # δ of the mixture ≤ δ of its largest μ: a valid upper end for the bisection
-        upper = _gaussian_epsilon_vector(np.array([math.sqrt(top * grid)]), delta)[0] + 1e-9
-        out[start:start + chunk] = _epsilon_of_laws(laws, grid, delta, np.full(len(block), upper))
-    return out
+    return _compose_laws(weights, mu_squared, compositions, relative_slack,
+                         rounding).epsilons(1.0, delta)
 
 
 def _mechanism_delta(delta: float, walk: np.ndarray, steps: int, zeta: float | None):
@@ -426,9 +449,10 @@ def calibrate_sigma_pnfdp(walk: ArrayLike, *, steps: int, target_epsilon: float,
     shape = np.append(per_hop_mu(steps, 1.0, sensitivity=sensitivity, local_steps=local_steps,
                                  contraction=contraction), 0.0) ** 2
 
+    laws = _compose_laws(weights, shape, k, relative_slack, "up")
+
     def worst(sigma: float) -> float:
-        return float(_epsilon_from_weights(weights, shape / sigma**2, k, mech_delta,
-                                           relative_slack, "up").max())
+        return float(laws.epsilons(sigma, mech_delta).max())
 
     return _calibrate_decreasing(worst, target_epsilon)
 
