@@ -112,3 +112,11 @@ def test_bad_config_is_a_clear_error(tmp_path, patch, fragment):
             cfg[key] = value
     with pytest.raises(DPDLError, match=fragment):
         ex.run_experiment(cfg, tmp_path, progress=False)
+
+
+def test_run_flags_override_seed_and_steps_and_refuse_the_rest():
+    cfg = ex.apply_overrides(small_config(), seed=4, steps=50)
+    parsed = ex.parse_config(cfg)
+    assert parsed.experiment.seeds == [4] and parsed.algorithm.steps == 50
+    with pytest.raises(DPDLError, match="--device not supported"):
+        ex.apply_overrides(small_config(), device="cuda")

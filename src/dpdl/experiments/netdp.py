@@ -324,7 +324,9 @@ def run_experiment(
             for point in run.history:
                 rows.append({"approach": approach, "epsilon": label, "seed": seed, **point})
             final = run.history[-1]
-            results.append({"approach": approach, "epsilon": eps, "seed": seed, "lr": lr,
+            results.append({"algorithm": approach if eps is None else f"{approach} DP-SGD",
+                            "status": "ok", "approach": approach, "epsilon": eps,
+                            "seed": seed, "lr": lr,
                             **noise, "max_contributions": int(run.contributions.max()),
                             **{k: v for k, v in final.items() if k != "step"}})
             say(f"  seed {seed} {approach:>11} eps={label:>6}: sigma = {noise['sigma']:.4g}, "
@@ -347,16 +349,39 @@ def run_experiment(
 
 
 def _summary(results: list[dict]) -> list[dict]:
+    """One row per (approach, ε), in the shape ``dpdl run`` prints (``algorithm``,
+    ``epsilon_target``, ``test_accuracy`` ± std); ``epsilon_certified`` is the target that the
+    calibration guarantees (GDP / worst pair of the walk / RDP — all certified)."""
     groups: dict[tuple, list[dict]] = {}
     for r in results:
         groups.setdefault((r["approach"], r["epsilon"]), []).append(r)
     return [
-        {"approach": a, "epsilon": e, "sigma": float(np.mean([r["sigma"] for r in rs])),
-         "test_accuracy_mean": float(np.mean([r["test_accuracy"] for r in rs])),
+        {"algorithm": f"{a} DP-SGD" if e is not None else a, "approach": a,
+         "epsilon_target": e, "epsilon_certified": e,
+         "sigma": float(np.mean([r["sigma"] for r in rs])),
+         "test_accuracy": float(np.mean([r["test_accuracy"] for r in rs])),
          "test_accuracy_std": float(np.std([r["test_accuracy"] for r in rs])),
-         "test_loss_mean": float(np.mean([r["test_loss"] for r in rs]))}
+         "test_loss": float(np.mean([r["test_loss"] for r in rs])),
+         "status": []}
         for (a, e), rs in groups.items()
     ]
+
+
+def apply_overrides(config: dict[str, Any], **overrides) -> dict[str, Any]:
+    """``dpdl run`` flags: ``seed`` (a single seed) and ``steps`` (T); others are refused."""
+    import copy
+
+    unsupported = sorted(k for k, v in overrides.items()
+                         if v is not None and k not in ("seed", "steps"))
+    if unsupported:
+        raise DPDLError(f"{', '.join('--' + k for k in unsupported)} not supported for "
+                        "experiment kind 'netdp-logreg' (it runs on numpy, in one process)")
+    config = copy.deepcopy(config)
+    if overrides.get("seed") is not None:
+        config.setdefault("experiment", {})["seeds"] = [int(overrides["seed"])]
+    if overrides.get("steps") is not None:
+        config.setdefault("algorithm", {})["steps"] = int(overrides["steps"])
+    return config
 
 
 def _plot_curves(path: Path, rows: list[dict], cfg: NetDPLogRegConfig) -> None:
