@@ -142,7 +142,8 @@ def run_decor(mixing: ArrayLike, x_nodes: np.ndarray, y_nodes: np.ndarray, *,
     require(x_nodes.shape[0] == n and y_nodes.shape == x_nodes.shape[:2],
             f"node data shapes {x_nodes.shape}, {y_nodes.shape} do not match n={n}")
     mask = np.ones(y_nodes.shape, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
-    require(isinstance(steps, int) and steps >= 1, f"steps must be a positive integer, got {steps!r}")
+    require(isinstance(steps, int) and steps >= 1,
+            f"steps must be a positive integer, got {steps!r}")
     require(math.isfinite(lr) and lr > 0, f"lr must be > 0, got {lr!r}")
     require(math.isfinite(sigma) and sigma >= 0, f"sigma must be >= 0, got {sigma!r}")
     rng = np.random.default_rng(seed)

@@ -1,0 +1,217 @@
+"""``dpdl fdp``: f-DP accounting for decentralized learning (SPEC §7, seed 003).
+
+``dpdl fdp [pairwise]`` — PN-f-DP of random-walk DP-SGD on a named graph: the certified
+pairwise ε matrix and the RDP baseline's (CSV + heat-map PNG), a summary (worst / mean /
+best pair, a neighbouring pair) and, with ``--target-epsilon``, the σ each accountant needs
+for the worst pair.
+
+``dpdl fdp decor`` — DECOR's Sec-LDP (RDP, DECOR's simple conversion and the optimal one)
+and Sec-f-LDP ε for (σ, σ_cor), eavesdropper only or with ``--curious`` nodes, and with
+``--target-epsilon`` the calibrated σ for the given σ_cor.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from dpdl.errors import DPDLError, require
+
+HELP = "f-DP accounting: PN-f-DP pairwise matrices, DECOR's Sec-f-LDP."
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("what", nargs="?", choices=("pairwise", "decor"), default="pairwise",
+                        help="pairwise: PN-f-DP of a random walk (default); decor: DECOR")
+    parser.add_argument("--graph", default="hypercube",
+                        help="topology name for dpdl.topology.make_topology (default hypercube)")
+    parser.add_argument("--nodes", "-n", type=int, default=32, help="number of nodes (32)")
+    parser.add_argument("--graph-seed", type=int, default=0, help="seed of random graphs")
+    parser.add_argument("--steps", "-T", type=int, default=275, help="iterations T (275)")
+    parser.add_argument("--sigma", type=float, default=1.0, help="noise std σ (1.0)")
+    parser.add_argument("--delta", type=float, default=1e-5, help="δ (1e-5)")
+    parser.add_argument("--sensitivity", type=float, default=1.0,
+                        help="pairwise: sensitivity Δ of one update (1.0)")
+    parser.add_argument("--local-steps", type=int, default=1, help="pairwise: K_loc (1)")
+    parser.add_argument("--contraction", type=float, default=1.0,
+                        help="pairwise: per-hop contraction c ≤ 1 (strongly convex; 1 = none)")
+    parser.add_argument("--zeta", type=float,
+                        help="pairwise: compose ⌈(1+ζ)T/n⌉ times with the Markov slack δ' "
+                             "instead of the contribution cap ⌊T/n⌋")
+    parser.add_argument("--relative-slack", type=float, default=1e-3,
+                        help="pairwise: grid of μ² relative to μ_1² (1e-3; smaller = tighter)")
+    parser.add_argument("--pair", type=int, nargs=2, metavar=("I", "J"),
+                        help="pairwise: also report this pair with its optimistic twin")
+    parser.add_argument("--sigma-cor", type=float, default=0.0, help="decor: σ_cor (0)")
+    parser.add_argument("--clip", type=float, default=1.0, help="decor: clipping bound C (1)")
+    parser.add_argument("--curious", type=int, nargs="*", default=[],
+                        help="decor: indices of curious nodes (default: eavesdropper only)")
+    parser.add_argument("--target-epsilon", type=float,
+                        help="also calibrate σ to this ε (worst pair / DECOR accountant)")
+    parser.add_argument("--output", type=Path, default=Path("runs/fdp"),
+                        help="pairwise: folder for the CSV and PNG files (runs/fdp)")
+    parser.add_argument("--no-plot", action="store_true", help="pairwise: no heat map")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
+def _topology(args):
+    from dpdl.topology import make_topology
+
+    require(args.nodes >= 2, f"--nodes must be >= 2, got {args.nodes}")
+    return make_topology(args.graph, args.nodes, seed=args.graph_seed)
+
+
+def _pairwise(args) -> dict:
+    from dpdl.accounting import fdp
+    from dpdl.experiments.fdp import walk_matrix_of
+
+    topology = _topology(args)
+    walk = walk_matrix_of(topology)
+    common = dict(steps=args.steps, sigma=args.sigma, delta=args.delta,
+                  sensitivity=args.sensitivity)
+    report = fdp.pnfdp_epsilon_matrix(walk, local_steps=args.local_steps,
+                                      contraction=args.contraction, zeta=args.zeta,
+                                      relative_slack=args.relative_slack, **common)
+    out = {"graph": topology.name, "nodes": args.nodes, "pn_fdp": report.summary()}
+    neighbours = [j for j in np.flatnonzero(walk[0] > 0) if j != 0]
+    if neighbours:
+        out["pn_fdp"][f"epsilon_neighbour_0_to_{neighbours[0]}"] = float(
+            report.epsilon[0, neighbours[0]])
+    symmetric = np.allclose(walk, walk.T, atol=1e-12)
+    baseline = None
+    if symmetric:
+        baseline = fdp.rdp_baseline_epsilon(walk, **common)
+        out["rdp_baseline"] = baseline.summary()
+    else:
+        out["rdp_baseline"] = "needs a symmetric walk matrix (undirected graph)"
+    if args.pair is not None:
+        i, j = args.pair
+        upper, lower = fdp.pnfdp_epsilon(walk, i, j, local_steps=args.local_steps,
+                                         contraction=args.contraction, zeta=args.zeta,
+                                         relative_slack=min(args.relative_slack, 1e-4), **common)
+        out["pair"] = {"source": i, "target": j, "epsilon_upper": upper, "epsilon_lower": lower}
+    if args.target_epsilon is not None:
+        cal = {"target_epsilon": args.target_epsilon,
+               "sigma_pn_fdp": fdp.calibrate_sigma_pnfdp(
+                   walk, steps=args.steps, target_epsilon=args.target_epsilon, delta=args.delta,
+                   sensitivity=args.sensitivity, local_steps=args.local_steps,
+                   contraction=args.contraction, zeta=args.zeta,
+                   relative_slack=args.relative_slack)}
+        if symmetric:
+            cal["sigma_rdp_baseline"] = fdp.calibrate_sigma_rdp_baseline(
+                walk, steps=args.steps, target_epsilon=args.target_epsilon, delta=args.delta,
+                sensitivity=args.sensitivity * math.sqrt(args.local_steps))
+        out["calibration"] = cal
+    out["files"] = _write_pairwise(args, report, baseline, topology.name)
+    return out
+
+
+def _write_pairwise(args, report, baseline, name: str) -> list[str]:
+    args.output.mkdir(parents=True, exist_ok=True)
+    files = []
+    for label, rep in (("pn_fdp", report), ("rdp_baseline", baseline)):
+        if rep is None:
+            continue
+        path = args.output / f"{name}-n{args.nodes}-{label}-epsilon.csv"
+        np.savetxt(path, rep.epsilon, delimiter=",", fmt="%.6f",
+                   header=f"{label} epsilon[i,j] (leak of i to j), delta={args.delta}, "
+                          f"T={args.steps}, sigma={args.sigma}; diagonal nan")
+        files.append(str(path))
+    if not args.no_plot:
+        path = args.output / f"{name}-n{args.nodes}-epsilon.png"
+        _heat_maps(path, report, baseline, name)
+        files.append(str(path))
+    return files
+
+
+def _heat_maps(path: Path, report, baseline, name: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    panels = [("PN-f-DP (certified)", report.epsilon)]
+    if baseline is not None:
+        panels.append(("RDP baseline", baseline.epsilon))
+    vmax = max(float(np.nanmax(m)) for _, m in panels)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.4), squeeze=False)
+    for ax, (title, matrix) in zip(axes[0], panels, strict=True):
+        image = ax.imshow(matrix, cmap="viridis", vmin=0, vmax=vmax)
+        ax.set_title(f"{title}: max ε = {np.nanmax(matrix):.3f}", fontsize="small")
+        ax.set_xlabel("observer j")
+        ax.set_ylabel("source i")
+        fig.colorbar(image, ax=ax)
+    fig.suptitle(f"pairwise ε on {name}, T={report.steps}, σ={report.sigma:g}, "
+                 f"δ={report.delta:g}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _decor(args) -> dict:
+    from dpdl.accounting import fdp
+
+    topology = _topology(args)
+    require(not topology.directed,
+            f"DECOR needs an undirected graph; {args.graph!r} is directed "
+            "(try undirected-ring, hypercube, torus, complete)")
+    W = topology.mixing_matrix(0)
+    privacy = fdp.decor_privacy(W, sigma=args.sigma, sigma_cor=args.sigma_cor, steps=args.steps,
+                                delta=args.delta, clip=args.clip, curious=args.curious)
+    out = {"graph": topology.name, "nodes": args.nodes, "curious": list(args.curious),
+           "sigma": args.sigma, "sigma_cor": args.sigma_cor, **privacy.to_dict()}
+    if args.target_epsilon is not None:
+        out["calibration"] = {
+            "target_epsilon": args.target_epsilon,
+            **{f"sigma_{acc.replace('-', '_')}": fdp.calibrate_sigma_decor(
+                W, sigma_cor=args.sigma_cor, target_epsilon=args.target_epsilon,
+                steps=args.steps, delta=args.delta, clip=args.clip, curious=args.curious,
+                accountant=acc) for acc in fdp.DECOR_ACCOUNTANTS},
+        }
+    return out
+
+
+def _print_text(out: dict, what: str) -> None:
+    def fmt(v):
+        return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+    if what == "decor":
+        print(f"DECOR on {out['graph']} (n={out['nodes']}), curious={out['curious'] or 'none'}")
+        for key in ("rho_step", "mu_total", "epsilon_rdp_simple", "epsilon_rdp", "epsilon_fdp"):
+            print(f"  {key:20s} {fmt(out[key])}")
+    else:
+        print(f"PN-f-DP of random-walk DP-SGD on {out['graph']} (n={out['nodes']})")
+        for label in ("pn_fdp", "rdp_baseline"):
+            s = out[label]
+            if isinstance(s, str):
+                print(f"  {label:13s} {s}")
+                continue
+            print(f"  {label:13s} worst {fmt(s['epsilon_max'])}  mean {fmt(s['epsilon_mean'])}  "
+                  f"best {fmt(s['epsilon_min'])}")
+        if "pair" in out:
+            p = out["pair"]
+            print(f"  pair {p['source']}->{p['target']}: ε ≤ {fmt(p['epsilon_upper'])} "
+                  f"(optimistic {fmt(p['epsilon_lower'])})")
+        for f in out.get("files", []):
+            print(f"  wrote {f}")
+    for key, value in out.get("calibration", {}).items():
+        print(f"  {key:20s} {fmt(value)}")
+
+
+def run(args) -> int:
+    if args.what == "decor":
+        out = _decor(args)
+    else:
+        if args.pair is not None:
+            i, j = args.pair
+            if not (0 <= i < args.nodes and 0 <= j < args.nodes and i != j):
+                raise DPDLError(f"--pair {i} {j} must name two distinct nodes in [0, {args.nodes})")
+        out = _pairwise(args)
+    if args.json:
+        print(json.dumps(out, indent=2, default=float))
+    else:
+        _print_text(out, args.what)
+    return 0
