@@ -97,6 +97,7 @@ def test_run_writes_the_run_folder(tmp_path):
         ({"privacy": {"approaches": ["trusted"]}}, "privacy.approaches"),
         ({"algorithm": {"steps": 0}}, "algorithm.steps"),
         ({"algorithm": {"lr": {"network": 100.0}}}, "exceeds 2/beta"),
+        ({"algorithm": {"clip": 0.5}}, "below the loss's Lipschitz constant"),
     ],
 )
 def test_bad_config_is_a_clear_error(tmp_path, patch, fragment):

@@ -529,7 +529,8 @@ def pairwise_costs(
 
     * "summation" (A3): the view difference is Σ contributions + N(0, m_s σ²), exactly a
       Gaussian mechanism of sensitivity k Δ: c = Σ_s k_{u,s}² / m_s.
-    * "sgd" (A4, W convex, η ≤ 2/β so steps are contractions): privacy amplification by
+    * "sgd" (A4, W convex, η ≤ 2/β and clipping inactive, so every step is a contraction —
+      the caller's duty): privacy amplification by
       iteration (Feldman et al. 2018, shifted Rényi divergence). A contribution at step t is
       followed by r = V − t noisy steps before v's visit V; spreading each contribution's shift
       evenly over its r steps and Cauchy–Schwarz over the k contributions of a segment give

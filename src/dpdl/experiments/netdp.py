@@ -12,7 +12,8 @@ adjacency: the clipped gradient (norm ≤ L) has sensitivity 2L. Each approach g
 * ``network``: the walk is sampled first (it is data independent), then σ is the smallest
   noise making *every* pair (u, v) (ε, δ)-DP on that walk by the empirical accountant
   (privacy amplification by iteration, ``dpdl.accounting.netdp.pairwise_costs``, which needs
-  η ≤ 2/β; β = max‖x‖²/4 for the logistic loss). Past the cap a user adds noise only.
+  η ≤ 2/β with β = max‖x‖²/4, and clipping that never bites, clip ≥ L = max‖x‖, so every
+  step is a contraction; both are enforced). Past the cap a user adds noise only.
 * ``central``: a trusted curator runs DP-SGD on one uniformly drawn user per step (sampling
   without replacement of 1 out of n, replace-one), accounted by ``dp_accounting``'s RDP
   accountant and calibrated with its ``calibrate_dp_mechanism``.
@@ -288,6 +289,11 @@ def run_experiment(
         raise DPDLError(f"algorithm.lr.network = {alg.lr.network} exceeds 2/beta = "
                         f"{2 / data['smoothness']:.4g}: steps are no longer contractions and "
                         "the network-DP accounting (amplification by iteration) does not hold")
+    lipschitz = math.sqrt(4 * data["smoothness"])  # max ||x||: the logistic loss's L
+    if "network" in cfg.privacy.approaches and alg.clip < lipschitz - 1e-12:
+        raise DPDLError(f"algorithm.clip = {alg.clip} is below the loss's Lipschitz constant "
+                        f"{lipschitz:.4g}: clipped steps need not be contractions, so the "
+                        "network-DP accounting (amplification by iteration) does not hold")
     say(f"netdp-logreg: {data['name']}, n = {n} users x {cfg.data.records_per_user} records, "
         f"d = {data['dim']}, T = {T}, cap = {cap}")
     gradient, evaluate = _user_gradient(data), _evaluator(data)
