@@ -119,12 +119,13 @@ def test_clip_bound_holds_per_record(h):
     model = h.tiny_model(seed=0)
     params = stack_params(model, n, torch.device("cpu"))
     x, y, _ = h.tiny_data(n, [B] * n, seed=7)
-    batch = NodeBatch(torch.as_tensor(x), torch.as_tensor(y), torch.ones(n, B, dtype=torch.bool))
+    node = torch.arange(n).repeat_interleave(B)
+    batch = NodeBatch(torch.as_tensor(x).flatten(0, 1), torch.as_tensor(y).flatten(), node, n)
     grads = per_record_grads(model, params, batch)
-    norms = torch.sqrt(sum(g.flatten(2).pow(2).sum(2) for g in grads.values()))
+    norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in grads.values()))
     C = float(norms.median())
     clipped = clip_per_record(grads, C)
-    clipped_norms = torch.sqrt(sum(g.flatten(2).pow(2).sum(2) for g in clipped.values()))
+    clipped_norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in clipped.values()))
     assert bool((clipped_norms <= C * (1 + 1e-5)).all())
     small = norms <= C
     assert small.any() and (~small).any()
@@ -134,9 +135,9 @@ def test_clip_bound_holds_per_record(h):
     # clipping rescales, never rotates
     for name in grads:
         cos = torch.nn.functional.cosine_similarity(
-            grads[name].flatten(2), clipped[name].flatten(2), dim=2
+            grads[name].flatten(1), clipped[name].flatten(1), dim=1
         )
-        nonzero = grads[name].flatten(2).norm(dim=2) > 0
+        nonzero = grads[name].flatten(1).norm(dim=1) > 0
         assert bool((cos[nonzero] > 1 - 1e-5).all())
     with pytest.raises(DPDLError, match="clip"):
         clip_per_record(grads, 0.0)
@@ -178,11 +179,11 @@ def test_poisson_sampling_rate_and_empty_batches():
         batch = poisson_sample(x, y, mask, p, gens)
         sizes.append(batch.counts.numpy())
         empty += int((batch.counts == 0).sum())
-        picked = batch.inputs[2, :, 0][batch.mask[2]]
-        seen_padding |= bool((picked >= 2 * J + 30).any())
-        # a sampled record belongs to its own node
-        for i in range(n):
-            assert bool(((batch.inputs[i, :, 0][batch.mask[i]] // J) == i).all())
+        values = batch.inputs[:, 0]
+        seen_padding |= bool(((batch.node == 2) & (values >= 2 * J + 30)).any())
+        # a sampled record belongs to its own node, and is drawn at most once
+        assert torch.equal(values // J, batch.node.to(values.dtype))
+        assert values.unique().numel() == batch.size
     sizes = np.array(sizes)
     assert not seen_padding
     for i, j_i in enumerate([J, J, 30]):

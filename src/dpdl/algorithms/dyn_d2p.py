@@ -45,6 +45,7 @@ __all__ = [
     "poisson_sample",
     "per_record_grads",
     "mean_batch_grads",
+    "clip_factors",
     "clip_per_record",
     "sum_records",
     "add_gaussian_noise",
@@ -112,15 +113,24 @@ def make_node_generators(
 # --------------------------------------------------------------------------- data
 @dataclass
 class NodeBatch:
-    """A padded batch per node: inputs (m, B, ...), targets (m, B), mask (m, B) of real records."""
+    """The sampled records of m nodes, flat: inputs (R, ...), targets (R,), node (R,).
+
+    ``node[r]`` is the (block-local) node that record r belongs to; R = sum_i |S_i^k| may be
+    0.  Keeping the batch flat makes the per-record work proportional to the sampled count.
+    """
 
     inputs: torch.Tensor
     targets: torch.Tensor
-    mask: torch.Tensor
+    node: torch.Tensor
+    n_nodes: int
 
     @property
     def counts(self) -> torch.Tensor:
-        return self.mask.sum(dim=1)
+        return torch.bincount(self.node, minlength=self.n_nodes)
+
+    @property
+    def size(self) -> int:
+        return int(self.node.shape[0])
 
 
 def poisson_sample(
@@ -133,10 +143,8 @@ def poisson_sample(
     """Step 1: each real record of node i joins S_i^k independently with probability p.
 
     ``inputs`` (m, J_max, ...), ``targets`` (m, J_max) and ``record_mask`` (m, J_max) are the
-    padded local data sets.  Node i draws exactly J_i uniforms from its own generator.  The
-    sampled records are gathered into a padded (m, B_max) batch, B_max = the largest batch this
-    step (at least 1, so that shapes never vanish), so the per-record work is proportional to
-    the sampled count rather than to J.
+    padded local data sets.  Node i draws exactly J_i uniforms from its own generator, so its
+    draws do not depend on the padding or on which nodes share its process.
     """
     require(0.0 <= sample_rate <= 1.0, f"sample_rate must lie in [0, 1], got {sample_rate}")
     m, j_max = record_mask.shape
@@ -146,17 +154,15 @@ def poisson_sample(
     uniforms = torch.full((m, j_max), 2.0, device=device)  # padding is never sampled
     for i, (g, j_i) in enumerate(zip(generators, counts, strict=True)):
         uniforms[i, : int(j_i)] = torch.rand(int(j_i), generator=g, device=device)
-    sampled = (uniforms < sample_rate) & record_mask
-    batch_counts = sampled.sum(dim=1)
-    b_max = max(int(batch_counts.max()), 1)
-    # A stable sort puts each node's sampled indices first, in record order.
-    order = torch.argsort((~sampled).to(torch.int8), dim=1, stable=True)[:, :b_max]
-    batch_mask = torch.arange(b_max, device=device).unsqueeze(0) < batch_counts.unsqueeze(1)
-    rows = torch.arange(m, device=device).unsqueeze(1)
-    return NodeBatch(inputs[rows, order], targets[rows, order], batch_mask)
+    node, record = torch.nonzero((uniforms < sample_rate) & record_mask, as_tuple=True)
+    return NodeBatch(inputs[node, record], targets[node, record], node, m)
 
 
 # --------------------------------------------------------------------------- gradients
+def _zeros_like_stacked(params: Params) -> Params:
+    return {name: torch.zeros_like(p) for name, p in params.items()}
+
+
 def per_record_grads(
     model: torch.nn.Module,
     params: Params,
@@ -165,11 +171,11 @@ def per_record_grads(
     loss: str = "cross_entropy",
     buffers: Params | None = None,
 ) -> Params:
-    """Step 2: g_ij = grad of the loss of record j of node i at node i's ``params``.
+    """Step 2: g_r = grad of the loss of sampled record r at its node's ``params``.
 
-    ``torch.func`` vmapped over nodes (stacked params, own batch) and over records
-    (shared params).  Returns ``{name: (m, B, *shape)}``; padded records give garbage that
-    :func:`sum_records` masks out.
+    ``torch.func``: ``grad`` of a one-record ``functional_call``, ``vmap``-ed over the R
+    sampled records of all nodes, each record with its node's parameters.  Returns
+    ``{name: (R, *shape)}``.
     """
     loss_fn = _loss_fn(loss)
     buffers = buffers or {}
@@ -178,10 +184,10 @@ def per_record_grads(
         out = functional_call(model, (p, buffers), (x.unsqueeze(0),))
         return loss_fn(out, y.unsqueeze(0)).sum()
 
-    over_records = vmap(grad(record_loss), in_dims=(None, 0, 0))
-    return vmap(over_records, in_dims=(0, 0, 0), randomness="different")(
-        params, batch.inputs, batch.targets
-    )
+    if batch.size == 0:
+        return {name: p[:0] for name, p in params.items()}
+    at_record = {name: p[batch.node] for name, p in params.items()}
+    return vmap(grad(record_loss), randomness="different")(at_record, batch.inputs, batch.targets)
 
 
 def mean_batch_grads(
@@ -192,40 +198,60 @@ def mean_batch_grads(
     loss: str = "cross_entropy",
     buffers: Params | None = None,
 ) -> Params:
-    """SGP's gradient: mean over node i's sampled batch (zero for an empty batch), (m, *shape)."""
+    """SGP's gradient: mean over node i's sampled batch (zero for an empty batch), (m, *shape).
+
+    One backward pass of sum_i mean_{r in S_i} loss_r with respect to the stacked parameters
+    (node i's loss depends only on node i's slice), no per-record gradients.
+    """
     loss_fn = _loss_fn(loss)
     buffers = buffers or {}
+    if batch.size == 0:
+        return _zeros_like_stacked(params)
+    weights = 1.0 / batch.counts.clamp_min(1).to(batch.inputs.dtype)[batch.node]
 
-    def batch_loss(p: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor):
-        losses = loss_fn(functional_call(model, (p, buffers), (x,)), y)
-        return (losses * mask).sum() / mask.sum().clamp_min(1)
+    def total_loss(stacked: Params) -> torch.Tensor:
+        at_record = {name: p[batch.node] for name, p in stacked.items()}
 
-    return vmap(grad(batch_loss), in_dims=(0, 0, 0, 0), randomness="different")(
-        params, batch.inputs, batch.targets, batch.mask.to(batch.inputs.dtype)
-    )
+        def record_out(p, x):
+            return functional_call(model, (p, buffers), (x.unsqueeze(0),)).squeeze(0)
+
+        outs = vmap(record_out, randomness="different")(at_record, batch.inputs)
+        return (loss_fn(outs, batch.targets) * weights).sum()
+
+    return grad(total_loss)(params)
 
 
 def _record_norms(grads: Params) -> torch.Tensor:
-    """l2 norm of each record's whole gradient (all parameters together), shape (m, B)."""
-    squares = [g.flatten(start_dim=2).pow(2).sum(dim=2) for g in grads.values()]
+    """l2 norm of each record's whole gradient (all parameters together), shape (R,)."""
+    squares = [g.flatten(start_dim=1).pow(2).sum(dim=1) for g in grads.values()]
     return torch.stack(squares).sum(dim=0).sqrt()
 
 
-def clip_per_record(grads: Params, clip: float) -> Params:
-    """Step 3: g_ij * min(1, C_k / ||g_ij||_2), the norm over all parameters of record j."""
+def clip_factors(grads: Params, clip: float) -> torch.Tensor:
+    """min(1, C_k / ||g_r||_2) for every record, shape (R,)."""
     require(math.isfinite(clip) and clip > 0, f"clip bound C_k must be positive, got {clip}")
-    norms = _record_norms(grads)
-    factors = (clip / norms.clamp_min(1e-30)).clamp(max=1.0)
-    return {
-        name: g * factors.reshape(*factors.shape, *([1] * (g.dim() - 2)))
-        for name, g in grads.items()
-    }
+    return (clip / _record_norms(grads).clamp_min(1e-30)).clamp(max=1.0)
 
 
-def sum_records(grads: Params, mask: torch.Tensor) -> Params:
-    """sum_j over the sampled records only (padding masked out): (m, B, ...) -> (m, ...)."""
-    weights = mask.to(next(iter(grads.values())).dtype)
-    return {name: torch.einsum("mb,mb...->m...", weights, g) for name, g in grads.items()}
+def clip_per_record(grads: Params, clip: float) -> Params:
+    """Step 3: g_r * min(1, C_k / ||g_r||_2), the norm over all parameters of record r."""
+    factors = clip_factors(grads, clip)
+    return {name: g * factors.reshape(-1, *([1] * (g.dim() - 1))) for name, g in grads.items()}
+
+
+def sum_records(grads: Params, batch: NodeBatch, factors: torch.Tensor | None = None) -> Params:
+    """sum_{r in S_i} factor_r * g_r for every node i: (R, ...) -> (m, ...).
+
+    ``factors`` (R,) folds the clipping into the sum (one pass over the gradients).
+    """
+    out = {}
+    for name, g in grads.items():
+        if factors is not None:
+            g = g * factors.reshape(-1, *([1] * (g.dim() - 1)))
+        out[name] = torch.zeros(
+            (batch.n_nodes, *g.shape[1:]), dtype=g.dtype, device=g.device
+        ).index_add_(0, batch.node, g)
+    return out
 
 
 def add_gaussian_noise(
@@ -240,19 +266,18 @@ def add_gaussian_noise(
     m = first.shape[0]
     require(len(generators) == m, f"need one generator per node: {len(generators)} for {m}")
     sizes = [t[0].numel() for t in summed.values()]
-    d = sum(sizes)
-    noise = torch.stack(
-        [torch.randn(d, generator=g, device=first.device, dtype=first.dtype) for g in generators]
-    )
-    noisy = {}
-    for (name, s), chunk in zip(summed.items(), noise.split(sizes, dim=1), strict=True):
-        noisy[name] = s + sigma * chunk.reshape(s.shape)
-    return noisy
+    noise = torch.empty((m, sum(sizes)), device=first.device, dtype=first.dtype)
+    for row, g in zip(noise, generators, strict=True):
+        torch.randn(row.shape, generator=g, out=row)
+    return {
+        name: torch.add(s, chunk.view(s.shape), alpha=sigma)
+        for (name, s), chunk in zip(summed.items(), noise.split(sizes, dim=1), strict=True)
+    }
 
 
 def local_sgd_step(params: Params, update: Params, lr: float, scale: float = 1.0) -> Params:
     """Step 5: x^{k+1/2} = x^k - lr * update / scale (scale = b for the private sum)."""
-    return {name: p - (lr / scale) * update[name] for name, p in params.items()}
+    return {name: torch.add(p, update[name], alpha=-lr / scale) for name, p in params.items()}
 
 
 # --------------------------------------------------------------------------- mixing
@@ -272,9 +297,11 @@ def push_sum_mix(
     if circulant is not None:
 
         def apply(t: torch.Tensor) -> torch.Tensor:
-            return sum(
-                weight * torch.roll(t, shifts=int(offset), dims=0) for offset, weight in circulant
-            )
+            mixed = None
+            for offset, weight in circulant:
+                shifted = torch.roll(t, shifts=int(offset), dims=0) if offset % len(t) else t
+                mixed = shifted * weight if mixed is None else mixed.add_(shifted, alpha=weight)
+            return mixed
 
         return {name: apply(p) for name, p in params.items()}, apply(weights)
     require(mixing is not None, "push_sum_mix needs a mixing matrix or a circulant form")
@@ -286,7 +313,9 @@ def push_sum_mix(
 
 
 def debias(params: Params, weights: torch.Tensor) -> Params:
-    """z_i = x_i / w_i for every node."""
+    """z_i = x_i / w_i for every node (x itself while every w_i = 1, e.g. doubly stochastic P)."""
+    if bool((weights == 1).all()):
+        return params
     return {
         name: p / weights.reshape(-1, *([1] * (p.dim() - 1))).to(p.dtype)
         for name, p in params.items()
@@ -332,9 +361,8 @@ def local_update(
     if private:
         require(clip is not None, "a private step needs a clip bound C_k")
         grads = per_record_grads(model, at, batch, loss=loss, buffers=buffers)
-        update = add_gaussian_noise(
-            sum_records(clip_per_record(grads, clip), batch.mask), sigma, generators
-        )
+        clipped_sum = sum_records(grads, batch, clip_factors(grads, clip))
+        update = add_gaussian_noise(clipped_sum, sigma, generators)
         scale = expected_batch_size
     else:
         update = mean_batch_grads(model, at, batch, loss=loss, buffers=buffers)
@@ -344,11 +372,17 @@ def local_update(
 
 
 def _check_finite(update: Params, step: int, first_node: int) -> None:
+    """Raise NonFiniteUpdate naming the first node whose update has a NaN or inf.
+
+    Detection is one summation pass (a NaN or inf anywhere makes the sum non-finite); the
+    per-node search runs only when something is wrong.
+    """
+    if math.isfinite(float(sum(t.sum() for t in update.values()))):
+        return
     finite = torch.stack([t.flatten(start_dim=1).isfinite().all(dim=1) for t in update.values()])
-    finite = finite.all(dim=0)
-    if not bool(finite.all()):
-        node = first_node + int((~finite).nonzero()[0, 0])
-        raise NonFiniteUpdate(node, step)
+    bad = (~finite.all(dim=0)).nonzero()
+    node = first_node + (int(bad[0, 0]) if len(bad) else 0)
+    raise NonFiniteUpdate(node, step)
 
 
 class NonFiniteUpdate(DPDLError):
