@@ -11,12 +11,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 
-def pytest_configure(config):
-    import numpy as np
-
-    np.seterr(all="warn")
-
-
 @pytest.fixture
 def rng():
     import numpy as np
