@@ -119,8 +119,9 @@ def test_ring_histogram_network_amplifies_for_large_n():
 
 
 # --------------------------------------------------------------------------- pairwise accountant
-def brute_force_costs(walk, n, mechanism, contributes, final_view):
-    """Direct loop over pairs, viewers' visits and steps (independent of the vectorized code)."""
+def brute_force_costs(walk, n, mechanism, contributes, final_view, combine=sum):
+    """Direct loop over pairs, viewers' visits and steps (independent of the vectorized code);
+    ``combine`` turns the list of per-view costs of a pair into its total."""
     T = len(walk)
     cost = np.full((n, n), np.nan)
     for v in range(n):
@@ -129,17 +130,17 @@ def brute_force_costs(walk, n, mechanism, contributes, final_view):
         for u in range(n):
             if u == v:
                 continue
-            total, start = 0.0, 0
+            views, start = [], 0
             for end in ends:
                 steps = [t for t in range(start, end) if walk[t] != v]
                 mine = [t for t in steps if walk[t] == u and contributes[t]]
                 if mine:
                     if mechanism == "summation":
-                        total += len(mine) ** 2 / len(steps)
+                        views.append(len(mine) ** 2 / len(steps))
                     else:
-                        total += len(mine) * sum(1.0 / (end - t) for t in mine)
+                        views.append(len(mine) * sum(1.0 / (end - t) for t in mine))
                 start = end + 1
-            cost[u, v] = total
+            cost[u, v] = combine(views)
     return cost
 
 
@@ -153,6 +154,19 @@ def test_pairwise_costs_match_brute_force(mechanism, final_view):
                             final_view=final_view, chunk=4)
     want = brute_force_costs(walk, n, mechanism, contributes, final_view)
     np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_advanced_composition_recipe_matches_brute_force():
+    n, T, eps0, delta = 5, 70, 0.3, 1e-6
+    walk = np.random.default_rng(7).integers(0, n, size=T)
+
+    def advanced(views):  # per view eps0 * sqrt(cost), heterogeneous advanced composition
+        e = eps0 * np.sqrt(np.array(views))
+        return math.sqrt(2 * math.log(1 / delta) * np.sum(e**2)) + np.sum(e * np.expm1(e))
+
+    want = brute_force_costs(walk, n, "summation", np.ones(T, bool), True, combine=advanced)
+    rep = nd.pairwise_privacy(walk, n, epsilon0=eps0, delta=delta, composition="advanced")
+    np.testing.assert_allclose(rep.epsilon, want, rtol=1e-12)
 
 
 def test_pairwise_epsilon_of_a_hand_walk():

@@ -517,8 +517,8 @@ def pairwise_costs(
     contributes: ArrayLike | None = None,
     final_view: bool = True,
     chunk: int = 32,
-    per_segment: bool = False,
-):
+    reduce=None,
+) -> np.ndarray:
     """Privacy cost c[u, v] of u's data in v's view of an actual walk, in units of one Gaussian
     release of noise multiplier 1: v's view is then μ-GDP (summation) or ρ-zCDP-like (SGD)
     with μ² = 2ρ = c / z², z = σ / sensitivity.
@@ -537,8 +537,8 @@ def pairwise_costs(
       c = Σ_s k_{u,s} Σ_{i∈s} 1/r_i (exact when k = 1; r = 1 when u hands the token to v).
 
     Vectorized over viewers in chunks (memory O(T·chunk + chunk·S·n)). Returns (n, n) with
-    NaN on the diagonal; with ``per_segment`` also (per-segment costs for advanced
-    composition) as a list of (v, (S, n) array) — only for small instances.
+    NaN on the diagonal. ``reduce`` maps the per-segment costs of a chunk, shape
+    (viewers, segments, n), to (viewers, n); the default sums them (exact composition).
     """
     n = _users(n)
     walk = _check_walk(walk, n)
@@ -551,7 +551,6 @@ def pairwise_costs(
     chunk = _count("chunk", chunk, 1)
     times = np.arange(T)
     cost = np.full((n, n), np.nan)
-    segments_out = []
     for first in range(0, n, chunk):
         viewers = np.arange(first, min(first + chunk, n))
         B = viewers.size
@@ -578,11 +577,9 @@ def pairwise_costs(
             remaining = (next_visit - times[:, None])[carry].astype(float)
             w = np.bincount(key, weights=1.0 / remaining, minlength=B * S * n).reshape(B, S, n)
             seg_cost = k * w
-        cost[:, viewers] = seg_cost.sum(axis=1).T
-        if per_segment:
-            segments_out.extend((int(v), seg_cost[b]) for b, v in enumerate(viewers))
+        cost[:, viewers] = (seg_cost.sum(axis=1) if reduce is None else reduce(seg_cost)).T
     cost[np.arange(n), np.arange(n)] = np.nan
-    return (cost, segments_out) if per_segment else cost
+    return cost
 
 
 @dataclass(frozen=True)
@@ -650,13 +647,10 @@ def pairwise_privacy(
         local = gdp_epsilon(np.sqrt(local_counts) / z, delta)
     else:
         eps0 = _positive("epsilon0", epsilon0)
-        _, segments = pairwise_costs(walk, n, mechanism=mechanism, contributes=mask,
-                                     final_view=final_view, per_segment=True)
-        eps = np.full((n, n), np.nan)
-        for v, seg_cost in segments:  # (S, n) per viewer; O(T) memory per viewer
-            eps[:, v] = heterogeneous_advanced_composition(eps0 * np.sqrt(seg_cost), delta,
-                                                           axis=0)
-        eps[np.arange(n), np.arange(n)] = np.nan
+        eps = pairwise_costs(
+            walk, n, mechanism=mechanism, contributes=mask, final_view=final_view,
+            reduce=lambda seg_cost: heterogeneous_advanced_composition(
+                eps0 * np.sqrt(seg_cost), delta, axis=1))
         local = np.minimum(advanced_composition(eps0, local_counts, delta),
                            eps0 * local_counts)
     off_values = eps[~np.eye(n, dtype=bool)]
