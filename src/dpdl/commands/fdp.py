@@ -41,8 +41,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--zeta", type=float,
                         help="pairwise: compose ⌈(1+ζ)T/n⌉ times with the Markov slack δ' "
                              "instead of the contribution cap ⌊T/n⌋")
-    parser.add_argument("--relative-slack", type=float, default=1e-3,
-                        help="pairwise: grid of μ² relative to μ_1² (1e-3; smaller = tighter)")
+    parser.add_argument("--relative-slack", type=float, default=2e-4,
+                        help="pairwise: grid of μ² relative to μ_1² (2e-4; smaller = tighter)")
     parser.add_argument("--pair", type=int, nargs=2, metavar=("I", "J"),
                         help="pairwise: also report this pair with its optimistic twin")
     parser.add_argument("--sigma-cor", type=float, default=0.0, help="decor: σ_cor (0)")
