@@ -180,3 +180,16 @@ def test_bad_inputs_fail_closed(hypercube):
         per_hop_mu(10, 0.0)
     with pytest.raises(DPDLError, match="symmetric"):
         rdp_baseline_rho(directed_cycle(5), steps=10, sigma=1.0)
+
+
+def test_worst_pair_calibration_on_an_asymmetric_graph():
+    # a random row-stochastic walk: 56 distinct pairs, more than the calibration candidates
+    rng = np.random.default_rng(3)
+    W = rng.random((8, 8)) * (rng.random((8, 8)) < 0.5) + np.eye(8) * 0.1
+    W /= W.sum(axis=1, keepdims=True)
+    sigma = calibrate_sigma_pnfdp(W, steps=40, target_epsilon=2.0, delta=1e-5,
+                                  relative_slack=2e-3)
+    eps = pnfdp_epsilon_matrix(W, steps=40, sigma=sigma, delta=1e-5,
+                               relative_slack=2e-3).epsilon
+    assert np.nanmax(eps) <= 2.0
+    assert np.nanmax(eps) > 1.99

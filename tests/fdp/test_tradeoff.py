@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 from dp_accounting.pld import common
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.stats import norm
 
 from dpdl.accounting.fdp import (
@@ -159,3 +161,21 @@ def test_plot_tradeoff_writes_png(tmp_path):
                   path, num=51)
     assert path.stat().st_size > 1000
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@settings(max_examples=25, deadline=None)
+@given(mu=st.floats(0.05, 8.0), delta=st.floats(1e-9, 0.1))
+def test_gaussian_epsilon_delta_round_trip(mu, delta):
+    from dpdl.accounting.gdp import mu_from_epsilon_delta
+
+    eps = GaussianTradeOff(mu).epsilon(delta)
+    if eps > 0:
+        assert GaussianTradeOff(mu).delta(eps) == pytest.approx(delta, rel=1e-6)
+        assert mu_from_epsilon_delta(eps, delta) == pytest.approx(mu, rel=1e-6)
+
+
+@settings(max_examples=25, deadline=None)
+@given(a=st.floats(0.0, 5.0), b=st.floats(0.0, 5.0), alpha=st.floats(0.0, 1.0))
+def test_composition_never_helps_privacy(a, b, alpha):
+    composed = GaussianTradeOff(a).compose(GaussianTradeOff(b))
+    assert composed(alpha) <= GaussianTradeOff(max(a, b))(alpha) + 1e-12
