@@ -136,7 +136,6 @@ def test_dyn_mu_exact_and_blocked_gaps():
     schedule = dyn_mu_multipliers(K_B1)
     exact = compute_epsilon("pld", schedule, P_B1, DELTA_B1).epsilon
     assert exact == pytest.approx(3.04, rel=0.01)
-    assert compute_epsilon("pld", schedule[::-1], P_B1, DELTA_B1).epsilon == exact
     for blocks, gap in [(100, 0.02), (1000, 0.003)]:
         bound = compute_epsilon("pld", schedule, P_B1, DELTA_B1, mode="blocked", blocks=blocks)
         assert exact <= bound.epsilon <= exact * (1 + gap)
@@ -279,6 +278,20 @@ def test_non_private_step_is_refused_by_every_accountant():
 def test_grid_too_fine_for_tiny_multiplier_is_refused():
     with pytest.raises(DPDLError, match="value_discretization"):
         compute_epsilon("pld", [1e-3], 0.1, 1e-5)
+
+
+def test_composed_grid_too_long_is_refused(monkeypatch):
+    monkeypatch.setattr(_pld_gaussian, "MAX_FOURIER_POINTS", 1000)
+    with pytest.raises(DPDLError, match="composed privacy-loss grid"):
+        compute_epsilon("pld", [(1.0, 50)], 0.1, 1e-5, value_discretization=1e-3)
+
+
+def test_too_short_fourier_grid_is_detected_and_retried(monkeypatch):
+    schedule = np.linspace(0.9, 1.3, 12)
+    expected = compute_epsilon("pld", schedule, 0.05, 1e-6, value_discretization=1e-3).epsilon
+    monkeypatch.setattr(_pld_gaussian, "_WINDOW_MARGIN", 0.3)  # first grid far too short
+    retried = compute_epsilon("pld", schedule, 0.05, 1e-6, value_discretization=1e-3).epsilon
+    assert retried == pytest.approx(expected, rel=1e-9)
 
 
 # ------------------------------------------------------------------ properties (hypothesis)

@@ -33,7 +33,8 @@ from dpdl.errors import DPDLError
 
 LOG_MASS_TRUNCATION_BOUND = -50.0  # dp_accounting's default for the Gaussian mechanism
 TAIL_MASS_TRUNCATION = 1e-15  # dp_accounting's default per composition
-MAX_PMF_POINTS = 30_000_000  # refuse grids that would need gigabytes
+MAX_PMF_POINTS = 5_000_000  # one step's loss grid; beyond this memory use gets out of hand
+MAX_FOURIER_POINTS = 1 << 25  # the composed loss grid (a few hundred MB of spectra)
 _PILOT_GROUPS = 8
 _WINDOW_MARGIN = 1.15
 
@@ -272,6 +273,14 @@ def _plan(pmfs: list[tuple[GridPmf, float]], tail: float) -> tuple[_Plan, int]:
     return _Plan(0, low, orders), math.ceil(high) - low + 1
 
 
+def _check_length(length: int, discretization: float) -> None:
+    if length > MAX_FOURIER_POINTS:
+        raise DPDLError(
+            f"the composed privacy-loss grid needs {length} points at value_discretization="
+            f"{discretization!r}; use a coarser value_discretization"
+        )
+
+
 def compose(
     multipliers: np.ndarray,
     counts: np.ndarray,
@@ -302,6 +311,7 @@ def compose(
         pilot = [(cache[float(multipliers[i])][side], w) for i, w in representatives]
         plan, estimate = _plan(pilot, tail_mass_truncation)
         plan.length = sp_fft.next_fast_len(math.ceil(_WINDOW_MARGIN * estimate), real=True)
+        _check_length(plan.length, discretization)
         plans[side] = plan
     if multipliers.size > _PILOT_GROUPS:
         cache.clear()  # the pass below builds them again, one at a time (bounded memory)
@@ -324,4 +334,5 @@ def compose(
                 low, high, _ = accumulators[side].window(tail_mass_truncation)
                 needed = high - low + 1
                 plans[side].length = sp_fft.next_fast_len(needed, real=True)
+                _check_length(plans[side].length, discretization)
     raise DPDLError("PLD composition failed to size its Fourier grid")  # pragma: no cover
