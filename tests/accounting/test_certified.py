@@ -332,3 +332,11 @@ def test_more_noise_never_costs_more_privacy(z, factor, q):
             accountant, [(z * factor, 20)], q, 1e-5, value_discretization=1e-3
         )
         assert high_noise.epsilon <= low_noise.epsilon + 1e-9
+
+
+@settings(max_examples=5, deadline=None)
+@given(z=st.floats(min_value=0.4, max_value=0.7), steps=st.integers(5_000, 20_000))
+def test_clt_never_exceeds_the_certified_epsilon_at_b1(z, steps):
+    clt = compute_epsilon("clt", [(z, steps)], P_B1, DELTA_B1).epsilon
+    pld = compute_epsilon("pld", [(z, steps)], P_B1, DELTA_B1, value_discretization=1e-3).epsilon
+    assert clt <= pld
