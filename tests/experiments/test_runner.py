@@ -168,7 +168,8 @@ def test_steps_xor_epochs_and_overrides():
     del cfg["training"]["steps"]
     resolved = runner.apply_overrides(cfg, steps=7, seed=3, device="cpu")
     parsed = parse_config(resolved)
-    assert (parsed.training.steps, parsed.training.epochs, parsed.experiment.seeds) == (7, None, [3])
+    got = (parsed.training.steps, parsed.training.epochs, parsed.experiment.seeds)
+    assert got == (7, None, [3])
     assert cfg["training"]["epochs"] == 1.0  # the input is not modified
 
 

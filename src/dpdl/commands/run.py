@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from pathlib import Path
 
 from dpdl.errors import DPDLError
@@ -29,6 +30,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--entropy",
         choices=("seed", "os"),
         help="seed the per-node generators from --seed (reproducible) or from OS entropy",
+    )
+    parser.add_argument(
+        "--procs",
+        type=int,
+        help="with --runtime distributed: start this many local processes (else use torchrun)",
     )
     parser.add_argument("--threads", type=int, help="torch CPU threads (torch's default)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -107,6 +113,22 @@ def print_summary(results: dict) -> None:
     print(f"run folder: {results['run_dir']}")
 
 
+def _launch_local(args) -> int:
+    """Re-run this command in ``--procs`` local processes of the distributed runtime."""
+    if args.runtime != "distributed":
+        raise DPDLError("--procs needs --runtime distributed")
+    from dpdl.engine.distributed import launch_local
+
+    argv = ["run"] + ([args.config] if args.config else [])
+    for flag in ("preset", "output", "device", "seed", "steps", "runtime", "entropy", "threads"):
+        value = getattr(args, flag)
+        if value is not None:
+            argv += [f"--{flag}", str(value)]
+    if args.no_progress:
+        argv.append("--no-progress")
+    return launch_local(argv, args.procs)
+
+
 def run(args) -> int:
     from dpdl.experiments.config import preset_names
     from dpdl.experiments.registry import experiment_module
@@ -120,6 +142,8 @@ def run(args) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    if args.procs is not None and "RANK" not in os.environ:
+        return _launch_local(args)
     config = _load(args)
     module = experiment_module(config.get("kind"))
     overrides = _overrides(args)
