@@ -66,7 +66,9 @@ class PrivacyLedger:
 
     ``accountant`` ("pld" by default, certified; "rdp"; or "clt", the paper's approximation)
     decides both the budget checks and the default of :meth:`epsilon_spent`. ``blocks`` makes
-    the PLD accountant use the blocked upper bound (faster for long heterogeneous schedules).
+    the certified accountants use the blocked upper bound with that many blocks; without it
+    they compose exactly, or blocked when the steps have very many distinct multipliers
+    (``calibration.accountant_options``).
     """
 
     def __init__(
@@ -102,15 +104,10 @@ class PrivacyLedger:
         self._approved_epsilon: float | None = None
 
     # ------------------------------------------------------------------ accounting
-    def _options(self, accountant: str) -> dict[str, Any]:
-        if accountant != "pld":
-            return {}
-        return {"mode": "blocked", "blocks": self.blocks} if self.blocks else {"mode": "exact"}
-
     def _report(self, multipliers: np.ndarray, accountant: str | None = None) -> EpsilonReport:
         accountant = accountant or self.accountant
         return epsilon_report(
-            accountant, multipliers, self.sample_rate, self.delta, **self._options(accountant)
+            accountant, multipliers, self.sample_rate, self.delta, blocks=self.blocks
         )
 
     @property
