@@ -19,6 +19,7 @@ from dpdl.accounting.certified import (
     blocked_run_length,
     compute_delta,
     compute_epsilon,
+    privacy_loss_distribution,
     run_length,
 )
 from dpdl.errors import DPDLError
@@ -209,6 +210,20 @@ def test_infinite_multipliers_are_dropped_and_empty_schedule_is_free():
     for accountant in ACCOUNTANTS:
         assert compute_epsilon(accountant, [], 0.1, 1e-5).epsilon == 0.0
         assert compute_delta(accountant, [(1.0, 0)], 0.1, 1.0).delta == 0.0
+
+
+def test_privacy_loss_distribution_is_the_composed_pld():
+    assert privacy_loss_distribution([], 0.1) is None
+    pld = privacy_loss_distribution([(1.2, 30)], 0.1, value_discretization=1e-3)
+    report = compute_epsilon("pld", [(1.2, 30)], 0.1, 1e-5, value_discretization=1e-3)
+    assert pld.get_epsilon_for_delta(1e-5) == report.epsilon
+    blocked = privacy_loss_distribution(
+        np.linspace(1, 2, 30), 0.1, mode="blocked", blocks=3, value_discretization=1e-3
+    )
+    same = privacy_loss_distribution(
+        [(1.0, 10), (1 + 10 / 29, 10), (1 + 20 / 29, 10)], 0.1, value_discretization=1e-3
+    )
+    assert blocked.get_delta_for_epsilon(1.0) == pytest.approx(same.get_delta_for_epsilon(1.0))
 
 
 def test_report_to_dict():
