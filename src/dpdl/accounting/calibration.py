@@ -17,7 +17,7 @@ step), where the blocked bound with certified's ``DEFAULT_BLOCKS`` (within 2 % o
 SPEC §2) is used. Either way the number is a certified upper bound and its ``method`` says
 which.
 
-Long heterogeneous schedules are calibrated in two phases: a brentq search on a cheap,
+Heterogeneous schedules are calibrated in two phases: a brentq search on a cheap,
 coarse certified bound (PLD on a 10× coarser loss grid, or 20 blocks for RDP), then a short
 safeguarded secant search with the accountant actually requested, which both refines the
 scale (to ``epsilon_rtol`` below the target) and verifies the final answer.
@@ -25,6 +25,7 @@ scale (to ``epsilon_rtol`` below the target) and verifies the final answer.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,8 +52,6 @@ __all__ = [
 ACCOUNTANTS = ("clt", "pld", "rdp")
 # Beyond this many distinct multipliers exact composition is too slow for interactive use.
 EXACT_MAX_DISTINCT = {"pld": 500, "rdp": 200}
-# Two-phase calibration for heterogeneous schedules at least this long.
-TWO_PHASE_MIN_STEPS = 1000
 COARSE_PLD = {"mode": "blocked", "blocks": 100, "value_discretization": 1e-3}
 COARSE_RDP = {"mode": "blocked", "blocks": 20}
 
@@ -115,7 +114,22 @@ def epsilon_report(
         )
     if "mode" not in options and accountant != "clt":
         options = {**accountant_options(accountant, z, options.pop("blocks", None)), **options}
-    return compute_epsilon(accountant, z, sample_rate, delta, **options)
+    return _cached_epsilon(accountant, z, sample_rate, delta, **options)
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_compute(accountant, z_bytes, sample_rate, delta, options) -> EpsilonReport:
+    z = np.frombuffer(z_bytes, dtype=np.float64)
+    return compute_epsilon(accountant, z, sample_rate, delta, **dict(options))
+
+
+def _cached_epsilon(
+    accountant: str, z: np.ndarray, sample_rate: float, delta: float, **options: Any
+) -> EpsilonReport:
+    """``compute_epsilon``, memoised: a calibration's last evaluation is also its report."""
+    z = np.ascontiguousarray(z, dtype=np.float64)
+    key = tuple(sorted(options.items()))
+    return _cached_compute(accountant, z.tobytes(), float(sample_rate), float(delta), key)
 
 
 def _is_constant(shape: np.ndarray) -> bool:
@@ -239,16 +253,16 @@ def calibrate_noise_scale(
     final_options = accountant_options(accountant, shape, blocks)
 
     def final(t: float) -> float:
-        return compute_epsilon(accountant, t * shape, sample_rate, delta, **final_options).epsilon
+        return _cached_epsilon(accountant, t * shape, sample_rate, delta, **final_options).epsilon
 
     search = _Search(final, epsilon)
-    if _is_constant(shape) or shape.size < TWO_PHASE_MIN_STEPS:
+    if _is_constant(shape):  # one self-composition per evaluation: cheap
         search.solve(math.log(clt_scale), log_rtol=epsilon_rtol / 4)
         return search.best_safe
     coarse_options = COARSE_PLD if accountant == "pld" else COARSE_RDP
     coarse = _Search(
         lambda t: (
-            compute_epsilon(accountant, t * shape, sample_rate, delta, **coarse_options).epsilon
+            _cached_epsilon(accountant, t * shape, sample_rate, delta, **coarse_options).epsilon
         ),
         epsilon,
     )
