@@ -4,6 +4,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dpdl.accounting.gdp import mu_from_epsilon_delta
 from dpdl.accounting.schedules import (
@@ -174,3 +176,31 @@ BASE = {"epsilon": 1.0, "delta": DELTA, "steps": 100, "sample_rate": 0.01, "cali
 def test_bad_input(algorithm, changes, needle):
     with pytest.raises(DPDLError, match=needle):
         make_schedule(algorithm, **{**BASE, **changes})
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    epsilon=st.floats(0.1, 8.0),
+    log10_p=st.floats(-4.0, -0.5),
+    steps=st.integers(1, 5000),
+    rho=st.floats(1.05, 20.0),
+    algorithm=st.sampled_from(["const-d2p", "dyn-c-d2p", "dyn-mu-d2p", "dyn-d2p", "general"]),
+)
+def test_clt_calibration_always_meets_eq6(epsilon, log10_p, steps, rho, algorithm):
+    p = 10.0**log10_p
+    schedule = make_schedule(
+        algorithm,
+        epsilon=epsilon,
+        delta=1e-5,
+        steps=steps,
+        sample_rate=p,
+        rho_c=rho,
+        rho_mu=rho,
+        calibrate="clt",
+    )
+    mu_tot = mu_from_epsilon_delta(epsilon, 1e-5)
+    log_sum = float(np.log(np.sum(np.expm1(np.minimum(schedule.mu, 26.0) ** 2))))
+    if np.all(schedule.mu < 26.0):  # beyond that exp overflows in the plain reference
+        assert math.log(p) + 0.5 * log_sum == pytest.approx(math.log(mu_tot), abs=1e-8)
+    assert np.all(np.diff(schedule.mu) >= -1e-12)  # budgets never shrink
+    np.testing.assert_allclose(schedule.sigma, schedule.clip / schedule.mu, rtol=1e-12)
