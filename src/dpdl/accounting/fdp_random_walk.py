@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import ArrayLike
 from scipy.optimize import brentq
+from scipy.special import ndtr
 
 from dpdl.accounting.fdp_tradeoff import (
     RevealedGaussianMixture,
@@ -72,6 +73,7 @@ __all__ = [
 RDP_ORDERS = np.concatenate([np.linspace(1.01, 10.0, 300), np.geomspace(10.0, 1e5, 300)[1:]])
 _MAX_WEIGHT_ENTRIES = 2e8
 _CALIBRATION_CANDIDATES = 32
+_TINY = 1e-280
 
 
 def walk_matrix(matrix: ArrayLike) -> np.ndarray:
@@ -265,7 +267,7 @@ def _compose_laws(weights: np.ndarray, mu_squared: np.ndarray, compositions: int
                                              rounding), compositions)
         for row in block:
             kept = np.flatnonzero(row > 0)
-            laws.append(row[kept])
+            laws.append(np.maximum(row[kept], _TINY))  # no subnormals; only adds mass
             support.append(kept * grid)
     return _ComposedLaws(laws, support)
 
@@ -276,7 +278,21 @@ def _epsilon_of_law(masses: np.ndarray, mus: np.ndarray, delta: float) -> float:
     with np.errstate(divide="ignore"):
         log_masses = np.log(masses)
 
+    positive = mus > 0
+    mus_pos, masses_pos = mus[positive], masses[positive]
+
     def log_delta(eps: float) -> float:
+        if eps < 500:  # direct form: ~3x faster; its round-off (~1e-16) is far below δ
+            with np.errstate(under="ignore"):
+                # arguments below -37 would give subnormals (slow); raising the first one
+                # and dropping the second term there only increases δ
+                upper_arg = -eps / mus_pos - mus_pos / 2
+                second = np.where(upper_arg < -37.0, 0.0, ndtr(np.maximum(upper_arg, -37.0)))
+                terms = ndtr(np.maximum(-eps / mus_pos + mus_pos / 2, -37.0)) \
+                    - math.exp(eps) * second
+                # einsum, not np.dot: a BLAS dot under thread contention is ~1000x slower
+                total = float(np.einsum("i,i->", masses_pos, np.maximum(terms, 0.0)))
+            return math.log(total) if total > 0 else -math.inf
         with np.errstate(under="ignore"):
             terms = gaussian_log_delta(eps, mus) + log_masses
             peak = float(np.max(terms))
