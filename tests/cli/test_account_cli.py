@@ -151,3 +151,40 @@ def test_subprocess_error_has_no_traceback():
     assert proc.returncode != 0
     assert proc.stderr.count("\n") == 1 and "epsilon" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+CERTIFIED = ["account", "--algorithm", "const-d2p", "--epsilon", "1", "--delta", "1e-4"]
+CERTIFIED += ["--steps", "2000", "--sample-rate", "0.001"]
+
+
+def test_default_calibration_is_certified_pld_and_warns_about_the_clt(capsys):
+    code, out, err = run_cli(capsys, [*CERTIFIED, "--json"])
+    data = json.loads(out)
+    assert code == 0 and data["calibrated_with"] == "pld"
+    assert set(data["epsilon"]) == {"clt", "pld", "rdp"}
+    assert data["epsilon"]["pld"] <= 1.0 and data["epsilon"]["pld"] > 0.99
+    assert data["certified"] == {"clt": False, "pld": True, "rdp": True}
+    # p = 1e-3 with z ≈ 0.6: the CLT understates ε (SPEC §2), so a warning is attached.
+    assert data["epsilon"]["clt"] < 0.9 * data["epsilon"]["pld"]
+    assert any("CLT" in warning for warning in data["warnings"])
+    assert data["mu_bar"] == pytest.approx(1 / data["noise_multiplier_first"])
+    assert data["mu0"] is None
+
+    code, out, err = run_cli(capsys, [*CERTIFIED, "--report", "pld,clt"])
+    assert code == 0 and "certified (pld-exact)" in out and "approximate (CLT)" in out
+    assert err.startswith("warning: the CLT epsilon")
+
+
+def test_account_never_imports_torch(tmp_path):
+    script = (
+        "import sys\n"
+        "from dpdl.cli import main\n"
+        "code = main(['account', '--algorithm', 'dyn-d2p', '--epsilon', '1', '--steps', '50',"
+        " '--sample-rate', '0.1', '--calibrate', 'clt', '--report', 'clt', '--json'])\n"
+        "assert code == 0\n"
+        "assert 'torch' not in sys.modules, 'dpdl account imported torch'\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
