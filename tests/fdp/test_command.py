@@ -20,6 +20,7 @@ def test_pairwise_writes_csv_and_png(tmp_path, capsys):
     assert np.all(fdp_csv[off] < rdp_csv[off])
     assert np.nanmax(fdp_csv) == np.float64(round(out["pn_fdp"]["epsilon_max"], 6))
     assert (tmp_path / "hypercube-n8-epsilon.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "hypercube-n8-tradeoff.png").read_bytes()[:4] == b"\x89PNG"
     cal = out["calibration"]
     assert cal["sigma_pn_fdp"] < cal["sigma_rdp_baseline"]
 

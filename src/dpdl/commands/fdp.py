@@ -124,7 +124,33 @@ def _write_pairwise(args, report, baseline, name: str) -> list[str]:
         path = args.output / f"{name}-n{args.nodes}-epsilon.png"
         _heat_maps(path, report, baseline, name)
         files.append(str(path))
+        path = args.output / f"{name}-n{args.nodes}-tradeoff.png"
+        _tradeoff_plot(path, args, report, name)
+        files.append(str(path))
     return files
+
+
+def _tradeoff_plot(path: Path, args, report, name: str) -> None:
+    """f of the worst pair after k contributions, against local DP (no walk) and G_μ."""
+    from dpdl.accounting import fdp
+    from dpdl.experiments.fdp import walk_matrix_of
+
+    walk = walk_matrix_of(_topology(args))
+    eps = np.where(np.isnan(report.epsilon), -np.inf, report.epsilon)
+    i, j = np.unravel_index(np.argmax(eps), eps.shape)
+    single = fdp.single_visit_tradeoff(walk, int(i), int(j), args.steps, args.sigma,
+                                       sensitivity=args.sensitivity,
+                                       local_steps=args.local_steps,
+                                       contraction=args.contraction)
+    composed = single.self_compose(report.compositions,
+                                   grid=1e-3 * float(single.mu_squared.max()))
+    local_mu = math.sqrt(report.compositions * args.local_steps) * args.sensitivity / args.sigma
+    fdp.plot_tradeoff(
+        {f"PN-f-DP pair {i}->{j} (k={report.compositions})": composed,
+         f"local DP, G_{local_mu:.3g}": fdp.GaussianTradeOff(local_mu),
+         f"({report.epsilon[i, j]:.3g}, {args.delta:g})-DP": fdp.EpsilonDeltaTradeOff(
+             float(report.epsilon[i, j]), args.delta)},
+        path, title=f"{name} n={args.nodes}, T={args.steps}, σ={args.sigma:g}")
 
 
 def _heat_maps(path: Path, report, baseline, name: str) -> None:
