@@ -193,3 +193,15 @@ def test_worst_pair_calibration_on_an_asymmetric_graph():
                                relative_slack=2e-3).epsilon
     assert np.nanmax(eps) <= 2.0
     assert np.nanmax(eps) > 1.99
+
+
+def test_contraction_only_tightens_the_pair_bound(hypercube):
+    plain, _ = pnfdp_epsilon(hypercube, 0, 3, **ORACLE, relative_slack=1e-3)
+    strong, _ = pnfdp_epsilon(hypercube, 0, 3, **ORACLE, relative_slack=1e-3, contraction=0.8)
+    assert strong < plain
+    # doubling K_loc under the conservative form is the same as dividing σ by √2
+    twice, _ = pnfdp_epsilon(hypercube, 0, 3, steps=275, sigma=1.0, delta=1e-5, local_steps=2,
+                             relative_slack=1e-3)
+    scaled, _ = pnfdp_epsilon(hypercube, 0, 3, steps=275, sigma=1 / math.sqrt(2), delta=1e-5,
+                              relative_slack=1e-3)
+    assert twice == pytest.approx(scaled, rel=1e-9)
