@@ -188,8 +188,8 @@ def test_calibrate_reports_every_accountant_and_clt_understates():
         report=("clt", "pld", "rdp"),
         epsilon=1.0,
         delta=1e-4,
-        steps=2000,
-        sample_rate=1e-3,
+        steps=30,
+        sample_rate=2e-2,
         calibrate="pld",
     )
     reports = result.reports

@@ -256,7 +256,9 @@ def calibrate_noise_scale(
         return _cached_epsilon(accountant, t * shape, sample_rate, delta, **final_options).epsilon
 
     search = _Search(final, epsilon)
-    if _is_constant(shape):  # one self-composition per evaluation: cheap
+    distinct = np.unique(shape).size
+    if _is_constant(shape) or (accountant == "rdp" and distinct <= COARSE_RDP["blocks"]):
+        # A coarse phase would cost as much as the real thing: search directly.
         search.solve(math.log(clt_scale), log_rtol=epsilon_rtol / 4)
         return search.best_safe
     coarse_options = COARSE_PLD if accountant == "pld" else COARSE_RDP
