@@ -186,3 +186,23 @@ def test_pld_ledger_matches_dp_accounting():
     assert ledger.epsilon_spent("clt") < ledger.epsilon_spent("pld")
     with pytest.raises(PrivacyBudgetExceeded):
         PrivacyLedger(0.02, DELTA, expected * 0.99).plan(np.full(300, 1.2))
+
+
+def test_for_schedule_plans_the_whole_run():
+    clt_schedule = make_schedule(
+        "const-d2p", epsilon=1.0, delta=DELTA, steps=500, sample_rate=0.002, calibrate="clt"
+    )
+    ledger = PrivacyLedger.for_schedule(clt_schedule)  # held to the CLT it was calibrated with
+    assert ledger.accountant == "clt" and ledger.planned_steps == 500
+    # The same schedule held to the certified PLD bound does not fit: the CLT understates ε.
+    with pytest.raises(PrivacyBudgetExceeded, match="pld epsilon"):
+        PrivacyLedger.for_schedule(clt_schedule, accountant="pld")
+    pld_schedule = make_schedule(
+        "const-d2p", epsilon=1.0, delta=DELTA, steps=500, sample_rate=0.002, calibrate="pld"
+    )
+    certified = PrivacyLedger.for_schedule(pld_schedule)
+    certified.record_steps(pld_schedule.noise_multipliers)
+    assert certified.epsilon_spent() <= 1.0
+    sgp = make_schedule("sgp", epsilon=None, delta=None, steps=5, sample_rate=0.1)
+    with pytest.raises(DPDLError, match="not private"):
+        PrivacyLedger.for_schedule(sgp)

@@ -103,6 +103,34 @@ class PrivacyLedger:
         self._approved: np.ndarray | None = None  # the whole approved sequence from step 0
         self._approved_epsilon: float | None = None
 
+    @classmethod
+    def for_schedule(
+        cls,
+        schedule: Any,
+        *,
+        accountant: str | None = None,
+        blocks: int | None = None,
+        epsilon_budget: float | None = None,
+    ) -> PrivacyLedger:
+        """A ledger for a ``PrivacySchedule`` with its whole schedule planned (one check).
+
+        The budget defaults to the schedule's ε target and the accountant to the one it was
+        calibrated with (a CLT-calibrated schedule is thus held to the CLT, as in the paper;
+        pass ``accountant="pld"`` to hold it to a certified bound). Raises
+        ``PrivacyBudgetExceeded`` when the schedule does not fit the budget.
+        """
+        require(schedule.private, f"algorithm {schedule.algorithm!r} is not private: no ledger")
+        budget = schedule.epsilon_target if epsilon_budget is None else epsilon_budget
+        ledger = cls(
+            schedule.sample_rate,
+            schedule.delta,
+            budget,
+            accountant or schedule.calibrated_with,
+            blocks=blocks if blocks is not None else schedule.parameters.get("blocks"),
+        )
+        ledger.plan(schedule.noise_multipliers)
+        return ledger
+
     # ------------------------------------------------------------------ accounting
     def _report(self, multipliers: np.ndarray, accountant: str | None = None) -> EpsilonReport:
         accountant = accountant or self.accountant
