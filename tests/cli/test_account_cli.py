@@ -188,3 +188,14 @@ def test_account_never_imports_torch(tmp_path):
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stderr
+
+
+def test_no_warning_where_the_clt_is_nearly_tight(capsys):
+    """SPEC §2: at b = 64 (p = 0.0256, K = 2000) CLT ε = 1 has PLD ε ≈ 1.009."""
+    argv = ["account", "--algorithm", "const-d2p", "--epsilon", "1", "--steps", "2000"]
+    argv += ["--dataset-size", "2500", "--batch-size", "64", "--calibrate", "clt"]
+    code, out, err = run_cli(capsys, [*argv, "--report", "clt,pld", "--json"])
+    data = json.loads(out)
+    assert code == 0 and data["sample_rate"] == pytest.approx(0.0256)
+    assert data["epsilon"]["pld"] == pytest.approx(1.009, abs=0.005)
+    assert data["warnings"] == []
