@@ -7,6 +7,8 @@ import pytest
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dpdl.accounting.calibration import calibrate, calibrate_noise_scale, epsilon_report
 from dpdl.accounting.gdp import mu_from_epsilon_delta
@@ -201,3 +203,19 @@ def test_calibrate_reports_every_accountant_and_clt_understates():
     assert reports["clt"].epsilon < reports["pld"].epsilon <= reports["rdp"].epsilon
     data = result.to_dict()
     assert set(data["epsilon"]) == {"clt", "pld", "rdp"} and data["mu0"] is not None
+
+
+@settings(max_examples=4, deadline=None, derandomize=True)
+@given(
+    log10_p=st.floats(-3.3, -2.5),
+    z=st.floats(0.5, 0.9),
+    steps=st.integers(500, 3000),
+)
+def test_clt_never_exceeds_certified_pld_in_the_b1_regime(log10_p, z, steps):
+    """SPEC §1.3/§2: at small p and small multipliers the CLT understates ε."""
+    needs_certified()
+    p = 10.0**log10_p
+    clt = epsilon_report("clt", np.full(steps, z), p, 1e-5)
+    pld = epsilon_report("pld", np.full(steps, z), p, 1e-5)
+    assert pld.certified and not clt.certified
+    assert clt.epsilon <= pld.epsilon
