@@ -289,3 +289,30 @@ def test_simulator_rejects_bad_input(h):
     if not torch.cuda.is_available():
         with pytest.raises(DPDLError, match="CUDA is not available"):
             Simulator(h.tiny_model(), data, h.ExpGraph(n), lr=0.1, device="cuda")
+
+
+def test_device_auto_resolves():
+    from dpdl.engine import resolve_device
+
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device("auto").type == expected
+    with pytest.raises(DPDLError, match="unknown device"):
+        resolve_device("tpu:banana")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_step_matches_cpu(h):
+    """Without randomness in play (p = 1, sigma = 0) CUDA and CPU compute the same iteration."""
+    n, J = 5, 6
+    data = h.tiny_data(n, [J] * n, seed=4)
+    out = {}
+    for device in ("cpu", "cuda"):
+        sim = Simulator(
+            h.tiny_model(seed=5), NodeData.from_arrays(*data), h.RandomColumnStochastic(n),
+            lr=0.2, expected_batch_size=J, seed=0, device=device,
+        )  # fmt: skip
+        for _ in range(3):
+            sim.step(private=True, clip=0.5, sigma=0.0)
+        out[device] = {k: v.cpu() for k, v in sim.params.items()}
+    for k in out["cpu"]:
+        torch.testing.assert_close(out["cuda"][k], out["cpu"][k], atol=1e-5, rtol=1e-4)
