@@ -27,6 +27,7 @@ import numpy as np
 from dp_accounting.pld import pld_pmf
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from scipy import fft as sp_fft
+from scipy.optimize import minimize_scalar
 from scipy.special import ndtr, ndtri
 
 from dpdl.errors import DPDLError
@@ -249,27 +250,39 @@ def _representatives(counts: np.ndarray) -> list[tuple[int, int]]:
 
 
 def _plan(pmfs: list[tuple[GridPmf, float]], tail: float) -> tuple[_Plan, int]:
-    """Chernoff orders and window from representative PMFs (approximate; verified later)."""
-    variance = 0.0
-    for pmf, weight in pmfs:
-        index = np.arange(pmf.probs.size, dtype=np.float64)
-        mass = pmf.probs.sum()
-        mean = pmf.probs @ index / mass
-        variance += weight * (pmf.probs @ (index - mean) ** 2) / mass
-    scale = 1.0 / math.sqrt(max(variance, 1e-12))
-    gains = np.geomspace(0.125, 128.0, 31)
-    candidates = np.concatenate([gains, -gains]) * scale
-    log_mgf = sum(
-        weight * (_log_mgf(pmf.probs, candidates) + candidates * pmf.lower_index)
-        for pmf, weight in pmfs
+    """Chernoff orders and window from representative PMFs (approximate; verified later).
+
+    The Chernoff bound b(t) = (ln E e^{tS} − ln tail)/t is minimised over ln t (t > 0, upper
+    edge) and maximised over ln(−t) (t < 0, lower edge) with scipy's bounded Brent search;
+    the optimum can sit far from 1/std because the per-step losses are very skewed.
+    """
+    support_top = sum(weight * (pmf.lower_index + pmf.probs.size - 1) for pmf, weight in pmfs)
+    support_bottom = sum(weight * pmf.lower_index for pmf, weight in pmfs)
+
+    def bound(order: float) -> float:
+        orders = np.array([order])
+        log_mgf = sum(
+            weight * (_log_mgf(pmf.probs, orders)[0] + order * pmf.lower_index)
+            for pmf, weight in pmfs
+        )
+        return (log_mgf - math.log(tail)) / order  # an absolute loss index
+
+    span = max(support_top - support_bottom, 1.0)
+    log_range = (math.log(1.0 / (100.0 * span)), math.log(10.0))
+    upper = minimize_scalar(
+        lambda log_t: bound(math.exp(log_t)), bounds=log_range, method="bounded",
+        options={"xatol": 0.02},
     )
-    bounds = (log_mgf - math.log(tail)) / candidates  # absolute loss indices
-    best_high = int(np.argmin(bounds[: gains.size]))
-    high = float(bounds[best_high])
-    low = float(np.max(bounds[gains.size :]))
+    lower = minimize_scalar(
+        lambda log_t: -bound(-math.exp(log_t)), bounds=log_range, method="bounded",
+        options={"xatol": 0.05},
+    )
+    best = math.exp(upper.x)
+    high = min(float(upper.fun), support_top)
     # keep every loss > 0 inside the window: what falls below it then never counts toward δ
-    low = math.floor(min(low, 0.0))
-    orders = gains[best_high] * scale * np.array([0.8, 1.25])
+    low = math.floor(min(max(-float(lower.fun), support_bottom), 0.0))
+    # the bound is steep above the optimum and flat below it: hedge downwards
+    orders = best * np.array([0.6, 0.8, 1.0])
     return _Plan(0, low, orders), math.ceil(high) - low + 1
 
 
