@@ -12,10 +12,15 @@ Private helper of ``dpdl.accounting.certified`` (SPEC §2, "Rigorous accounting"
 2. :func:`compose` convolves the PMFs of every step at once in the Fourier domain: every
    distinct multiplier's PMF is folded onto one circular grid of length N, transformed
    once, raised to its multiplicity and multiplied into an accumulator; one inverse
-   transform gives the composed PMF. The circular window is sized by a Chernoff bound on
-   the composed loss (as dp_accounting's ``self_convolve``); the mass it may alias,
-   at most ``tail_mass_truncation``, is added to the infinity mass, so δ(ε) keeps its
-   upper-bound (pessimistic) semantics.
+   transform gives the composed PMF. The kept window [lo, hi] of losses: hi is a Chernoff
+   bound on the composed loss (as in dp_accounting's ``self_convolve``), evaluated exactly
+   over all steps at orders picked by a Brent search on a few representative multipliers;
+   the mass above hi (≤ ``tail_mass_truncation``, which may alias into the window) is added
+   to the infinity mass. lo ≤ 0 comes from the same search (approximate): mass below it has
+   negative loss, so it either falls outside the window (no δ at any ε ≥ 0) or wraps
+   upwards (only raises δ). FFT round-off is clipped up. δ(ε) therefore keeps dp_accounting's
+   upper-bound (pessimistic) semantics; the result equals dp_accounting's one-by-one
+   composition at the same grid to ~1e-9 relative (tested).
 """
 
 from __future__ import annotations
