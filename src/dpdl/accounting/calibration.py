@@ -136,11 +136,16 @@ def _is_constant(shape: np.ndarray) -> bool:
     return bool(np.ptp(shape) <= 1e-12 * float(np.max(shape)))
 
 
-class _Search:
-    """Memoised ε(t) − target on log t; remembers the smallest safe scale evaluated."""
+class _Converged(Exception):
+    """Raised inside a search once a safe point close enough to the target is found."""
 
-    def __init__(self, evaluate, target: float):
-        self.evaluate, self.target = evaluate, target
+
+class _Search:
+    """Memoised ε(t) − target on log t; remembers the smallest safe scale evaluated and stops
+    (raising ``_Converged``) at the first safe point with ε ≥ target · (1 − epsilon_rtol)."""
+
+    def __init__(self, evaluate, target: float, epsilon_rtol: float):
+        self.evaluate, self.target, self.epsilon_rtol = evaluate, target, epsilon_rtol
         self.cache: dict[float, float] = {}
         self.best_safe = math.inf
 
@@ -150,71 +155,58 @@ class _Search:
             self.cache[log_t] = epsilon
             if epsilon <= self.target:
                 self.best_safe = min(self.best_safe, math.exp(log_t))
+                if epsilon >= self.target * (1 - self.epsilon_rtol):
+                    raise _Converged
         return self.cache[log_t] - self.target
 
-    def solve(self, log_t0: float, *, step: float = 0.25, log_rtol: float = 1e-4) -> float:
-        """Bracket the root from log_t0 by steps of ``step`` in log t, then brentq."""
-        low = high = log_t0
-        if self(log_t0) > 0:  # unsafe: more noise needed
-            for _ in range(200):
-                low, high = high, high + step
-                if self(high) <= 0:
-                    break
-            else:
-                raise DPDLError("calibration failed: no noise scale reaches the target epsilon")
-        else:
-            for _ in range(200):
-                high, low = low, low - step
-                if self(low) > 0:
-                    break
-            else:
-                raise DPDLError("calibration failed: epsilon stays below target at any noise")
-        brentq(self, low, high, xtol=log_rtol, rtol=1e-12)
-        return self.best_safe
+    def _slope(self, log_a: float, log_b: float, fallback: float) -> float:
+        eps_a, eps_b = self.cache[log_a], self.cache[log_b]
+        if log_a == log_b or not (0 < eps_a < math.inf and 0 < eps_b < math.inf):
+            return fallback
+        slope = (math.log(eps_b) - math.log(eps_a)) / (log_b - log_a)
+        return slope if slope < 0 else fallback
 
     def log_slope(self) -> float:
-        """d log ε / d log t from the two evaluations nearest the target (−1 if unknown)."""
-        points = sorted(
-            (abs(eps - self.target), log_t, eps)
-            for log_t, eps in self.cache.items()
-            if 0 < eps < math.inf
-        )
-        for _, log_a, eps_a in points[:1]:
-            for _, log_b, eps_b in points[1:]:
-                if log_b != log_a and eps_b != eps_a:
-                    slope = (math.log(eps_b) - math.log(eps_a)) / (log_b - log_a)
-                    if slope < 0:
-                        return slope
-        return -1.0
+        """d log ε / d log t from the two evaluations nearest the target (−3 if unknown)."""
+        nearest = sorted(self.cache, key=lambda log_t: abs(self.cache[log_t] - self.target))
+        return -3.0 if len(nearest) < 2 else self._slope(nearest[0], nearest[1], -3.0)
 
-    def refine(self, log_t0: float, slope: float, *, epsilon_rtol: float, max_evals: int = 12):
-        """Safeguarded secant steps from log_t0 until the best safe ε is within
-        ``epsilon_rtol`` below the target; every candidate is evaluated, so the scale
-        returned is verified."""
-        log_safe = log_unsafe = None
-        log_t = log_t0
-        for _ in range(max_evals):
-            gap = self(log_t)
-            if gap <= 0:
-                log_safe = log_t if log_safe is None else min(log_safe, log_t)
-            else:
-                log_unsafe = log_t if log_unsafe is None else max(log_unsafe, log_t)
-            if log_safe is None:  # no verified point yet: add noise
-                log_t = log_t + max(
-                    0.02, (math.log(self.cache[log_t]) - math.log(self.target)) / -slope * 1.5
-                )
-                continue
-            eps_safe = self.cache[log_safe]
-            if eps_safe >= self.target * (1 - epsilon_rtol):
-                break
-            aim = math.log(self.target * (1 - epsilon_rtol / 3))
-            log_t = log_safe + (aim - math.log(eps_safe)) / slope
-            if log_unsafe is not None and not log_unsafe < log_t < log_safe:
-                log_t = 0.5 * (log_unsafe + log_safe)
-            if log_unsafe is not None and log_safe - log_unsafe < 1e-7:
-                break
-        require(math.isfinite(self.best_safe), "calibration failed to find a safe noise scale")
+    def solve(self, log_t0: float, slope: float = -3.0, *, log_rtol: float = 1e-5) -> float:
+        """Secant steps in log ε from log_t0 until the root is bracketed, then brentq.
+
+        Returns the smallest safe scale evaluated (its ε is ≤ the target, within
+        ``epsilon_rtol`` of it unless the search ran out of resolution).
+        """
+        try:
+            self._solve(log_t0, slope, log_rtol)
+        except _Converged:
+            pass
+        if not math.isfinite(self.best_safe):
+            raise DPDLError("calibration failed to find a safe noise scale")
         return self.best_safe
+
+    def _solve(self, log_t: float, slope: float, log_rtol: float) -> None:
+        low = high = None  # unsafe (ε > target) and safe log scales
+        previous = None
+        for _ in range(60):
+            unsafe = self(log_t) > 0
+            if unsafe:
+                low = log_t if low is None else max(low, log_t)
+            else:
+                high = log_t if high is None else min(high, log_t)
+            if low is not None and high is not None:
+                break
+            if previous is not None:
+                slope = self._slope(previous, log_t, slope)
+            previous = log_t
+            # Aim a little past the target so that the next point lands on the other side.
+            aim = self.target * ((1 + self.epsilon_rtol) if not unsafe else (1 - self.epsilon_rtol))
+            step = (math.log(aim) - math.log(self.cache[log_t])) / slope
+            step = math.copysign(min(max(abs(step), 1e-3), 2.0), 1.0 if unsafe else -1.0)
+            log_t += step
+        else:
+            raise DPDLError("calibration failed: no noise scale brackets the target epsilon")
+        brentq(self, low, high, xtol=log_rtol, rtol=1e-14)
 
 
 def calibrate_noise_scale(
@@ -255,21 +247,21 @@ def calibrate_noise_scale(
     def final(t: float) -> float:
         return _cached_epsilon(accountant, t * shape, sample_rate, delta, **final_options).epsilon
 
-    search = _Search(final, epsilon)
+    search = _Search(final, epsilon, epsilon_rtol)
     distinct = np.unique(shape).size
     if _is_constant(shape) or (accountant == "rdp" and distinct <= COARSE_RDP["blocks"]):
         # A coarse phase would cost as much as the real thing: search directly.
-        search.solve(math.log(clt_scale), log_rtol=epsilon_rtol / 4)
-        return search.best_safe
+        return search.solve(math.log(clt_scale))
     coarse_options = COARSE_PLD if accountant == "pld" else COARSE_RDP
     coarse = _Search(
         lambda t: (
             _cached_epsilon(accountant, t * shape, sample_rate, delta, **coarse_options).epsilon
         ),
         epsilon,
+        epsilon_rtol,
     )
-    coarse_scale = coarse.solve(math.log(clt_scale), log_rtol=epsilon_rtol / 4)
-    return search.refine(math.log(coarse_scale), coarse.log_slope(), epsilon_rtol=epsilon_rtol)
+    coarse_scale = coarse.solve(math.log(clt_scale))
+    return search.solve(math.log(coarse_scale), coarse.log_slope())
 
 
 @dataclass(frozen=True)
