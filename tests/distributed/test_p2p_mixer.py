@@ -51,7 +51,7 @@ def _worker(rank, world, port, n, steps, out_dir):
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [3])  # uneven blocks: 3, 2, 2 nodes
 def test_p2p_mixing_equals_dense_product(tmp_path, world):
     n, steps = 7, 6
     mp.start_processes(

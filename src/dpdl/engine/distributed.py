@@ -104,6 +104,7 @@ class DistributedSimulator(Simulator):
     # ------------------------------------------------------------------ stepping
     def step(self, *, private: bool, clip: float | None = None, sigma: float = 0.0):
         k = self.iteration
+        _maybe_inject_fault(self.rank, k)
         data = self.local_data
         half = local_update(
             self.model, self.local_params, self.local_weights,
@@ -159,6 +160,20 @@ class DistributedSimulator(Simulator):
         self.local_weights = self.weights[self.lo : self.hi].clone()
         self.iteration = iteration
         self._gathered_at = iteration
+
+
+def _maybe_inject_fault(rank: int, step: int) -> None:
+    """Fault injection for tests and drills: ``DPDL_FAULT_INJECT="RANK:STEP"`` makes that rank's
+    process die abruptly (no clean-up, like a crashed machine) when it reaches that step."""
+    spec = os.environ.get("DPDL_FAULT_INJECT")
+    if not spec:
+        return
+    try:
+        fault_rank, fault_step = (int(part) for part in spec.split(":"))
+    except ValueError as err:
+        raise DPDLError(f"DPDL_FAULT_INJECT must be RANK:STEP, got {spec!r}") from err
+    if (rank, step) == (fault_rank, fault_step):
+        os._exit(17)
 
 
 def _all_gather_blocks(block: torch.Tensor, n: int) -> torch.Tensor:
