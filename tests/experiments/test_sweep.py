@@ -116,11 +116,14 @@ def test_report_tables_match_a_hand_computation(tmp_path, plugin):
     runs = collect_runs(out)
     assert len(runs) == 12  # 6 cells × 2 algorithms
     tables = build_tables(runs)
-    rows = {row[0]: row for row in tables.accuracy_rows}
+    assert tables.accuracy_header == ["setting", "ε", "const-d2p", "dyn-d2p", "gain Dyn vs Const"]
+    # no epsilon_target column: ε comes from the grid point, which is then not a "setting"
+    rows = {(row[0], row[1]): row for row in tables.accuracy_rows}
+    assert set(rows) == {("base", "0.5"), ("base", "1")}
     # eps=0.5: final acc = base + 0.01*seed + 0.05 over seeds 0,1,2 -> mean base+0.06, std 0.01
-    const, dyn = rows["epsilon=0.5"][1], rows["epsilon=0.5"][2]
+    const, dyn = rows["base", "0.5"][2], rows["base", "0.5"][3]
     assert const.startswith("56.00 ± 1.00") and dyn.startswith("66.00 ± 1.00")
-    assert rows["epsilon=0.5"][3] == f"{100 * (0.66 / 0.56 - 1):+.1f} %"
+    assert rows["base", "0.5"][4] == f"{100 * (0.66 / 0.56 - 1):+.1f} %"
     # certified = 2 x CLT in every cell
     assert tables.understatement and all(r == pytest.approx(2.0) for r in tables.understatement)
     paths = write_report(out)
