@@ -112,9 +112,13 @@ def test_two_torchrun_machines_on_loopback(tmp_path, config_file, simulator_metr
     _assert_same(_metrics(out), simulator_metrics)
 
 
-def test_a_killed_rank_stops_the_others_with_a_clear_error(tmp_path, config_file):
+def test_a_killed_rank_stops_the_others_and_the_run_resumes(tmp_path, simulator_metrics):
+    """Rank 1 of 2 dies at step 3: rank 0 stops with a clear error (not a hang); the run then
+    resumes from its step-2 checkpoint and ends with exactly the simulator's metrics."""
+    config_file = tmp_path / "dist.toml"
+    config_file.write_text(CONFIG.replace("eval_every = 4", "eval_every = 4\ncheckpoint_every = 2"))
     out = tmp_path / "out"
-    env = _env() | {"DPDL_FAULT_INJECT": "1:3"}  # rank 1 of 2 dies abruptly at step 3
+    env = _env() | {"DPDL_FAULT_INJECT": "1:3"}
     cmd = [sys.executable, "-m", "dpdl", "run", str(config_file), "--output", str(out),
            "--no-progress", "--runtime", "distributed", "--procs", "2"]  # fmt: skip
     start = time.monotonic()
@@ -122,7 +126,15 @@ def test_a_killed_rank_stops_the_others_with_a_clear_error(tmp_path, config_file
     elapsed = time.monotonic() - start
     assert result.returncode != 0
     assert "process 1 of 2 exited with status 17" in result.stderr
-    # The surviving ranks notice by themselves (not only through the launcher's kill).
+    # The surviving rank notices by itself (not only through the launcher's kill).
     assert "point-to-point exchange at step 3 failed" in result.stderr
     assert "Traceback" not in result.stderr
     assert elapsed < 120
+
+    (run_dir,) = [p for p in out.iterdir() if not p.name.startswith(".")]
+    assert (run_dir / "checkpoints" / "dyn-d2p-default_seed3_eps2.pt").is_file()
+    resume = [sys.executable, "-m", "dpdl", "run", "--resume", str(run_dir), "--no-progress",
+              "--runtime", "distributed", "--procs", "2"]  # fmt: skip
+    result = subprocess.run(resume, env=_env(), capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    _assert_same(_metrics(out), simulator_metrics)

@@ -36,6 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="with --runtime distributed: start this many local processes (else use torchrun)",
     )
+    parser.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue a run folder from its last checkpoint (training.checkpoint_every)",
+    )
     parser.add_argument("--threads", type=int, help="torch CPU threads (torch's default)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--list-presets", action="store_true", help="list presets and exit")
@@ -120,13 +125,29 @@ def _launch_local(args) -> int:
     from dpdl.engine.distributed import launch_local
 
     argv = ["run"] + ([args.config] if args.config else [])
-    for flag in ("preset", "output", "device", "seed", "steps", "runtime", "entropy", "threads"):
+    for flag in (
+        "preset", "output", "device", "seed", "steps", "runtime", "entropy", "threads", "resume"
+    ):  # fmt: skip
         value = getattr(args, flag)
         if value is not None:
             argv += [f"--{flag}", str(value)]
     if args.no_progress:
         argv.append("--no-progress")
     return launch_local(argv, args.procs)
+
+
+def _resume(args) -> int:
+    from dpdl.experiments.runner import resume_run
+
+    if args.config or args.preset:
+        raise DPDLError("--resume takes its config from the run folder: give no config or preset")
+    results = resume_run(
+        args.resume, progress=not args.no_progress, runtime=args.runtime, device=args.device,
+        seed=args.seed, steps=args.steps, entropy=args.entropy,
+    )  # fmt: skip
+    print_summary(results)
+    failed = [c for c in results.get("cells", []) if c.get("status", "ok") != "ok"]
+    return 1 if failed else 0
 
 
 def run(args) -> int:
@@ -144,6 +165,8 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     if args.procs is not None and "RANK" not in os.environ:
         return _launch_local(args)
+    if args.resume:
+        return _resume(args)
     config = _load(args)
     module = experiment_module(config.get("kind"))
     overrides = _overrides(args)

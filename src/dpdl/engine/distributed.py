@@ -144,22 +144,29 @@ class DistributedSimulator(Simulator):
         return super().all_finite()
 
     # ------------------------------------------------------------------ checkpoints
-    def generator_states(self) -> list[torch.Tensor]:
-        """Every node's generator state (gathered), in node order."""
+    def gather_state(self) -> dict:
+        """All nodes' state on every rank (collective): see :mod:`dpdl.engine.checkpoint`."""
+        self._sync()
         states = torch.stack([g.get_state() for g in self.local_generators])
-        return list(_all_gather_blocks(states, self.n).unbind(0))
+        return {
+            "iteration": self.iteration,
+            "params": {k: v.detach().cpu() for k, v in self.params.items()},
+            "weights": self.weights.detach().cpu(),
+            # clone: Generator.set_state reads a tensor's storage from its start, so each
+            # state must own its storage (not be a row view of the gathered matrix).
+            "generators": [s.clone() for s in _all_gather_blocks(states, self.n).unbind(0)],
+        }
 
-    def set_generator_states(self, states) -> None:
-        for g, state in zip(self.local_generators, states[self.lo : self.hi], strict=True):
-            g.set_state(state)
-
-    def load_state(self, params: Params, weights: torch.Tensor, iteration: int) -> None:
-        self.params = {k: v.to(self.device) for k, v in params.items()}
-        self.weights = weights.to(self.device)
+    def restore_state(self, state: dict) -> None:
+        """Take this rank's block of a gathered state."""
+        self.params = {k: v.to(self.device) for k, v in state["params"].items()}
+        self.weights = state["weights"].to(self.device)
         self.local_params = {k: v[self.lo : self.hi].clone() for k, v in self.params.items()}
         self.local_weights = self.weights[self.lo : self.hi].clone()
-        self.iteration = iteration
-        self._gathered_at = iteration
+        for g, s in zip(self.local_generators, state["generators"][self.lo : self.hi], strict=True):
+            g.set_state(s.clone())
+        self.iteration = int(state["iteration"])
+        self._gathered_at = self.iteration
 
 
 def _maybe_inject_fault(rank: int, step: int) -> None:

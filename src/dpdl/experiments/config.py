@@ -143,6 +143,9 @@ class TrainingSection(_Section):
     eval_train_samples: int = Field(1000, ge=1)
     eval_test_samples: int | None = Field(None, ge=1)
     eval_node_samples: int = Field(1000, ge=1)
+    # Save a checkpoint (models, push-sum weights, generator states, privacy ledger) every
+    # this many steps; `dpdl run --resume RUN_DIR` continues from the last one.
+    checkpoint_every: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _steps_or_epochs(self) -> TrainingSection:

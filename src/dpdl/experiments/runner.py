@@ -24,6 +24,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -36,6 +37,7 @@ import torch
 from dpdl.accounting.ledger import PrivacyLedger
 from dpdl.accounting.schedules import PrivacySchedule, make_schedule
 from dpdl.algorithms.dyn_d2p import NonFiniteUpdate
+from dpdl.engine import checkpoint as checkpoints
 from dpdl.engine.simulator import NodeData, Simulator, accuracy, resolve_device
 from dpdl.errors import DPDLError
 from dpdl.experiments.config import AlgorithmSpec, RunConfig, parse_config
@@ -233,6 +235,28 @@ def _evaluate(sim: Simulator, work: Workload) -> dict[str, float]:
 
 
 # --------------------------------------------------------------------------- one cell
+@dataclass
+class CellCheckpointer:
+    """Where and how often a cell saves its state, and the state to resume from (if any)."""
+
+    path: Path
+    every: int | None
+    write: bool  # the main process writes; the other ranks only join the gather
+    resume: dict[str, Any] | None = None
+
+    def save(self, sim, ledger: PrivacyLedger | None, rows: list[dict[str, Any]]) -> None:
+        state = checkpoints.capture(sim)  # collective in the distributed runtime
+        if self.write:
+            checkpoints.save_atomic(
+                self.path,
+                {
+                    "engine": state,
+                    "ledger": None if ledger is None else ledger.to_json(),
+                    "rows": json.dumps(rows),
+                },
+            )
+
+
 def run_cell(
     work: Workload,
     algorithm: str | AlgorithmSpec,
@@ -241,13 +265,16 @@ def run_cell(
     progress: bool = True,
     on_row=None,
     simulator_factory=Simulator,
+    checkpoint: CellCheckpointer | None = None,
 ) -> dict[str, Any]:
     """Train one algorithm for one seed and target epsilon; returns the cell's results.
 
     ``on_row(row)`` is called with every metrics row as it is produced;
     ``simulator_factory`` builds the engine (the distributed runtime passes its own).  A
     NaN/inf update stops the cell cleanly: the result has ``status = "diverged"`` and the
-    message names the node and step.
+    message names the node and step.  ``checkpoint`` saves the cell's state every N steps
+    and, when it carries a saved state, continues from it: the models, weights, generator
+    states and the privacy ledger (the privacy already spent) come back exactly.
     """
     from dpdl.models import make_model
 
@@ -292,11 +319,26 @@ def run_cell(
     )
     status, message = "ok", ""
     started = time.perf_counter()
-    record(0)
+    first_step = 0
+    if checkpoint is not None and checkpoint.resume is not None:
+        saved = checkpoint.resume
+        checkpoints.restore(sim, saved["engine"])
+        if ledger is not None:
+            # The saved ledger, not a fresh one: the steps already spent stay spent.
+            ledger = PrivacyLedger.from_json(saved["ledger"])
+        first_step = sim.iteration
+        for row in json.loads(saved["rows"]):
+            rows.append(row)
+            if on_row is not None:
+                on_row(row)
+        bar.update(first_step)
+    else:
+        record(0)
     every = cfg.training.eval_every
+    save_every = checkpoint.every if checkpoint is not None else None
     try:
         z = schedule.noise_multipliers
-        for k in range(work.steps):
+        for k in range(first_step, work.steps):
             if schedule.private:
                 ledger.record_step(float(z[k]))
                 sim.step(private=True, clip=float(schedule.clip[k]), sigma=float(schedule.sigma[k]))
@@ -311,6 +353,8 @@ def run_cell(
                     acc=f"{row['test_accuracy']:.3f}",
                     eps=f"{row['epsilon_clt']:.3g}",
                 )
+            if save_every and done % save_every == 0 and done < work.steps:
+                checkpoint.save(sim, ledger, rows)
     except NonFiniteUpdate as err:
         status, message = "diverged", str(err)
     finally:
@@ -382,7 +426,7 @@ def apply_overrides(
     return out
 
 
-def _run_dir(output_dir: Path, name: str, run_name: str | None) -> Path:
+def _run_dir(output_dir: Path, name: str, run_name: str | None, exist_ok: bool = False) -> Path:
     output_dir = Path(output_dir)
     if run_name is None:
         stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
@@ -392,7 +436,7 @@ def _run_dir(output_dir: Path, name: str, run_name: str | None) -> Path:
             run_dir, i = Path(f"{base}-{i}"), i + 1
     else:
         run_dir = output_dir / run_name
-    run_dir.mkdir(parents=True, exist_ok=run_name is not None)
+    run_dir.mkdir(parents=True, exist_ok=exist_ok or run_name is not None)
     return run_dir
 
 
@@ -465,14 +509,27 @@ def run_experiment(
     *,
     progress: bool = True,
     run_name: str | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Run every cell of ``config`` and write one run folder under ``output_dir``.
 
     Returns ``{"run_dir", "cells": [per-cell results], "summary": [mean over seeds]}``
     (also written to ``results.json``).  ``run_name`` fixes the folder's name (default:
-    ``<experiment.name>-<UTC timestamp>``).
+    ``<experiment.name>-<UTC timestamp>``).  With ``training.checkpoint_every`` the run keeps
+    ``checkpoints/`` in its folder; ``resume=True`` continues the run folder
+    ``output_dir/run_name`` from there: finished cells are kept, the cell in progress
+    continues from its last checkpoint, and no privacy already spent is forgotten.
     """
     cfg = parse_config(config)
+    if resume:
+        if run_name is None or not (Path(output_dir) / run_name / "config.json").is_file():
+            raise DPDLError(f"{Path(output_dir) / str(run_name)} is not a dpdl run folder")
+        if cfg.experiment.entropy == "os":
+            raise DPDLError(
+                "a run seeded from OS entropy cannot be resumed: the steps replayed after the "
+                "last checkpoint would draw fresh noise, spending privacy the ledger never saw"
+            )
+    state_dir = Path(output_dir) / run_name / "checkpoints" if run_name else None
     factory, device, main_process = Simulator, None, True
     if cfg.experiment.runtime == "distributed":
         # One process per block of nodes (torchrun or `dpdl run --procs R`); rank 0 writes the
@@ -485,8 +542,14 @@ def run_experiment(
         main_process = distributed.is_main_process()
         output_dir = distributed.worker_output_dir(Path(output_dir))
         progress = progress and main_process
-    run_dir = _run_dir(Path(output_dir), cfg.experiment.name, run_name)
-    _write_config(run_dir, cfg)
+    run_dir = _run_dir(Path(output_dir), cfg.experiment.name, run_name, exist_ok=resume)
+    state_dir = state_dir or run_dir / "checkpoints"
+    if not resume:
+        _write_config(run_dir, cfg)
+        if main_process and cfg.training.checkpoint_every:
+            state_dir.mkdir(parents=True, exist_ok=True)
+            (state_dir / CONFIG_DIGEST).write_text(_digest(run_dir / "config.json"))
+    finished = _load_finished(state_dir) if resume else {}
     cells: list[dict[str, Any]] = []
     metrics_path = run_dir / "metrics.csv"
     with metrics_path.open("w", newline="") as fh:
@@ -499,16 +562,32 @@ def run_experiment(
 
         try:
             for seed in cfg.experiment.seeds:
-                work = prepare_workload(cfg, seed, device)
+                work = None
                 for spec in cfg.experiment.specs:
                     epsilons = [None] if spec.name == "sgp" else cfg.privacy.epsilons
                     for eps in epsilons:
-                        cell = run_cell(
-                            work, spec, eps, progress=progress, on_row=on_row,
-                            simulator_factory=factory,
-                        )  # fmt: skip
-                        cell.pop("rows")
-                        cells.append(cell)
+                        key = _cell_key(spec, seed, eps)
+                        if key in finished:
+                            cell = finished[key]
+                            for row in cell["rows"]:
+                                on_row(row)
+                        else:
+                            work = work or prepare_workload(cfg, seed, device)
+                            ckpt = CellCheckpointer(
+                                state_dir / f"{key}.pt", cfg.training.checkpoint_every,
+                                write=main_process,
+                            )  # fmt: skip
+                            if resume and ckpt.path.is_file():
+                                ckpt.resume = checkpoints.load(ckpt.path)
+                            cell = run_cell(
+                                work, spec, eps, progress=progress, on_row=on_row,
+                                simulator_factory=factory, checkpoint=ckpt,
+                            )  # fmt: skip
+                            if main_process and cfg.training.checkpoint_every:
+                                finished[key] = cell
+                                _save_finished(state_dir, finished)
+                                ckpt.path.unlink(missing_ok=True)
+                        cells.append({k: v for k, v in cell.items() if k != "rows"})
         finally:
             results = {"run_dir": str(run_dir), "cells": cells, "summary": _summary(cells)}
             (run_dir / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
@@ -518,6 +597,68 @@ def run_experiment(
     results["plot"] = str(run_dir / "curves.png")
     (run_dir / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     return results
+
+
+def _cell_key(spec: AlgorithmSpec, seed: int, epsilon: float | None) -> str:
+    eps = "none" if epsilon is None else f"{epsilon:g}"
+    return f"{spec.name}-{spec.calibrate or 'default'}_seed{seed}_eps{eps}"
+
+
+def _load_finished(state_dir: Path) -> dict[str, dict[str, Any]]:
+    path = state_dir / "finished.json"
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise DPDLError(f"{path} is corrupt: {err}") from None
+
+
+def _save_finished(state_dir: Path, finished: dict[str, dict[str, Any]]) -> None:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    tmp = state_dir / "finished.json.tmp"
+    tmp.write_text(json.dumps(finished, default=str))
+    os.replace(tmp, state_dir / "finished.json")
+
+
+CONFIG_DIGEST = "config.sha256"
+
+
+def _digest(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def resume_run(run_dir: str | Path, *, progress: bool = True, **overrides) -> dict[str, Any]:
+    """Continue the run folder ``run_dir`` from its checkpoints, with its saved config.
+
+    Only where it runs may change (``runtime``, ``device``); anything that would change what
+    it computes (seeds, steps, entropy) is refused.
+    """
+    run_dir = Path(run_dir)
+    path = run_dir / "config.json"
+    if not path.is_file():
+        raise DPDLError(f"{run_dir} is not a dpdl run folder (no config.json)")
+    changing = sorted(
+        k for k, v in overrides.items() if v is not None and k not in ("runtime", "device")
+    )
+    if changing:
+        raise DPDLError(
+            f"--resume continues the saved config; it cannot change {', '.join(changing)}"
+        )
+    digest = run_dir / "checkpoints" / CONFIG_DIGEST
+    if not digest.is_file():
+        raise DPDLError(
+            f"{run_dir} was not checkpointed (training.checkpoint_every unset): nothing to resume"
+        )
+    if digest.read_text().strip() != _digest(path):
+        # A changed config would train other cells and orphan the privacy already spent.
+        raise DPDLError(f"{path} changed since the run started: refusing to resume")
+    config = apply_overrides(json.loads(path.read_text()), **overrides)
+    return run_experiment(
+        config, run_dir.parent, progress=progress, run_name=run_dir.name, resume=True
+    )
 
 
 def _csv_value(v):
