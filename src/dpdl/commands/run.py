@@ -47,13 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _load(args) -> dict:
-    from dpdl.experiments.config import load_config_file, load_preset
+    from dpdl.experiments.registry import load_config_file
 
     if args.config and args.preset:
         raise DPDLError("give either a config file or --preset, not both")
     if args.config:
         return load_config_file(args.config)
-    return load_preset(args.preset or DEFAULT_PRESET)
+    return load_config_file(preset=args.preset or DEFAULT_PRESET)
 
 
 def _overrides(args) -> dict:
@@ -151,8 +151,7 @@ def _resume(args) -> int:
 
 
 def run(args) -> int:
-    from dpdl.experiments.config import preset_names
-    from dpdl.experiments.registry import experiment_module
+    from dpdl.experiments.registry import experiment_module, preset_names
 
     if args.list_presets:
         print("\n".join(preset_names()))
@@ -168,6 +167,9 @@ def run(args) -> int:
     if args.resume:
         return _resume(args)
     config = _load(args)
+    if "sweep" in config:
+        name = args.preset or args.config
+        raise DPDLError(f"{name} is a sweep (it has a [sweep] table): run it with `dpdl sweep`")
     module = experiment_module(config.get("kind"))
     overrides = _overrides(args)
     if overrides:

@@ -20,8 +20,6 @@ calibrating accountant after an ``@`` (``"dyn-d2p@clt"`` is the paper's CLT cali
 from __future__ import annotations
 
 import math
-import tomllib
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -29,17 +27,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from dpdl.accounting.schedules import ALGORITHMS, DEFAULT_CLIP, DEFAULT_RHO_C, DEFAULT_RHO_MU
 from dpdl.errors import DPDLError
 
-PRESETS_DIR = Path(__file__).with_name("presets")
 CALIBRATIONS = ("clt", "pld", "rdp")
 
 __all__ = [
     "RunConfig",
     "AlgorithmSpec",
     "parse_config",
-    "load_config_file",
-    "load_preset",
-    "preset_names",
-    "PRESETS_DIR",
 ]
 
 
@@ -218,26 +211,3 @@ def parse_config(config: dict[str, Any] | RunConfig) -> RunConfig:
         return RunConfig.model_validate(config)
     except ValidationError as err:
         raise DPDLError(_describe(err)) from None
-
-
-def load_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a TOML config file into a dict (not validated: its ``kind`` decides how)."""
-    path = Path(path)
-    if not path.is_file():
-        raise DPDLError(f"config file {str(path)!r} does not exist")
-    try:
-        with path.open("rb") as fh:
-            return tomllib.load(fh)
-    except tomllib.TOMLDecodeError as err:
-        raise DPDLError(f"{path}: invalid TOML: {err}") from None
-
-
-def preset_names() -> list[str]:
-    return sorted(p.stem for p in PRESETS_DIR.glob("*.toml"))
-
-
-def load_preset(name: str) -> dict[str, Any]:
-    path = PRESETS_DIR / f"{name}.toml"
-    if not path.is_file():
-        raise DPDLError(f"unknown preset {name!r}; available: {', '.join(preset_names())}")
-    return load_config_file(path)
