@@ -493,7 +493,9 @@ def make_figures(runs: list[CellRun], out_dir: Path) -> list[tuple[str, Path]]:
     settings = _settings(runs)
     shown = settings[:MAX_PANELS]
     more = "" if len(settings) <= MAX_PANELS else f" (first {MAX_PANELS} of {len(settings)})"
-    colours = {a: f"C{i % 10}" for i, a in enumerate(algorithms)}
+    # One colour per algorithm; its calibrations share it (CLT dashed/hatched, certified solid).
+    bases = sorted({a.partition("@")[0] for a in algorithms}, key=_algorithm_rank)
+    colours = {a: f"C{bases.index(a.partition('@')[0]) % 10}" for a in algorithms}
 
     def style(algorithm: str) -> dict:
         dashed = algorithm.partition("@")[2] == "clt"
@@ -554,6 +556,7 @@ def make_figures(runs: list[CellRun], out_dir: Path) -> list[tuple[str, Path]]:
                     **style(algorithm),
                 )
             ax.set_xscale("log")
+            ax.minorticks_off()
             ax.set_xticks(epsilons, [f"{e:g}" for e in epsilons])
             ax.set_xlabel("target ε")
             ax.set_ylabel("final test accuracy")
