@@ -142,6 +142,7 @@ class Simulator:
         self.generators = make_node_generators(self.n, seed, device=self.device)
         self.iteration = 0
         self._mixing_cache: dict[int, tuple] = {}
+        self._noise_buffer: torch.Tensor | None = None  # (n, d) normals, reused every step
 
     # ------------------------------------------------------------------ stepping
     def _mixing(self, k: int):
@@ -163,12 +164,16 @@ class Simulator:
     def step(self, *, private: bool, clip: float | None = None, sigma: float = 0.0) -> torch.Tensor:
         """One iteration for every node; returns the sampled batch sizes |S_i^k| (n,)."""
         k = self.iteration
+        if private and self._noise_buffer is None:
+            first = next(iter(self.params.values()))
+            d = sum(p[0].numel() for p in self.params.values())
+            self._noise_buffer = torch.empty((self.n, d), dtype=first.dtype, device=self.device)
         half = local_update(
             self.model, self.params, self.weights,
             self.data.inputs, self.data.targets, self.data.mask, self.generators,
             step=k, lr=self.lr, expected_batch_size=self.expected_batch_size,
             sample_rate=self.sample_rate, private=private, clip=clip, sigma=sigma,
-            loss=self.loss, buffers=self.buffers,
+            loss=self.loss, buffers=self.buffers, noise_buffer=self._noise_buffer,
         )  # fmt: skip
         P, circ = self._mixing(k)
         self.params, self.weights = push_sum_mix(half.params, self.weights, P, circulant=circ)
