@@ -95,9 +95,7 @@ def test_pld_gaussian_three_fold_is_pessimistic_and_tight():
     assert exact <= pld <= exact + 1e-5
 
 
-@pytest.mark.parametrize(
-    ("z", "expected"), [(0.491680, 2.26), (0.688360, 0.361), (0.406986, 5.37)]
-)
+@pytest.mark.parametrize(("z", "expected"), [(0.491680, 2.26), (0.688360, 0.361), (0.406986, 5.37)])
 def test_pld_shows_clt_understates_at_b1(z, expected):
     pld = compute_epsilon("pld", [(z, K_B1)], P_B1, DELTA_B1)
     assert pld.epsilon == pytest.approx(expected, rel=0.01)
@@ -311,9 +309,7 @@ def test_too_short_fourier_grid_is_detected_and_retried(monkeypatch):
 
 # ------------------------------------------------------------------ properties (hypothesis)
 
-multipliers_strategy = st.lists(
-    st.floats(min_value=0.7, max_value=3.0), min_size=1, max_size=12
-)
+multipliers_strategy = st.lists(st.floats(min_value=0.7, max_value=3.0), min_size=1, max_size=12)
 rates = st.sampled_from([0.01, 0.05, 0.2])
 
 
