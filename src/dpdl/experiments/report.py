@@ -524,7 +524,7 @@ def make_figures(runs: list[CellRun], out_dir: Path) -> list[tuple[str, Path]]:
             ax.set_xlabel("iteration")
             ax.grid(alpha=0.3)
         axes[row][0].set_ylabel("test accuracy (average model)")
-    axes[0][-1].legend(fontsize=7)
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     figures.append(
         (
@@ -638,7 +638,7 @@ def make_figures(runs: list[CellRun], out_dir: Path) -> list[tuple[str, Path]]:
             ax.set_xlabel(key.rsplit(".", 1)[-1])
             ax.set_title(f"ε = {eps:g}" if eps is not None else "", fontsize=9)
         axes[0][0].set_ylabel("final test accuracy")
-        axes[0][-1].legend(fontsize=7)
+        axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
         fig.tight_layout()
         figures.append((title + " (mean ± std over seeds)", _save(fig, out_dir / name)))
     return figures
