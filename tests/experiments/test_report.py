@@ -133,3 +133,15 @@ def test_topology_claim_heatmap_and_node_figures(tmp_path):
     assert not math.isnan(
         build_tables(collect_runs(rho)).gains[("rho_c=1.5, rho_mu=1.5", "clt", 0.3)]
     )
+
+
+def test_a_diverged_run_is_named_in_the_report(sweep):
+    cell = next((sweep / "cells").iterdir())
+    record = {"algorithm": "dyn-d2p@pld", "seed": 0, "epsilon_target": 0.3, "status": "diverged"}
+    (cell / "results.json").write_text(json.dumps({"cells": [record]}))
+    runs = collect_runs(sweep)
+    assert [(r.algorithm, r.epsilon_target) for r in runs if r.status == "diverged"] == [
+        ("dyn-d2p@pld", 0.3)
+    ]
+    md = write_report(sweep)["markdown"].read_text()
+    assert "1 run(s) diverged" in md and f"{cell.name}: dyn-d2p@pld seed 0 ε 0.3" in md

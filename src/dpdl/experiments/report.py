@@ -61,6 +61,7 @@ class CellRun:
     epsilon_certified: float
     cell: str = ""
     calibrated_with: str | None = None
+    status: str = "ok"  # "diverged": the runner stopped it on a NaN/inf update
     extra: dict = field(default_factory=dict)
 
     @property
@@ -123,8 +124,8 @@ def _override_epsilon(overrides: dict) -> float:
     return math.nan
 
 
-def _calibrations(results_path: Path) -> dict[tuple[str, str, float], str | None]:
-    """(algorithm, seed, ε target) -> the accountant that calibrated it, from results.json."""
+def _run_records(results_path: Path) -> dict[tuple[str, str, float], dict]:
+    """(algorithm, seed, ε target) -> the runner's record of it in results.json."""
     try:
         results = json.loads(results_path.read_text())
     except (OSError, ValueError):
@@ -133,9 +134,7 @@ def _calibrations(results_path: Path) -> dict[tuple[str, str, float], str | None
     for cell in results.get("cells", []) if isinstance(results, dict) else []:
         if isinstance(cell, dict) and "algorithm" in cell:
             eps = _float(cell.get("epsilon_target"))
-            out[(str(cell["algorithm"]), str(cell.get("seed")), round(eps, 12))] = cell.get(
-                "calibrated_with"
-            )
+            out[(str(cell["algorithm"]), str(cell.get("seed")), round(eps, 12))] = cell
     return out
 
 
@@ -144,13 +143,14 @@ def collect_runs(sweep_dir: Path) -> list[CellRun]:
     for cell_dir, record in finished_cells(sweep_dir):
         overrides = record.get("overrides", {})
         for metrics_path in sorted(cell_dir.rglob("metrics.csv")):
-            calibrated = _calibrations(metrics_path.with_name("results.json"))
+            records = _run_records(metrics_path.with_name("results.json"))
             for (algorithm, seed, eps), cols in read_metrics(metrics_path).items():
                 if not cols.get("iteration"):
                     continue
                 if math.isnan(eps) and algorithm.partition("@")[0] != "sgp":
                     eps = _override_epsilon(overrides)
-                calibration = calibrated.get((algorithm, seed, round(eps, 12)))
+                record_of_run = records.get((algorithm, seed, round(eps, 12)), {})
+                calibration = record_of_run.get("calibrated_with")
                 runs.append(
                     CellRun(
                         overrides=overrides,
@@ -164,6 +164,7 @@ def collect_runs(sweep_dir: Path) -> list[CellRun]:
                         epsilon_certified=cols.get("epsilon_certified", [math.nan])[-1],
                         cell=cell_dir.name,
                         calibrated_with=calibration or algorithm.partition("@")[2] or None,
+                        status=str(record_of_run.get("status", "ok")),
                     )
                 )
     if not runs:
@@ -719,6 +720,14 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None) -> dict[str, Path
         "certified PLD accountant. Gain: relative accuracy of Dyn-D2P over Const-D2P under "
         "the same calibration."
     )
+    stopped = [f"{r.cell}: {r.algorithm} seed {r.seed} ε {_eps_text(r.epsilon_target)}"
+               for r in runs if r.status != "ok"]  # fmt: skip
+    if stopped:
+        intro += (
+            f" {len(stopped)} run(s) diverged and count with their last evaluated accuracy: "
+            + "; ".join(stopped)
+            + "."
+        )
     claim_rows = [[c, v] for c, v in claims]
     md = [
         f"# {title}",
