@@ -136,7 +136,7 @@ def test_topology_claim_heatmap_and_node_figures(tmp_path):
 
 
 def test_a_diverged_run_is_named_in_the_report(sweep):
-    cell = next((sweep / "cells").iterdir())
+    cell = sweep / "cells" / "experiment.seed=0"
     record = {"algorithm": "dyn-d2p@pld", "seed": 0, "epsilon_target": 0.3, "status": "diverged"}
     (cell / "results.json").write_text(json.dumps({"cells": [record]}))
     runs = collect_runs(sweep)
