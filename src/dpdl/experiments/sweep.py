@@ -130,11 +130,18 @@ def is_finished(cell_dir: Path) -> bool:
     return (cell_dir / CELL_FILE).is_file()
 
 
+_THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def _init_worker() -> None:
+    """One thread per worker (the workers are the parallelism), set before torch or numpy
+    load, so a worker whose experiment never imports torch does not pay for importing it."""
+    for name in _THREAD_VARIABLES:
+        os.environ[name] = "1"
+
+
 def _run_cell(config: dict, cell_dir: str, overrides: list) -> dict:
     """Worker: run one cell into ``<cell>.partial`` and rename it into place when done."""
-    import torch
-
-    torch.set_num_threads(1)  # one thread per worker: the workers are the parallelism
     from dpdl.experiments.registry import experiment_module
 
     final = Path(cell_dir)
@@ -184,7 +191,7 @@ def run_sweep(
         return summary
     bar = _progress_bar(len(cells), summary["skipped"], progress)
     ctx = get_context("spawn")  # fork + torch threads is unsafe; spawn is portable
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker) as pool:
         pending = {
             pool.submit(
                 _run_cell,
