@@ -216,13 +216,14 @@ def mean_batch_grads(
     grads = per_record_grads(model, params, batch, loss=loss, buffers=buffers)
     first = next(iter(grads.values()))
     weights = 1.0 / batch.counts.clamp_min(1).to(first.dtype)[batch.node]
-    return sum_records(grads, batch, weights)
+    return sum_records(grads, batch, weights, in_place=True)
 
 
 def _record_norms(grads: Params) -> torch.Tensor:
     """l2 norm of each record's whole gradient (all parameters together), shape (R,)."""
-    squares = [g.flatten(start_dim=1).pow(2).sum(dim=1) for g in grads.values()]
-    return torch.stack(squares).sum(dim=0).sqrt()
+    # vector_norm reads each gradient once, without a squared temporary of its size.
+    per_param = [torch.linalg.vector_norm(g.flatten(start_dim=1), dim=1) for g in grads.values()]
+    return torch.linalg.vector_norm(torch.stack(per_param), dim=0)
 
 
 def clip_factors(grads: Params, clip: float) -> torch.Tensor:
@@ -237,15 +238,24 @@ def clip_per_record(grads: Params, clip: float) -> Params:
     return {name: g * factors.reshape(-1, *([1] * (g.dim() - 1))) for name, g in grads.items()}
 
 
-def sum_records(grads: Params, batch: NodeBatch, factors: torch.Tensor | None = None) -> Params:
+def sum_records(
+    grads: Params,
+    batch: NodeBatch,
+    factors: torch.Tensor | None = None,
+    *,
+    in_place: bool = False,
+) -> Params:
     """sum_{r in S_i} factor_r * g_r for every node i: (R, ...) -> (m, ...).
 
-    ``factors`` (R,) folds the clipping into the sum (one pass over the gradients).
+    ``factors`` (R,) folds the clipping into the sum.  ``in_place`` scales ``grads`` in place
+    (a temporary the caller owns): one fewer gradient-sized allocation, which on CPU costs
+    more than the arithmetic (fresh multi-megabyte blocks are page-faulted in every step).
     """
     out = {}
     for name, g in grads.items():
         if factors is not None:
-            g = g * factors.reshape(-1, *([1] * (g.dim() - 1)))
+            shaped = factors.reshape(-1, *([1] * (g.dim() - 1))).to(g.dtype)
+            g = g.mul_(shaped) if in_place else g * shaped
         out[name] = torch.zeros(
             (batch.n_nodes, *g.shape[1:]), dtype=g.dtype, device=g.device
         ).index_add_(0, batch.node, g)
@@ -283,12 +293,14 @@ def add_gaussian_noise(
     generators: Sequence[torch.Generator],
     *,
     noise: torch.Tensor | None = None,
+    in_place: bool = False,
 ) -> Params:
     """Step 4: add N(0, sigma_k^2 I_d) to each node's summed gradient, a fresh draw per node.
 
     Node i draws its d normals in one call on its own generator, in parameter order
     (:func:`draw_node_noise`); ``noise`` passes those standard normals in when they were drawn
-    ahead (e.g. while the gradients were being computed).
+    ahead (e.g. while the gradients were being computed).  ``in_place`` adds into ``summed``
+    (a temporary the caller owns) instead of allocating the noisy sums.
     """
     require(math.isfinite(sigma) and sigma >= 0, f"noise std sigma_k must be >= 0, got {sigma}")
     first = next(iter(summed.values()))
@@ -301,8 +313,9 @@ def add_gaussian_noise(
         tuple(noise.shape) == (m, sum(sizes)),
         f"noise has shape {tuple(noise.shape)}, expected ({m}, {sum(sizes)})",
     )
+    add = torch.Tensor.add_ if in_place else torch.add
     return {
-        name: torch.add(s, chunk.view(s.shape), alpha=sigma)
+        name: add(s, chunk.view(s.shape), alpha=sigma)
         for (name, s), chunk in zip(summed.items(), noise.split(sizes, dim=1), strict=True)
     }
 
@@ -421,13 +434,13 @@ def local_update(
         pending = _noise_worker().submit(draw) if first.device.type == "cpu" else None
         try:
             grads = per_record_grads(model, at, batch, loss=loss, buffers=buffers)
-            clipped_sum = sum_records(grads, batch, clip_factors(grads, clip))
+            clipped_sum = sum_records(grads, batch, clip_factors(grads, clip), in_place=True)
         except BaseException:
             if pending is not None:
                 futures_wait([pending])  # never leave a generator in use after we return
             raise
         noise = pending.result() if pending is not None else draw()
-        update = add_gaussian_noise(clipped_sum, sigma, generators, noise=noise)
+        update = add_gaussian_noise(clipped_sum, sigma, generators, noise=noise, in_place=True)
         scale = expected_batch_size
     else:
         update = mean_batch_grads(model, at, batch, loss=loss, buffers=buffers)
