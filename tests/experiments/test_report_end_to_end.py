@@ -27,7 +27,14 @@ def _config():
         "data": {"dataset": "digits"},
         "model": {"name": "logreg"},
         "topology": {"name": "exp", "nodes": 8},
-        "training": {"steps": STEPS, "batch_size": 8, "lr": 0.5, "eval_every": 10},
+        "training": {
+            "steps": STEPS,
+            "batch_size": 8,
+            "lr": 0.5,
+            "eval_every": STEPS,
+            "eval_train_samples": 200,
+            "eval_node_samples": 100,
+        },  # fmt: skip
         "privacy": {"epsilon": list(EPSILONS), "delta": DELTA, "clip": 0.3},
         "sweep": {"workers": 2, "grid": {"experiment.seed": [0, 1]}},
     }
