@@ -13,7 +13,8 @@ import pytest
 from dpdl.accounting.gdp import mu_from_epsilon_delta
 from dpdl.errors import DPDLError, PrivacyBudgetExceeded
 from dpdl.experiments import runner
-from dpdl.experiments.config import load_preset, parse_config, preset_names
+from dpdl.experiments.config import parse_config
+from dpdl.experiments.registry import load_config_file, preset_names
 
 
 def tiny_config(**training) -> dict:
@@ -176,8 +177,8 @@ def test_steps_xor_epochs_and_overrides():
 def test_presets_are_valid():
     assert {"default", "fashion-mnist"} <= set(preset_names())
     for name in ("default", "fashion-mnist"):
-        cfg = parse_config(load_preset(name))
+        cfg = parse_config(load_config_file(preset=name))
         assert cfg.topology.nodes == 20 and cfg.topology.name == "exp"
-    fm = parse_config(load_preset("fashion-mnist"))
+    fm = parse_config(load_config_file(preset="fashion-mnist"))
     assert (fm.model.name, fm.training.lr, fm.privacy.delta) == ("cnn", 0.03, 1e-4)
     assert fm.privacy.epsilons == [0.3, 1.0] and fm.training.batch_size == 1

@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 
 from dpdl.errors import DPDLError
-from dpdl.experiments.config import PRESETS_DIR
 from dpdl.experiments.linreg import parse_linreg_config, run_experiment
-from dpdl.experiments.registry import experiment_module
+from dpdl.experiments.registry import PRESETS_DIR, experiment_module
 
 SMALL = {
     "kind": "linreg",

@@ -20,7 +20,7 @@ calibrating accountant after an ``@`` (``"dyn-d2p@clt"`` is the paper's CLT cali
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -191,23 +191,32 @@ def _describe(err: ValidationError) -> str:
     parts = []
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "config"
-        msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = "unknown key"
-        parts.append(
-            f"{key}: {msg}"
-            + ("" if e["type"] == "extra_forbidden" else f" (got {e.get('input')!r})")
-        )
-    return "invalid config: " + "; ".join(parts)
+            parts.append(f"{key}: unknown key")
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            parts.append(f"{key}: {msg} (got {e.get('input')!r})")
+    return "; ".join(parts)
 
 
-def parse_config(config: dict[str, Any] | RunConfig) -> RunConfig:
-    """Validate a config dict; raises DPDLError naming every offending key."""
-    if isinstance(config, RunConfig):
+M = TypeVar("M", bound=BaseModel)
+
+
+def validate_config(model: type[M], config: dict[str, Any] | M, what: str = "config") -> M:
+    """Validate a config dict against a pydantic model of any experiment kind.
+
+    Raises DPDLError naming every offending dotted key ("training.lr: ...", "foo: unknown key").
+    """
+    if isinstance(config, model):
         return config
     if not isinstance(config, dict):
         raise DPDLError(f"a config must be a table/dict, got {type(config).__name__}")
     try:
-        return RunConfig.model_validate(config)
+        return model.model_validate(config)
     except ValidationError as err:
-        raise DPDLError(_describe(err)) from None
+        raise DPDLError(f"invalid {what}: {_describe(err)}") from None
+
+
+def parse_config(config: dict[str, Any] | RunConfig) -> RunConfig:
+    """Validate a ``decentralized`` config; raises DPDLError naming every offending key."""
+    return validate_config(RunConfig, config)

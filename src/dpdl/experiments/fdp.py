@@ -31,9 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from dpdl.errors import DPDLError, require
+from dpdl.experiments.config import validate_config
 
 ACCOUNTANTS = ("pn-fdp", "rdp-baseline", "local")
 KIND = "fdp-random-walk"
@@ -127,22 +128,7 @@ class FdpRandomWalkConfig(_Section):
 
 def parse_config(config: dict[str, Any] | FdpRandomWalkConfig) -> FdpRandomWalkConfig:
     """Validate a config; raises DPDLError naming every offending key."""
-    if isinstance(config, FdpRandomWalkConfig):
-        return config
-    if not isinstance(config, dict):
-        raise DPDLError(f"a config must be a table/dict, got {type(config).__name__}")
-    try:
-        return FdpRandomWalkConfig.model_validate(config)
-    except ValidationError as err:
-        parts = []
-        for e in err.errors():
-            key = ".".join(str(p) for p in e["loc"]) or "config"
-            if e["type"] == "extra_forbidden":
-                parts.append(f"{key}: unknown key")
-            else:
-                parts.append(f"{key}: {e['msg'].removeprefix('Value error, ')} "
-                             f"(got {e.get('input')!r})")
-        raise DPDLError(f"invalid {KIND} config: " + "; ".join(parts)) from None
+    return validate_config(FdpRandomWalkConfig, config, f"{KIND} config")
 
 
 def apply_overrides(config: dict, **overrides) -> dict:

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from dpdl.accounting.linreg import (
     LinRegSensitivity,
@@ -60,6 +60,7 @@ from dpdl.algorithms.linreg import (
     run_linreg_replicas,
 )
 from dpdl.errors import DPDLError
+from dpdl.experiments.config import validate_config
 
 __all__ = ["LinRegConfig", "parse_linreg_config", "apply_overrides", "run_experiment"]
 
@@ -161,22 +162,7 @@ class LinRegConfig(_Section):
 
 def parse_linreg_config(config: dict[str, Any] | LinRegConfig) -> LinRegConfig:
     """Validate a ``linreg`` config; raises DPDLError naming every offending key."""
-    if isinstance(config, LinRegConfig):
-        return config
-    if not isinstance(config, dict):
-        raise DPDLError(f"a config must be a table/dict, got {type(config).__name__}")
-    try:
-        return LinRegConfig.model_validate(config)
-    except ValidationError as err:
-        parts = []
-        for e in err.errors():
-            key = ".".join(str(p) for p in e["loc"]) or "config"
-            if e["type"] == "extra_forbidden":
-                parts.append(f"{key}: unknown key")
-            else:
-                msg = e["msg"].removeprefix("Value error, ")
-                parts.append(f"{key}: {msg} (got {e.get('input')!r})")
-        raise DPDLError("invalid linreg config: " + "; ".join(parts)) from None
+    return validate_config(LinRegConfig, config, "linreg config")
 
 
 def apply_overrides(config: dict[str, Any], *, seed: int | None = None,

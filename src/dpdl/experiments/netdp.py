@@ -34,9 +34,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from dpdl.errors import DPDLError
+from dpdl.experiments.config import validate_config
 
 APPROACHES = ("local", "network", "central")
 NON_PRIVATE = "non-private"
@@ -121,22 +122,7 @@ class NetDPLogRegConfig(_Section):
 
 def parse_config(config: dict[str, Any] | NetDPLogRegConfig) -> NetDPLogRegConfig:
     """Validate a ``netdp-logreg`` config; raises DPDLError naming every offending key."""
-    if isinstance(config, NetDPLogRegConfig):
-        return config
-    if not isinstance(config, dict):
-        raise DPDLError(f"a config must be a table/dict, got {type(config).__name__}")
-    try:
-        return NetDPLogRegConfig.model_validate(config)
-    except ValidationError as err:
-        parts = []
-        for e in err.errors():
-            key = ".".join(str(p) for p in e["loc"]) or "config"
-            if e["type"] == "extra_forbidden":
-                parts.append(f"{key}: unknown key")
-            else:
-                parts.append(f"{key}: {e['msg'].removeprefix('Value error, ')} "
-                             f"(got {e.get('input')!r})")
-        raise DPDLError("invalid netdp-logreg config: " + "; ".join(parts)) from None
+    return validate_config(NetDPLogRegConfig, config, "netdp-logreg config")
 
 
 # ------------------------------------------------------------------------------ data and model
