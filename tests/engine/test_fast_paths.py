@@ -1,0 +1,174 @@
+"""The simulator's speed paths (noise drawn on a worker thread into a reused buffer, in-place
+clipping/noise, index_add sums) draw and compute exactly what the plain definitions do."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+import numpy as np
+import pytest
+import torch
+
+import dpdl.algorithms.dyn_d2p as dyn
+from dpdl.algorithms.dyn_d2p import (
+    NodeBatch,
+    draw_node_noise,
+    local_update,
+    make_node_generators,
+    mean_batch_grads,
+    sum_records,
+)
+from dpdl.engine import NodeData, Simulator, stack_params
+from dpdl.errors import DPDLError
+
+
+class _RunNow:
+    """Stands in for the noise worker: runs the draw on the calling thread, at submit time."""
+
+    def submit(self, fn):
+        done = Future()
+        done.set_result(fn())
+        return done
+
+
+def _local_update_args(h, n=5, counts=(6, 8, 7, 6, 9), seed=2):
+    x, y, mask = h.tiny_data(n, list(counts), seed=seed)
+    model = h.tiny_model(seed=seed)
+    data = NodeData.from_arrays(x, y, mask)
+    params = stack_params(model, n, torch.device("cpu"))
+    weights = torch.ones(n, dtype=torch.float64)
+    return model, params, weights, data
+
+
+def test_draw_node_noise_is_each_generators_own_randn():
+    n, d = 3, 1000
+    drawn = draw_node_noise(make_node_generators(n, 5), d)
+    for i, g in enumerate(make_node_generators(n, 5)):
+        torch.testing.assert_close(drawn[i], torch.randn(d, generator=g), rtol=0, atol=0)
+    buffer = torch.full((n, d), float("nan"))
+    out = draw_node_noise(make_node_generators(n, 5), d, out=buffer)
+    assert out.data_ptr() == buffer.data_ptr()
+    torch.testing.assert_close(buffer, drawn, rtol=0, atol=0)
+    with pytest.raises(DPDLError, match=r"noise buffer has shape \(3, 999\)"):
+        draw_node_noise(make_node_generators(n, 5), d, out=torch.empty(n, d - 1))
+
+
+@pytest.mark.parametrize("private", [True, False])
+def test_worker_thread_and_buffer_change_no_number(h, private, monkeypatch):
+    """Overlapped draw + reused buffer == drawing on the caller's thread into a fresh tensor,
+    for the parameters and for where every generator's stream stands afterwards."""
+    model, params, weights, data = _local_update_args(h)
+    kwargs = dict(
+        step=0, lr=0.3, expected_batch_size=2.0, sample_rate=2.0 / 6, private=private,
+        clip=0.4, sigma=0.8,
+    )  # fmt: skip
+    d = sum(p[0].numel() for p in params.values())
+    results, states = [], []
+    for worker, buffer in ((None, torch.empty(5, d)), (_RunNow(), None)):
+        if worker is not None:
+            monkeypatch.setattr(dyn, "_noise_worker", lambda w=worker: w)
+        gens = make_node_generators(5, 17)
+        out = local_update(
+            model, params, weights, data.inputs, data.targets, data.mask, gens,
+            noise_buffer=buffer, **kwargs,
+        )  # fmt: skip
+        results.append(out)
+        states.append(torch.stack([g.get_state() for g in gens]))
+    for name in params:
+        torch.testing.assert_close(results[0].params[name], results[1].params[name], rtol=0, atol=0)
+        assert not torch.equal(results[0].params[name], params[name])
+    assert torch.equal(results[0].batch_sizes, results[1].batch_sizes)
+    assert torch.equal(states[0], states[1])
+
+
+def test_failed_gradient_leaves_no_draw_in_flight(h, monkeypatch):
+    """If the gradients raise, local_update returns only after the noise draw has finished:
+    every generator stands after its uniforms and its d normals, never mid-draw."""
+    model, params, weights, data = _local_update_args(h)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("gradient failed")
+
+    monkeypatch.setattr(dyn, "per_record_grads", broken)
+    gens = make_node_generators(5, 3)
+    with pytest.raises(RuntimeError, match="gradient failed"):
+        local_update(
+            model, params, weights, data.inputs, data.targets, data.mask, gens,
+            step=0, lr=0.1, expected_batch_size=1.0, sample_rate=0.2, private=True,
+            clip=1.0, sigma=1.0,
+        )  # fmt: skip
+    d = sum(p[0].numel() for p in params.values())
+    for g, ref, j_i in zip(gens, make_node_generators(5, 3), data.counts.tolist(), strict=True):
+        torch.rand(j_i, generator=ref)
+        torch.randn(d, generator=ref)
+        assert torch.equal(g.get_state(), ref.get_state())
+
+
+def test_sum_records_in_place_and_out_of_place_agree_with_a_loop():
+    rng = np.random.default_rng(0)
+    node = torch.tensor([0, 2, 2, 3, 0, 2])
+    grads = {
+        "w": torch.as_tensor(rng.normal(size=(6, 3, 2))),
+        "b": torch.as_tensor(rng.normal(size=(6, 4))),
+    }
+    factors = torch.as_tensor(rng.uniform(0.1, 1.0, size=6))
+    batch = NodeBatch(torch.zeros(6, 1), torch.zeros(6), node, 4)
+    expected = {
+        name: torch.stack(
+            [
+                sum((factors[r] * g[r] for r in range(6) if node[r] == i), torch.zeros_like(g[0]))
+                for i in range(4)
+            ]
+        )
+        for name, g in grads.items()
+    }
+    before = {name: g.clone() for name, g in grads.items()}
+    out = sum_records(grads, batch, factors)
+    for name in grads:
+        torch.testing.assert_close(out[name], expected[name])
+        assert torch.equal(grads[name], before[name])  # not touched
+    out_in_place = sum_records(grads, batch, factors, in_place=True)
+    for name in grads:
+        torch.testing.assert_close(out_in_place[name], expected[name])
+        torch.testing.assert_close(
+            grads[name], before[name] * factors.reshape(-1, *[1] * (grads[name].dim() - 1))
+        )
+
+
+def test_mean_batch_grads_is_the_autograd_gradient_of_each_nodes_mean_loss(h):
+    n = 3
+    model = h.tiny_model(seed=4)
+    params = {
+        k: v + 0.1 * torch.randn_like(v)
+        for k, v in stack_params(model, n, torch.device("cpu")).items()
+    }
+    x, y, _ = h.tiny_data(n, [4] * n, seed=9)
+    node = torch.tensor([0, 0, 0, 2])  # node 1 sampled nothing: its gradient is zero
+    records = torch.tensor([0, 1, 3, 2])
+    inputs, targets = torch.as_tensor(x)[node, records], torch.as_tensor(y)[node, records]
+    got = mean_batch_grads(model, params, NodeBatch(inputs, targets, node, n))
+    for i in range(n):
+        mine = node == i
+        if not bool(mine.any()):
+            for name in params:
+                assert torch.equal(got[name][i], torch.zeros_like(params[name][i]))
+            continue
+        z = {name: p[i].clone().requires_grad_(True) for name, p in params.items()}
+        out = torch.func.functional_call(model, z, (inputs[mine],))
+        loss = torch.nn.functional.cross_entropy(out, targets[mine])  # the mean over the batch
+        expected = torch.autograd.grad(loss, list(z.values()))
+        for name, e in zip(z, expected, strict=True):
+            torch.testing.assert_close(got[name][i], e, rtol=1e-5, atol=1e-6)
+
+
+def test_simulator_reuses_one_noise_buffer(h):
+    n = 4
+    x, y, mask = h.tiny_data(n, [5] * n, seed=1)
+    sim = Simulator(h.tiny_model(), NodeData.from_arrays(x, y, mask), h.ExpGraph(n), lr=0.1, seed=0)
+    sim.step(private=True, clip=1.0, sigma=1.0)
+    buffer = sim._noise_buffer
+    d = sum(p[0].numel() for p in sim.params.values())
+    assert buffer is not None and tuple(buffer.shape) == (n, d)
+    sim.step(private=True, clip=1.0, sigma=1.0)
+    assert sim._noise_buffer is buffer
+    assert all(bool(p.isfinite().all()) for p in sim.params.values())
