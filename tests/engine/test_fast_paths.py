@@ -172,3 +172,14 @@ def test_simulator_reuses_one_noise_buffer(h):
     sim.step(private=True, clip=1.0, sigma=1.0)
     assert sim._noise_buffer is buffer
     assert all(bool(p.isfinite().all()) for p in sim.params.values())
+
+
+def test_a_forked_child_gets_its_own_noise_worker(monkeypatch):
+    """fork() copies the parent's executor but not its thread: a new process id must get a
+    fresh worker (the old one would never run the draw)."""
+    parent = dyn._noise_worker()
+    assert dyn._noise_worker() is parent
+    monkeypatch.setattr(dyn.os, "getpid", lambda: -12345)
+    child = dyn._noise_worker()
+    assert child is not parent
+    assert child.submit(lambda: 7).result(timeout=10) == 7

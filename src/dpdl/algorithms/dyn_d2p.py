@@ -27,6 +27,7 @@ per-node loop of the step; all arithmetic is batched over nodes.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
@@ -369,14 +370,20 @@ def debias(params: Params, weights: torch.Tensor) -> Params:
 
 
 # --------------------------------------------------------------------------- one step
-_NOISE_WORKERS: list[ThreadPoolExecutor] = []
+_NOISE_WORKERS: dict[int, ThreadPoolExecutor] = {}  # process id -> its worker
 
 
 def _noise_worker() -> ThreadPoolExecutor:
-    """One lazily started worker thread that draws the noise of a step (see local_update)."""
-    if not _NOISE_WORKERS:
-        _NOISE_WORKERS.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpdl-noise"))
-    return _NOISE_WORKERS[0]
+    """One lazily started worker thread per process that draws a step's noise (local_update).
+
+    Keyed by process id: a forked child inherits the parent's executor but not its thread, and
+    would wait forever on work submitted to it.
+    """
+    pid = os.getpid()
+    if pid not in _NOISE_WORKERS:
+        _NOISE_WORKERS.clear()
+        _NOISE_WORKERS[pid] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpdl-noise")
+    return _NOISE_WORKERS[pid]
 
 
 @dataclass
