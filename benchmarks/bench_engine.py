@@ -4,7 +4,9 @@ n = 20 nodes, the shallow CNN on 28x28 inputs, b = 1 (Poisson, p = 1/J), the tim
 exponential graph.  Both sides sample, take per-record gradients, clip, add noise, step and
 mix; the loop does it node by node with plain autograd (one record at a time) and mixes with a
 Python sum over in-neighbours.  Also the cost of privacy: Dyn-D2P step time / SGP step time
-in the simulator.
+in the simulator.  The contenders run in interleaved rounds (the machine is shared); pass
+``--threads 1`` on a loaded machine: with more intra-op threads than free cores every small op
+waits on a descheduled OpenMP thread and both sides slow down many-fold, unevenly.
 
     .venv/bin/python benchmarks/bench_engine.py [--rounds 7] [--steps 10] [--loop-steps 1]
         [--device cpu] [--threads N]
@@ -165,7 +167,8 @@ def main() -> None:
     )
     print(
         f"noise draw alone  : {t_noise * 1e3:7.1f} ms/step (n x d normals, both sides draw them; "
-        f"the simulator overlaps the draw with its gradients on CPU)"
+        "the simulator draws them on a worker thread during its gradients, which pays off only "
+        "with a spare core)"
     )
 
 

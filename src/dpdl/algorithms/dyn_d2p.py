@@ -21,7 +21,9 @@ SGP (non-private) replaces 3-4 by the mean gradient over the sampled batch (zero
 Randomness is per node: one ``torch.Generator`` per node draws, in this order each step, the
 node's J_i sampling uniforms and then (private algorithms only) its d noise normals, so a node
 draws the same numbers whichever process hosts it.  Drawing from n generators is the one
-per-node loop of the step; all arithmetic is batched over nodes.
+per-node loop of the step; all arithmetic is batched over nodes.  On CPU the noise draw (n x d
+normals, nothing to do with the gradients) runs on a worker thread while the gradients are
+computed, which hides it when a core is free; the numbers drawn are the same either way.
 """
 
 from __future__ import annotations
