@@ -95,6 +95,13 @@ def test_search_order_prefers_data_dir_then_env(tmp_path, monkeypatch):
     assert load_dataset("fashion-mnist", data_dir=tmp_path / "arg").num_train == 9
 
 
+def test_an_explicit_data_dir_is_never_replaced_by_another_copy(tmp_path, monkeypatch):
+    _write_tiny_fashion(tmp_path / "env", n_train=7)
+    monkeypatch.setenv("DPDL_DATA", str(tmp_path / "env"))
+    with pytest.raises(DatasetNotFound, match="not found"):
+        load_dataset("fashion-mnist", data_dir=tmp_path / "typo")
+
+
 def test_missing_files_message_says_how_to_get_them(tmp_path, monkeypatch):
     monkeypatch.setenv("DPDL_DATA", str(tmp_path / "nothing"))
     monkeypatch.setattr("dpdl.data.fashion_mnist.SYSTEM_DIR", tmp_path / "no-system")

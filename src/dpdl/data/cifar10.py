@@ -81,13 +81,13 @@ def read_batch(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def candidate_dirs(data_dir: str | Path | None) -> list[Path]:
-    """Folders searched for the batches, in order: data_dir, $DPDL_DATA, each also with
-    cifar-10-batches-py/ appended."""
+    """Folders searched for the batches: an explicit data_dir only (never silently replaced by
+    another copy), else $DPDL_DATA; each also with cifar-10-batches-py/ appended."""
     roots: list[Path] = []
+    env = os.environ.get("DPDL_DATA")
     if data_dir is not None:
         roots.append(Path(data_dir))
-    env = os.environ.get("DPDL_DATA")
-    if env:
+    elif env:
         roots.append(Path(env))
     return [d for root in roots for d in (root, root / FOLDER)]
 

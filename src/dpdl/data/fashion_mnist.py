@@ -30,11 +30,12 @@ HOW_TO_GET = (
 
 
 def candidate_dirs(data_dir: str | Path | None) -> list[Path]:
-    """Folders searched, in order: data_dir (and data_dir/fashion-mnist), $DPDL_DATA,
-    $DPDL_DATA/fashion-mnist, the Debian package's folder."""
-    dirs: list[Path] = []
+    """Folders searched: an explicit data_dir (and data_dir/fashion-mnist) only -- a folder the
+    user named is never silently replaced by another copy; otherwise $DPDL_DATA,
+    $DPDL_DATA/fashion-mnist, then the Debian package's folder."""
     if data_dir is not None:
-        dirs += [Path(data_dir), Path(data_dir) / "fashion-mnist"]
+        return [Path(data_dir), Path(data_dir) / "fashion-mnist"]
+    dirs: list[Path] = []
     env = os.environ.get("DPDL_DATA")
     if env:
         dirs += [Path(env), Path(env) / "fashion-mnist"]
