@@ -20,9 +20,18 @@ calibrating accountant after an ``@`` (``"dyn-d2p@clt"`` is the paper's CLT cali
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from dpdl.accounting.schedules import ALGORITHMS, DEFAULT_CLIP, DEFAULT_RHO_C, DEFAULT_RHO_MU
 from dpdl.errors import DPDLError
@@ -36,8 +45,32 @@ __all__ = [
 ]
 
 
-class _Section(BaseModel):
+class ConfigSection(BaseModel):
+    """A table of a config (any experiment kind): unknown keys are errors."""
+
     model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+_Section = ConfigSection
+
+
+def _positive_finite(value: float) -> float:
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"every epsilon must be a finite number > 0, got {value!r}")
+    return value
+
+
+def _as_list(value: Any) -> Any:
+    return [value] if isinstance(value, int | float) and not isinstance(value, bool) else value
+
+
+# A non-empty list of target epsilons, each finite and positive (a single number is a list of
+# one, so a sweep may set it per cell); shared by the kinds' configs.
+Epsilons = Annotated[
+    list[Annotated[float, AfterValidator(_positive_finite)]],
+    Field(min_length=1),
+    BeforeValidator(_as_list),
+]
 
 
 class AlgorithmSpec(BaseModel):

@@ -31,17 +31,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from dpdl.errors import DPDLError, require
-from dpdl.experiments.config import validate_config
+from dpdl.experiments.config import ConfigSection as _Section
+from dpdl.experiments.config import Epsilons, validate_config
 
 ACCOUNTANTS = ("pn-fdp", "rdp-baseline", "local")
 KIND = "fdp-random-walk"
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
 
 
 class ExperimentSection(_Section):
@@ -69,7 +66,7 @@ class GraphSection(_Section):
 
 
 class PrivacySection(_Section):
-    epsilons: list[float] = Field(default_factory=lambda: [1.0, 3.0, 10.0])
+    epsilons: Epsilons = Field(default_factory=lambda: [1.0, 3.0, 10.0])
     delta: float = Field(1e-5, gt=0, lt=1)
     steps: int = Field(1600, ge=1)
     local_steps: int = Field(1, ge=1)
@@ -77,13 +74,6 @@ class PrivacySection(_Section):
     contraction: float = Field(1.0, gt=0, le=1)
     accountants: list[str] = Field(default_factory=lambda: list(ACCOUNTANTS))
     relative_slack: float = Field(1e-3, gt=0, lt=0.1)
-
-    @field_validator("epsilons")
-    @classmethod
-    def _epsilons(cls, value):
-        if not value or any(not (math.isfinite(e) and e > 0) for e in value):
-            raise ValueError("epsilons must be a non-empty list of finite numbers > 0")
-        return value
 
     @field_validator("accountants")
     @classmethod

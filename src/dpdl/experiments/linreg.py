@@ -35,13 +35,12 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from dpdl.accounting.linreg import (
     LinRegSensitivity,
@@ -60,15 +59,12 @@ from dpdl.algorithms.linreg import (
     run_linreg_replicas,
 )
 from dpdl.errors import DPDLError
-from dpdl.experiments.config import validate_config
+from dpdl.experiments.config import ConfigSection as _Section
+from dpdl.experiments.config import Epsilons, validate_config
 
 __all__ = ["LinRegConfig", "parse_linreg_config", "apply_overrides", "run_experiment"]
 
 NON_PRIVATE = "non-private"
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
 
 
 class ExperimentSection(_Section):
@@ -137,18 +133,8 @@ class AlgorithmSection(_Section):
 
 
 class PrivacySection(_Section):
-    epsilons: list[float] = Field(default_factory=lambda: [1e7, 1e8, 1e9])
+    epsilons: Epsilons = Field(default_factory=lambda: [1e7, 1e8, 1e9])
     include_non_private: bool = True
-
-    @field_validator("epsilons", mode="before")
-    @classmethod
-    def _epsilons(cls, value):
-        value = [value] if isinstance(value, int | float) else value
-        for eps in value:
-            if isinstance(eps, bool) or not isinstance(eps, int | float) \
-                    or not math.isfinite(eps) or eps <= 0:
-                raise ValueError(f"every epsilon must be a finite number > 0, got {eps!r}")
-        return value
 
 
 class LinRegConfig(_Section):

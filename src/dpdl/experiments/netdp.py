@@ -34,17 +34,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from dpdl.errors import DPDLError
-from dpdl.experiments.config import validate_config
+from dpdl.experiments.config import ConfigSection as _Section
+from dpdl.experiments.config import Epsilons, validate_config
 
 APPROACHES = ("local", "network", "central")
 NON_PRIVATE = "non-private"
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
 
 
 class ExperimentSection(_Section):
@@ -84,17 +81,10 @@ class AlgorithmSection(_Section):
 
 
 class PrivacySection(_Section):
-    epsilons: list[float] = Field(default_factory=lambda: [1.0, 10.0])
+    epsilons: Epsilons = Field(default_factory=lambda: [1.0, 10.0])
     delta: float = Field(1e-6, gt=0, lt=1)
     approaches: list[str] = Field(default_factory=lambda: list(APPROACHES))
     include_non_private: bool = True
-
-    @field_validator("epsilons")
-    @classmethod
-    def _epsilons(cls, value):
-        if not value or any(not (math.isfinite(e) and e > 0) for e in value):
-            raise ValueError("epsilons must be a non-empty list of finite numbers > 0")
-        return value
 
     @field_validator("approaches")
     @classmethod
