@@ -206,3 +206,53 @@ def test_for_schedule_plans_the_whole_run():
     sgp = make_schedule("sgp", epsilon=None, delta=None, steps=5, sample_rate=0.1)
     with pytest.raises(DPDLError, match="not private"):
         PrivacyLedger.for_schedule(sgp)
+
+
+# ----------------------------------------------------------------- review fixes: fail closed
+def test_a_run_length_table_is_refused_not_flattened():
+    from dpdl.accounting.calibration import epsilon_report
+
+    # [(z, count)] flattened would read as two steps (z=1, z=1000) and understate epsilon.
+    with pytest.raises(DPDLError, match="1-D"):
+        epsilon_report("pld", [(1.0, 1000)], 0.05, 1e-5)
+    ledger = PrivacyLedger(0.05, 1e-5, 50.0, "rdp")
+    with pytest.raises(DPDLError, match="1-D"):
+        ledger.plan([(1.0, 1000)])
+
+
+def test_an_infinite_budget_is_refused():
+    with pytest.raises(DPDLError, match="finite"):
+        PrivacyLedger(0.05, 1e-5, float("inf"), "rdp")
+
+
+def test_a_tampered_saved_ledger_is_refused():
+    import json
+
+    ledger = PrivacyLedger(0.05, 1e-5, 1.0, "rdp")
+    ledger.plan(np.full(100, 5.0))
+    ledger.record_steps(np.full(10, 5.0))
+    saved = json.loads(ledger.to_json())
+    assert PrivacyLedger.from_dict(saved).steps_taken == 10  # the honest file loads
+
+    weaker_plan = dict(saved, approved_plan=[[0.3, 100]])  # far over the budget
+    with pytest.raises(PrivacyBudgetExceeded):
+        PrivacyLedger.from_dict(weaker_plan)
+    weaker_steps = dict(saved, recorded=[[0.3, 10]])  # less noise than planned was spent
+    with pytest.raises(PrivacyBudgetExceeded, match="below the planned"):
+        PrivacyLedger.from_dict(weaker_steps)
+    bigger_budget = dict(saved, epsilon_budget=float("inf"))
+    with pytest.raises(DPDLError, match="finite"):
+        PrivacyLedger.from_dict(bigger_budget)
+    unplanned = dict(saved, approved_plan=None, recorded=[[0.3, 100]], steps_taken=100)
+    with pytest.raises(PrivacyBudgetExceeded, match="budget"):
+        PrivacyLedger.from_dict(unplanned)
+
+
+def test_calibration_from_far_too_much_noise_is_not_a_traceback():
+    from dpdl.accounting.schedules import make_schedule
+
+    # epsilon tiny: the first trial scale gives a certified epsilon of exactly 0 at some points
+    schedule = make_schedule(
+        "dyn-d2p", epsilon=1e-9, delta=1e-4, steps=10, sample_rate=0.1, calibrate="pld"
+    )
+    assert schedule.epsilon("pld").epsilon <= 1e-9

@@ -100,7 +100,7 @@ def test_resume_refuses_to_exceed_the_budget(tmp_path, monkeypatch):
     ledger["approved_plan"] = [[z * 1.5, n] for z, n in ledger["approved_plan"]]
     state["ledger"] = json.dumps(ledger)
     checkpoints.save_atomic(path, {k: v for k, v in state.items() if k != "version"})
-    with pytest.raises(PrivacyBudgetExceeded, match="step 6 has noise multiplier"):
+    with pytest.raises(PrivacyBudgetExceeded, match="below the planned"):
         runner.resume_run(run_dir, progress=False)
 
 

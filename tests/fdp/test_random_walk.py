@@ -205,3 +205,12 @@ def test_contraction_only_tightens_the_pair_bound(hypercube):
     scaled, _ = pnfdp_epsilon(hypercube, 0, 3, steps=275, sigma=1 / math.sqrt(2), delta=1e-5,
                               relative_slack=1e-3)
     assert twice == pytest.approx(scaled, rel=1e-9)
+
+
+def test_rdp_baseline_never_reports_zero_epsilon_for_a_negative_rho():
+    from dpdl.accounting.fdp_random_walk import rdp_epsilon_from_rho
+
+    eps = rdp_epsilon_from_rho(np.array([-0.02, 0.0, 0.5, np.inf, np.nan]), 1e-5)
+    assert np.isnan(eps[0]) and np.isnan(eps[4])
+    assert eps[1] == 0.0 or eps[1] < 1e-6  # rho = 0 is a real (perfect) guarantee
+    assert 0 < eps[2] < np.inf and eps[3] == np.inf

@@ -97,7 +97,10 @@ def epsilon_report(
     to :func:`accountant_options`. A step without noise (z = 0) gives ε = ∞.
     """
     _check_accountant(accountant)
-    z = np.asarray(noise_multipliers, dtype=np.float64).ravel()
+    z = np.asarray(noise_multipliers, dtype=np.float64)
+    # Per-step multipliers only: a (multiplier, count) table flattened would count its counts
+    # as steps and understate ε.
+    require(z.ndim == 1, f"noise_multipliers must be 1-D (one per step), got shape {z.shape}")
     require(z.size > 0, "noise_multipliers must not be empty")
     require(
         bool(np.all(np.isfinite(z))) and bool(np.all(z >= 0)),
@@ -201,7 +204,11 @@ class _Search:
             previous = log_t
             # Aim a little past the target so that the next point lands on the other side.
             aim = self.target * ((1 + self.epsilon_rtol) if not unsafe else (1 - self.epsilon_rtol))
-            step = (math.log(aim) - math.log(self.cache[log_t])) / slope
+            current = self.cache[log_t]
+            if 0 < current < math.inf:
+                step = (math.log(aim) - math.log(current)) / slope
+            else:  # ε = 0 (far too much noise) or ∞: no slope to follow, take the longest step
+                step = 2.0
             step = math.copysign(min(max(abs(step), 1e-3), 2.0), 1.0 if unsafe else -1.0)
             log_t += step
         else:

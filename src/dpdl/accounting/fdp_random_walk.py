@@ -424,17 +424,22 @@ def rdp_baseline_rho(walk: ArrayLike, *, steps: int, sigma: float,
 
 
 def rdp_epsilon_from_rho(rho: ArrayLike, delta: float) -> np.ndarray:
-    """ε of an (α, αρ)-RDP guarantee (all α > 1) via dp_accounting's RDP → (ε, δ) conversion."""
+    """ε of an (α, αρ)-RDP guarantee (all α > 1) via dp_accounting's RDP → (ε, δ) conversion.
+
+    ρ = ∞ gives ε = ∞. A negative ρ (the baseline's formula can go below zero for some pairs
+    of a small graph) is no guarantee at all, never "ε = 0": it gives NaN, as does the
+    diagonal.
+    """
     from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 
     rho = np.asarray(rho, dtype=float)
     require(0 < delta < 1, f"delta must lie in (0, 1), got {delta!r}")
     out = np.full(rho.shape, np.nan)
-    finite = np.isfinite(rho)
-    values, inverse = np.unique(rho[finite], return_inverse=True)
-    eps = np.array([compute_epsilon(RDP_ORDERS, RDP_ORDERS * max(v, 0.0), delta)[0]
-                    for v in values])
-    out[finite] = eps[inverse.ravel()]
+    out[rho == np.inf] = np.inf
+    valid = np.isfinite(rho) & (rho >= 0)
+    values, inverse = np.unique(rho[valid], return_inverse=True)
+    eps = np.array([compute_epsilon(RDP_ORDERS, RDP_ORDERS * v, delta)[0] for v in values])
+    out[valid] = eps[inverse.ravel()]
     return out
 
 

@@ -52,7 +52,11 @@ def run_length_decode(runs: list[list[float | int]]) -> np.ndarray:
 
 
 def _check_multipliers(values: ArrayLike, what: str) -> np.ndarray:
-    array = np.asarray(values, dtype=np.float64).ravel()
+    array = np.asarray(values, dtype=np.float64)
+    if array.ndim == 0:
+        array = array.reshape(1)
+    # Per-step multipliers only: flattening a (multiplier, count) table would miscount steps.
+    require(array.ndim == 1, f"{what} must be 1-D (one per step), got shape {array.shape}")
     require(array.size > 0, f"{what} must not be empty")
     require(
         bool(np.all(np.isfinite(array))) and bool(np.all(array >= 0)),
@@ -84,9 +88,9 @@ class PrivacyLedger:
         self.delta = _check_delta(delta)
         require(
             isinstance(epsilon_budget, int | float | np.floating)
-            and not math.isnan(epsilon_budget)
+            and math.isfinite(epsilon_budget)
             and epsilon_budget > 0,
-            f"epsilon_budget must be a positive number, got {epsilon_budget!r}",
+            f"epsilon_budget must be a positive finite number, got {epsilon_budget!r}",
         )
         self.epsilon_budget = float(epsilon_budget)
         require(
@@ -263,15 +267,30 @@ class PrivacyLedger:
                 f"ledger says steps_taken = {data['steps_taken']!r} but records "
                 f"{recorded.size} steps",
             )
-        ledger._recorded = [float(z) for z in recorded]
         if data.get("approved_plan") is not None:
+            # Never trust a saved approval: re-check the plan against the budget, and every
+            # recorded step against the plan (a tampered or stale file fails closed).
             approved = _decode(data["approved_plan"], "approved_plan")
             require(
                 approved.size >= recorded.size,
                 "the approved plan is shorter than the steps already recorded",
             )
-            ledger._approved = approved
-            ledger._approved_epsilon = data.get("approved_epsilon")
+            ledger.plan(approved)
+            short = recorded < approved[: recorded.size] * (1 - MULTIPLIER_RTOL)
+            if np.any(short):
+                k = int(np.flatnonzero(short)[0])
+                raise PrivacyBudgetExceeded(
+                    f"ledger records step {k} with noise multiplier {recorded[k]:.9g} below "
+                    f"the planned {approved[k]:.9g}"
+                )
+        elif recorded.size:
+            spent = ledger._report(recorded)
+            if not spent.epsilon <= ledger.epsilon_budget:
+                raise PrivacyBudgetExceeded(
+                    f"ledger records {spent.accountant} epsilon {spent.epsilon:.6g} > budget "
+                    f"{ledger.epsilon_budget:.6g}"
+                )
+        ledger._recorded = [float(z) for z in recorded]
         return ledger
 
     @classmethod

@@ -39,7 +39,7 @@ from dpdl.accounting.schedules import PrivacySchedule, make_schedule
 from dpdl.algorithms.dyn_d2p import NonFiniteUpdate
 from dpdl.engine import checkpoint as checkpoints
 from dpdl.engine.simulator import NodeData, Simulator, accuracy, resolve_device
-from dpdl.errors import DPDLError
+from dpdl.errors import DPDLError, require
 from dpdl.experiments.config import AlgorithmSpec, RunConfig, parse_config
 
 ROUNDOFF_TOLERANCE = 1e-12
@@ -290,7 +290,11 @@ def run_cell(
         expected_batch_size=cfg.training.batch_size, seed=seed, device=work.device,
         loss=work.loss,
     )  # fmt: skip
-    assert math.isclose(sim.sample_rate, schedule.sample_rate)
+    require(
+        math.isclose(sim.sample_rate, schedule.sample_rate),
+        f"engine samples at p = {sim.sample_rate} but the schedule is accounted at "
+        f"p = {schedule.sample_rate}",
+    )
     rows: list[dict[str, Any]] = []
     eps_target = None if spec.name == "sgp" else epsilon
 
@@ -324,8 +328,17 @@ def run_cell(
         saved = checkpoint.resume
         checkpoints.restore(sim, saved["engine"])
         if ledger is not None:
-            # The saved ledger, not a fresh one: the steps already spent stay spent.
-            ledger = PrivacyLedger.from_json(saved["ledger"])
+            # The saved ledger, not a fresh one: the steps already spent stay spent.  It must
+            # describe this very cell (same p, δ, budget, accountant) and this very iteration.
+            restored = PrivacyLedger.from_json(saved["ledger"])
+            same = (
+                (restored.sample_rate, restored.delta, restored.accountant)
+                == (ledger.sample_rate, ledger.delta, ledger.accountant)
+                and restored.epsilon_budget <= ledger.epsilon_budget
+                and restored.steps_taken == sim.iteration
+            )
+            require(same, f"checkpoint {checkpoint.path} does not belong to this cell")
+            ledger = restored
         first_step = sim.iteration
         for row in json.loads(saved["rows"]):
             rows.append(row)
