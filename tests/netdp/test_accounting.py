@@ -232,3 +232,11 @@ def test_contribution_cap_and_visit_ranks():
 def test_bad_input_raises_clear_errors(call, fragment):
     with pytest.raises(DPDLError, match=fragment):
         call()
+
+
+@pytest.mark.parametrize("target", [0.3, 0.77, 1.0, 2.5, 5.0, 9.9])
+@pytest.mark.parametrize("rounds", [3, 17, 100])
+def test_ring_summation_calibration_never_lands_above_the_target(target, rounds):
+    eps0, _ = nd.ring_summation_sigma_for_target(20, rounds, target, 1e-7, 1e-6)
+    assert float(nd.advanced_composition(eps0, rounds, 1e-6)) <= target
+    assert float(nd.advanced_composition(eps0 * (1 + 1e-6), rounds, 1e-6)) > target  # tight

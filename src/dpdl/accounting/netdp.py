@@ -65,6 +65,21 @@ COMPOSITIONS = ("exact", "advanced")
 
 # ---------------------------------------------------------------------------------------------
 # input checks
+
+def _safe_root(gap, low: float, high: float, xtol: float) -> float:
+    """A root of ``gap`` (an ε − target) on the SAFE side: brentq's root can land a round-off
+    above the target, so step from it towards the end of [low, high] where gap ≤ 0 until the
+    target is met (never return a calibration whose ε exceeds the target)."""
+    root = brentq(gap, low, high, xtol=xtol)
+    safe_end = low if gap(low) <= 0 else high
+    step = xtol
+    for _ in range(200):
+        if gap(root) <= 0:
+            return root
+        root = root + math.copysign(min(step, abs(safe_end - root)), safe_end - root)
+        step *= 2
+    raise DPDLError("calibration failed to reach a safe point")
+
 def _positive(name: str, value) -> float:
     require(
         isinstance(value, int | float | np.integer | np.floating)
@@ -340,8 +355,8 @@ def ring_summation_sigma_for_target(
     target = _positive("epsilon", epsilon)
     require(model in ("network", "local"), f"model must be 'network' or 'local', got {model!r}")
     dp = _probability("delta_prime", delta_prime)
-    eps0 = brentq(lambda e: float(advanced_composition(e, K, dp)) - target, 1e-12, 50.0,
-                  xtol=1e-14)
+    eps0 = _safe_root(lambda e: float(advanced_composition(e, K, dp)) - target, 1e-12, 50.0,
+                      xtol=1e-14)
     return float(eps0), gaussian_sigma_for_ldp(eps0, delta0, sensitivity)
 
 
@@ -412,7 +427,7 @@ def ring_histogram_gamma_for_target(
     low = 1e-12
     if eps_of(low) <= target:
         return low
-    return float(brentq(lambda g: eps_of(g) - target, low, high, xtol=1e-12))
+    return float(_safe_root(lambda g: eps_of(g) - target, low, high, xtol=1e-12))
 
 
 def random_walk_contribution_bound(n: int, steps: int, delta: float) -> float:
@@ -466,7 +481,7 @@ def random_walk_epsilon0_for_target(
 
     low, high = math.log(1e-9), math.log(50.0)
     require(gap(high) > 0, f"epsilon={target} is larger than the heuristic can express")
-    return math.exp(brentq(gap, low, high, xtol=1e-13))
+    return math.exp(_safe_root(gap, low, high, xtol=1e-13))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -698,7 +713,7 @@ def _rho_for_epsilon(epsilon: float, delta: float) -> float:
 
     low, high = math.log(1e-12), math.log(1e4)
     require(gap(high) > 0, f"epsilon={epsilon} is too large to calibrate")
-    return math.exp(brentq(gap, low, high, xtol=1e-12))
+    return math.exp(_safe_root(gap, low, high, xtol=1e-12))
 
 
 def local_noise_multiplier_for_target(contributions: int, epsilon: float, delta: float) -> float:
