@@ -175,3 +175,15 @@ def test_sweep_and_report_commands(tmp_path, plugin, capsys):
 def test_report_of_a_non_sweep_folder_is_a_clear_error(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
     assert "not a sweep directory" in capsys.readouterr().err
+
+
+def test_an_invalid_override_is_refused_before_any_cell_runs(tmp_path):
+    config = {
+        "experiment": {"algorithms": ["sgp"]},
+        "training": {"steps": 5},
+        "sweep": {"grid": {"experiment.seed": [0, 1]}},
+    }
+    config["privacy"] = {"delta": 5.0}  # as `dpdl sweep --set privacy.delta=5` would
+    with pytest.raises(DPDLError, match="privacy.delta"):
+        run_sweep(config, tmp_path / "s", progress=False)
+    assert not any((tmp_path / "s" / "cells").iterdir())

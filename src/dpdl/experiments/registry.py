@@ -27,6 +27,24 @@ EXPERIMENT_KINDS: dict[str, str] = {
 }
 
 
+# Each shipped kind's config validator ("module:function"), importable without torch so that a
+# sweep can check every cell's config before it starts any worker.
+CONFIG_VALIDATORS: dict[str, str] = {
+    "decentralized": "dpdl.experiments.config:parse_config",
+    "linreg": "dpdl.experiments.linreg:parse_linreg_config",
+    "netdp-logreg": "dpdl.experiments.netdp:parse_config",
+    "fdp-random-walk": "dpdl.experiments.fdp:parse_config",
+}
+
+
+def validate_experiment_config(config: dict) -> None:
+    """Raise DPDLError when ``config`` is invalid for its kind (plugin kinds: not checked)."""
+    target = CONFIG_VALIDATORS.get(config.get("kind") or DEFAULT_KIND)
+    if target is not None:
+        module, function = target.split(":")
+        getattr(importlib.import_module(module), function)(config)
+
+
 def experiment_module(kind: str | None):
     """The module that runs experiments of ``kind``.
 

@@ -181,6 +181,14 @@ def run_sweep(
         json.dumps({"base": base, "sweep": sweep, "cells": [c.cell_id for c in cells]}, indent=2)
     )
     todo = [c for c in cells if not is_finished(cells_dir / c.cell_id)]
+    # Refuse an invalid grid or override before any worker starts, not once per cell.
+    from dpdl.experiments.registry import validate_experiment_config
+
+    for cell in todo:
+        try:
+            validate_experiment_config(cell_config(base, cell))
+        except DPDLError as err:
+            raise DPDLError(f"sweep cell {cell.cell_id}: {err}") from None
     summary: dict[str, Any] = {
         "cells": len(cells),
         "skipped": len(cells) - len(todo),
