@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import csv
 import json
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -61,6 +60,7 @@ from dpdl.algorithms.linreg import (
 from dpdl.errors import DPDLError
 from dpdl.experiments.config import ConfigSection as _Section
 from dpdl.experiments.config import Epsilons, validate_config
+from dpdl.experiments.registry import make_run_dir
 
 __all__ = ["LinRegConfig", "parse_linreg_config", "apply_overrides", "run_experiment"]
 
@@ -220,15 +220,6 @@ def _mixing_matrix(spec: TopologySpec, nodes: int) -> np.ndarray:
     return topology.mixing_matrix(0)
 
 
-def _run_dir(output_dir: Path, name: str) -> Path:
-    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-    base = Path(output_dir) / f"{name}-{stamp}"
-    run_dir, i = base, 1
-    while run_dir.exists():
-        run_dir, i = Path(f"{base}-{i}"), i + 1
-    run_dir.mkdir(parents=True)
-    return run_dir
-
 
 def _epsilon_label(eps: float | None) -> str:
     return NON_PRIVATE if eps is None else f"{eps:g}"
@@ -262,7 +253,7 @@ def run_experiment(
     if cfg.privacy.include_non_private:
         targets = [None, *targets]
 
-    run_dir = _run_dir(Path(output_dir), cfg.experiment.name)
+    run_dir = make_run_dir(output_dir, cfg.experiment.name)
     (run_dir / "config.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=2) + "\n")
     cells: list[dict[str, Any]] = []
     curves: dict[tuple[str, str], list[np.ndarray]] = {}

@@ -29,7 +29,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +38,7 @@ from pydantic import Field, field_validator
 from dpdl.errors import DPDLError
 from dpdl.experiments.config import ConfigSection as _Section
 from dpdl.experiments.config import Epsilons, validate_config
+from dpdl.experiments.registry import make_run_dir
 
 APPROACHES = ("local", "network", "central")
 NON_PRIVATE = "non-private"
@@ -239,15 +239,6 @@ def calibrate(approach: str, *, n: int, steps: int, cap: int, walk, mask, epsilo
 
 
 # ------------------------------------------------------------------------------ the run
-def _run_dir(output_dir: Path, name: str) -> Path:
-    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-    base = Path(output_dir) / f"{name}-{stamp}"
-    run_dir, i = base, 1
-    while run_dir.exists():
-        run_dir, i = Path(f"{base}-{i}"), i + 1
-    run_dir.mkdir(parents=True)
-    return run_dir
-
 
 def run_experiment(
     config: dict[str, Any] | NetDPLogRegConfig, output_dir: str | Path, *, progress: bool = True
@@ -276,7 +267,7 @@ def run_experiment(
     cells = [(a, e) for a in cfg.privacy.approaches for e in cfg.privacy.epsilons]
     if cfg.privacy.include_non_private:
         cells.append((NON_PRIVATE, None))
-    run_dir = _run_dir(Path(output_dir), cfg.experiment.name)
+    run_dir = make_run_dir(output_dir, cfg.experiment.name)
     (run_dir / "config.json").write_text(json.dumps(cfg.model_dump(), indent=2) + "\n")
     rows, results = [], []
     walk_free: dict[tuple, dict] = {}  # local/central noise does not depend on the walk

@@ -27,7 +27,6 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +40,7 @@ from dpdl.engine import checkpoint as checkpoints
 from dpdl.engine.simulator import NodeData, Simulator, accuracy, resolve_device
 from dpdl.errors import DPDLError, require
 from dpdl.experiments.config import AlgorithmSpec, RunConfig, parse_config
+from dpdl.experiments.registry import make_run_dir
 
 ROUNDOFF_TOLERANCE = 1e-12
 
@@ -439,19 +439,6 @@ def apply_overrides(
     return out
 
 
-def _run_dir(output_dir: Path, name: str, run_name: str | None, exist_ok: bool = False) -> Path:
-    output_dir = Path(output_dir)
-    if run_name is None:
-        stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-        base = output_dir / f"{name}-{stamp}"
-        run_dir, i = base, 1
-        while run_dir.exists():
-            run_dir, i = Path(f"{base}-{i}"), i + 1
-    else:
-        run_dir = output_dir / run_name
-    run_dir.mkdir(parents=True, exist_ok=exist_ok or run_name is not None)
-    return run_dir
-
 
 def _write_config(run_dir: Path, cfg: RunConfig) -> None:
     resolved = cfg.model_dump(mode="json")
@@ -555,7 +542,7 @@ def run_experiment(
         main_process = distributed.is_main_process()
         output_dir = distributed.worker_output_dir(Path(output_dir))
         progress = progress and main_process
-    run_dir = _run_dir(Path(output_dir), cfg.experiment.name, run_name, exist_ok=resume)
+    run_dir = make_run_dir(output_dir, cfg.experiment.name, run_name, exist_ok=resume)
     state_dir = state_dir or run_dir / "checkpoints"
     if not resume:
         _write_config(run_dir, cfg)
