@@ -20,6 +20,7 @@ kind = "decentralized"
 name = "dist"
 algorithms = ["dyn-d2p"]
 seed = 3
+entropy = "seed"
 [data]
 dataset = "digits"
 [model]

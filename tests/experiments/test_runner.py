@@ -98,7 +98,7 @@ def test_privacy_columns(tiny_run):
 
 def test_same_seed_same_metrics_and_seed_matters(tmp_path):
     cfg = tiny_config(steps=10, eval_every=5)
-    cfg["experiment"]["algorithms"] = ["dyn-d2p@clt"]
+    cfg["experiment"] |= {"algorithms": ["dyn-d2p@clt"], "entropy": "seed"}
     runner.run_experiment(cfg, tmp_path, progress=False, run_name="one")
     runner.run_experiment(cfg, tmp_path, progress=False, run_name="two")
     cfg["experiment"]["seed"] = 1

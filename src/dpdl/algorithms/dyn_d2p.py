@@ -40,6 +40,7 @@ import numpy as np
 import torch
 from torch.func import functional_call, grad, vmap
 
+from dpdl.algorithms.randomness import secure_generators, standard_normals_, uniforms
 from dpdl.errors import DPDLError, require
 
 Params = dict[str, torch.Tensor]
@@ -60,6 +61,7 @@ __all__ = [
     "push_sum_mix",
     "debias",
     "local_update",
+    "check_private_noise",
     "dyn_d2p_step",
     "LOSSES",
 ]
@@ -89,17 +91,21 @@ def _loss_fn(loss: str):
 # --------------------------------------------------------------------------- randomness
 def make_node_generators(
     n_nodes: int,
-    seed: int | None,
+    seed: int | np.random.SeedSequence | None,
     *,
     device: str | torch.device = "cpu",
     first_node: int = 0,
     count: int | None = None,
-) -> list[torch.Generator]:
-    """One generator per node, seeded from ``SeedSequence(seed).spawn(n_nodes)``.
+    secure: bool = False,
+) -> list:
+    """One generator per node, spawned from ``SeedSequence(seed)`` (or the SeedSequence given).
 
-    ``seed=None`` draws the root entropy from the operating system (non-reproducible runs).
+    ``seed=None`` draws the root entropy from the operating system (the secret default; see
+    :mod:`dpdl.algorithms.randomness`, whose ``cell_noise_root`` gives each cell its own root).
     ``first_node``/``count`` return the generators of a contiguous block of nodes only; node i
-    gets the same stream whichever block it belongs to.
+    gets the same stream whichever block it belongs to.  ``secure=True`` returns
+    :class:`~dpdl.algorithms.randomness.SecureGenerator` CSPRNGs keyed from ``os.urandom``:
+    they cannot be seeded.
     """
     require(n_nodes >= 1, f"n_nodes must be >= 1, got {n_nodes}")
     count = n_nodes - first_node if count is None else count
@@ -107,7 +113,14 @@ def make_node_generators(
         0 <= first_node and first_node + count <= n_nodes and count >= 0,
         f"node block [{first_node}, {first_node + count}) is outside [0, {n_nodes})",
     )
-    children = np.random.SeedSequence(seed).spawn(n_nodes)[first_node : first_node + count]
+    if secure:
+        if seed is not None:
+            raise DPDLError(
+                "secure noise draws its keys from the OS and cannot be seeded: use entropy 'os'"
+            )
+        return secure_generators(count)
+    root = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
+    children = root.spawn(n_nodes)[first_node : first_node + count]
     generators = []
     for child in children:
         g = torch.Generator(device=device)
@@ -158,10 +171,10 @@ def poisson_sample(
     require(len(generators) == m, f"need one generator per node: {len(generators)} for {m}")
     device = record_mask.device
     counts = record_mask.sum(dim=1).tolist()
-    uniforms = torch.full((m, j_max), 2.0, device=device)  # padding is never sampled
+    drawn = torch.full((m, j_max), 2.0, device=device)  # padding is never sampled
     for i, (g, j_i) in enumerate(zip(generators, counts, strict=True)):
-        uniforms[i, : int(j_i)] = torch.rand(int(j_i), generator=g, device=device)
-    node, record = torch.nonzero((uniforms < sample_rate) & record_mask, as_tuple=True)
+        drawn[i, : int(j_i)] = uniforms(g, int(j_i), device)
+    node, record = torch.nonzero((drawn < sample_rate) & record_mask, as_tuple=True)
     return NodeBatch(inputs[node, record], targets[node, record], node, m)
 
 
@@ -287,7 +300,7 @@ def draw_node_noise(
         f"noise buffer has shape {tuple(out.shape)}, expected contiguous ({m}, {dim})",
     )
     for row, g in zip(out, generators, strict=True):
-        torch.randn(row.shape, generator=g, out=row)
+        standard_normals_(g, row)
     return out
 
 
@@ -409,11 +422,12 @@ def local_update(
     sample_rate: float,
     private: bool,
     clip: float | None = None,
-    sigma: float = 0.0,
+    sigma: float | None = None,
     loss: str = "cross_entropy",
     buffers: Params | None = None,
     first_node: int = 0,
     noise_buffer: torch.Tensor | None = None,
+    unsafe_zero_noise: bool = False,
 ) -> LocalUpdateResult:
     """Steps 1-5 of Algorithm 1 for a contiguous block of nodes (first index ``first_node``).
 
@@ -421,14 +435,17 @@ def local_update(
     ``sigma`` = sigma_k); otherwise SGP's mean gradient.  Gradients are taken at the
     de-biased z_i = x_i / w_i and applied to x_i.  Raises DPDLError naming the node and step
     when a node's update is not finite.  ``noise_buffer`` (m, d), optional, is reused for the
-    standard normals (see :func:`draw_node_noise`).
+    standard normals (see :func:`draw_node_noise`).  A private step needs ``sigma`` > 0: a
+    clipped step without noise is only taken with the explicit ``unsafe_zero_noise=True`` (for
+    tests of the clipping; it is not private).
     """
+    if private:
+        check_private_noise(sigma, unsafe_zero_noise)
     batch = poisson_sample(inputs, targets, record_mask, sample_rate, generators)
     at = debias(params, weights)
     if private:
         require(clip is not None, "a private step needs a clip bound C_k")
         require(math.isfinite(clip) and clip > 0, f"clip bound C_k must be positive, got {clip}")
-        require(math.isfinite(sigma) and sigma >= 0, f"noise std sigma_k must be >= 0, got {sigma}")
         first = next(iter(params.values()))
         draw = partial(
             draw_node_noise,
@@ -457,6 +474,14 @@ def local_update(
         scale = 1.0
     _check_finite(update, step, first_node)
     return LocalUpdateResult(local_sgd_step(params, update, lr, scale), batch.counts)
+
+
+def check_private_noise(sigma: float | None, unsafe_zero_noise: bool = False) -> None:
+    """A private step's sigma_k must be given and positive (finite); zero only when asked."""
+    if sigma is None:
+        raise DPDLError("a private step needs an explicit noise std sigma_k > 0, got none")
+    ok = math.isfinite(sigma) and (sigma > 0 or (sigma == 0 and unsafe_zero_noise))
+    require(ok, f"a private step needs noise std sigma_k > 0, got {sigma}")
 
 
 def _check_finite(update: Params, step: int, first_node: int) -> None:
@@ -499,7 +524,7 @@ def dyn_d2p_step(
     sample_rate: float,
     private: bool,
     clip: float | None = None,
-    sigma: float = 0.0,
+    sigma: float | None = None,
     mixing: np.ndarray | torch.Tensor | None = None,
     circulant: Sequence[tuple[int, float]] | None = None,
     loss: str = "cross_entropy",

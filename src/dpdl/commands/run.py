@@ -26,11 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, help="seed (overrides the config's seeds)")
     parser.add_argument("--steps", type=int, help="number of iterations (overrides the config)")
     parser.add_argument("--runtime", choices=("simulator", "distributed"), help="execution runtime")
-    parser.add_argument(
-        "--entropy",
-        choices=("seed", "os"),
-        help="seed the per-node generators from --seed (reproducible) or from OS entropy",
-    )
+    add_noise_arguments(parser)
     parser.add_argument(
         "--procs",
         type=int,
@@ -53,6 +49,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--list-presets", action="store_true", help="list presets and exit")
 
 
+def add_noise_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--entropy`` and ``--secure-noise``, shared by ``dpdl run`` and ``dpdl sweep``."""
+    parser.add_argument(
+        "--entropy",
+        choices=("os", "seed"),
+        help="where the secret sampling and noise streams come from: os (secret, the default) or "
+        "seed (reproducible noise for research: anyone who knows the seed can remove it)",
+    )
+    parser.add_argument(
+        "--secure-noise",
+        action="store_true",
+        default=None,
+        help="hardened Gaussian noise: CSPRNG streams and a sum-of-four sampler (slower)",
+    )
+
+
+def warn_if_reproducible(config: dict) -> None:
+    """One line on stderr when a run's noise is derived from its seed."""
+    import sys
+
+    if config.get("experiment", {}).get("entropy") == "seed":
+        print(
+            "warning: entropy = seed: the noise is reproducible from the seed, so it protects "
+            "nothing against anyone who knows it; use it for research, never on real data",
+            file=sys.stderr,
+        )
+
+
 def _load(args) -> dict:
     from dpdl.experiments.registry import load_config_file
 
@@ -70,6 +94,7 @@ def _overrides(args) -> dict:
         "device": args.device,
         "runtime": args.runtime,
         "entropy": args.entropy,
+        "secure_noise": args.secure_noise,
     }
     if args.steps is not None and args.steps < 1:
         raise DPDLError(f"--steps must be a positive integer, got {args.steps}")
@@ -140,6 +165,8 @@ def _launch_local(args) -> int:
             argv += [f"--{flag}", str(value)]
     if args.no_progress:
         argv.append("--no-progress")
+    if args.secure_noise:
+        argv.append("--secure-noise")
     return launch_local(argv, args.procs)
 
 
@@ -150,7 +177,7 @@ def _resume(args) -> int:
         raise DPDLError("--resume takes its config from the run folder: give no config or preset")
     results = resume_run(
         args.resume, progress=not args.no_progress, runtime=args.runtime, device=args.device,
-        seed=args.seed, steps=args.steps, entropy=args.entropy,
+        seed=args.seed, steps=args.steps, entropy=args.entropy, secure_noise=args.secure_noise,
     )  # fmt: skip
     print_summary(results)
     failed = [c for c in results.get("cells", []) if c.get("status", "ok") != "ok"]
@@ -187,6 +214,7 @@ def run(args) -> int:
             flags = ", ".join(f"--{k}" for k in overrides)
             raise DPDLError(f"{flags} not supported for experiment kind {config.get('kind')!r}")
         config = module.apply_overrides(config, **overrides)
+    warn_if_reproducible(config)
     results = module.run_experiment(config, Path(args.output), progress=not args.no_progress)
     if "summary" in results:
         print_summary(results)

@@ -20,6 +20,9 @@ def add_arguments(parser) -> None:
         metavar="KEY=VALUE",
         help="override a base config value (dotted key, TOML value), e.g. training.steps=200",
     )
+    from dpdl.commands.run import add_noise_arguments
+
+    add_noise_arguments(parser)
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--report", action="store_true", help="write the report when done")
 
@@ -50,6 +53,13 @@ def run(args) -> int:
     config = load_config_file(args.config, preset=args.preset)
     for item in args.set:
         set_dotted(config, *parse_override(item))
+    if args.entropy is not None:
+        set_dotted(config, "experiment.entropy", args.entropy)
+    if args.secure_noise:
+        set_dotted(config, "privacy.secure_noise", True)
+    from dpdl.commands.run import warn_if_reproducible
+
+    warn_if_reproducible(config)
     name = args.preset or Path(args.config).stem
     out = args.output or Path("runs") / "sweeps" / name
     summary = run_sweep(config, out, workers=args.workers, progress=not args.no_progress)

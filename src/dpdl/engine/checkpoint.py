@@ -6,8 +6,12 @@ privacy ledger (steps spent are never forgotten), and the metrics rows written s
 Files are written atomically (a temporary file, then ``os.replace``): a crash while saving
 leaves the previous checkpoint intact.
 
-Works for the simulator and for the distributed runtime (whose ranks gather their blocks;
-only the main process writes).
+Works for the simulator and for the distributed runtime (whose ranks gather their models;
+the main process writes them).  Generator states are the secret that protects the data (they
+replay every node's batches and noise): the simulator's checkpoint holds them, and in the
+distributed runtime every rank keeps its own nodes' states in a shard of its own
+(:func:`shard_path`), so no rank ever receives another rank's secrets.  Checkpoint files are
+created owner-only (0600): treat them like the model and the data.
 """
 
 from __future__ import annotations
@@ -35,6 +39,42 @@ def capture(sim) -> dict[str, Any]:
     }
 
 
+def shard_path(path: Path, rank: int) -> Path:
+    """Rank ``rank``'s shard of secret generator states beside the checkpoint ``path``."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.rank{rank}.secret{path.suffix}")
+
+
+def _rank() -> int | None:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else None
+
+
+def load_for_resume(path: Path, factory=None) -> dict[str, Any]:
+    """The checkpoint at ``path`` and, in the distributed runtime, this rank's secret shard."""
+    payload = load(path)
+    rank = _rank()
+    if rank is not None and hasattr(factory, "gather_state"):
+        shard = load(shard_path(path, rank))
+        if int(shard["iteration"]) != int(payload["engine"]["iteration"]):
+            raise DPDLError(
+                f"secret shard of rank {rank} is at step {shard['iteration']}, the checkpoint "
+                f"{str(path)!r} at step {payload['engine']['iteration']}: refusing to resume"
+            )
+        payload["engine"]["rank_generators"] = shard
+    return payload
+
+
+def remove(path: Path) -> None:
+    """Delete a finished cell's checkpoint (main process) and this rank's secret shard."""
+    rank = _rank()
+    if rank in (None, 0):
+        Path(path).unlink(missing_ok=True)
+    if rank is not None:
+        shard_path(path, rank).unlink(missing_ok=True)
+
+
 def restore(sim, state: dict[str, Any]) -> None:
     """Put ``state`` (from :func:`capture`) back into a freshly built engine."""
     if set(state["params"]) != set(sim.params) or any(
@@ -56,10 +96,14 @@ def restore(sim, state: dict[str, Any]) -> None:
 
 
 def save_atomic(path: Path, payload: dict[str, Any]) -> None:
+    """Write ``payload`` to ``path`` atomically, readable and writable by its owner only."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    torch.save({"version": CHECKPOINT_VERSION, **payload}, tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an old tmp file may have had wider permissions
+    with os.fdopen(fd, "wb") as fh:
+        torch.save({"version": CHECKPOINT_VERSION, **payload}, fh)
     os.replace(tmp, path)
 
 

@@ -93,16 +93,25 @@ class DistributedSimulator(Simulator):
         self.local_data = self.data.block(self.lo, m)
         self.local_params = {k: v[self.lo : self.hi].clone() for k, v in self.params.items()}
         self.local_weights = self.weights[self.lo : self.hi].clone()
-        seed = kwargs.get("seed", 0)
+        # This rank's nodes' secret streams only: in the default OS-entropy mode each rank
+        # draws its own root locally, so no secret crosses the network.
         self.local_generators = make_node_generators(
-            self.n, seed, device=self.device, first_node=self.lo, count=m
-        )
+            self.n, kwargs.get("seed"), device=self.device, first_node=self.lo, count=m,
+            secure=self.secure_noise,
+        )  # fmt: skip
         self.generators = []  # the simulator's generators of all nodes are not used here
         self.mixer = PointToPointMixer(topology, self.n, self.rank, self.world_size, self.device)
         self._gathered_at = self.iteration
 
     # ------------------------------------------------------------------ stepping
-    def step(self, *, private: bool, clip: float | None = None, sigma: float = 0.0):
+    def step(
+        self,
+        *,
+        private: bool,
+        clip: float | None = None,
+        sigma: float | None = None,
+        unsafe_zero_noise: bool = False,
+    ):
         k = self.iteration
         _maybe_inject_fault(self.rank, k)
         data = self.local_data
@@ -112,6 +121,7 @@ class DistributedSimulator(Simulator):
             step=k, lr=self.lr, expected_batch_size=self.expected_batch_size,
             sample_rate=self.sample_rate, private=private, clip=clip, sigma=sigma,
             loss=self.loss, buffers=self.buffers, first_node=self.lo,
+            unsafe_zero_noise=unsafe_zero_noise,
         )  # fmt: skip
         self.local_params, self.local_weights = self.mixer.mix(half.params, self.local_weights, k)
         self.iteration += 1
@@ -145,26 +155,36 @@ class DistributedSimulator(Simulator):
 
     # ------------------------------------------------------------------ checkpoints
     def gather_state(self) -> dict:
-        """All nodes' state on every rank (collective): see :mod:`dpdl.engine.checkpoint`."""
+        """The models of all nodes on every rank (collective), and this rank's own generator
+        states under ``rank_generators`` (never gathered: see :mod:`dpdl.engine.checkpoint`)."""
         self._sync()
-        states = torch.stack([g.get_state() for g in self.local_generators])
         return {
             "iteration": self.iteration,
             "params": {k: v.detach().cpu() for k, v in self.params.items()},
             "weights": self.weights.detach().cpu(),
-            # clone: Generator.set_state reads a tensor's storage from its start, so each
-            # state must own its storage (not be a row view of the gathered matrix).
-            "generators": [s.clone() for s in _all_gather_blocks(states, self.n).unbind(0)],
+            "generators": None,
+            "rank_generators": {
+                "rank": self.rank,
+                "first_node": self.lo,
+                "iteration": self.iteration,
+                "states": [g.get_state() for g in self.local_generators],
+            },
         }
 
     def restore_state(self, state: dict) -> None:
-        """Take this rank's block of a gathered state."""
+        """Take this rank's block of the gathered models and its own secret shard."""
+        shard = state.get("rank_generators")
+        if shard is None or shard["first_node"] != self.lo:
+            raise DPDLError(
+                f"no secret shard for rank {self.rank} (nodes {self.lo}..{self.hi - 1}): "
+                "resume with the same number of processes"
+            )
         self.params = {k: v.to(self.device) for k, v in state["params"].items()}
         self.weights = state["weights"].to(self.device)
         self.local_params = {k: v[self.lo : self.hi].clone() for k, v in self.params.items()}
         self.local_weights = self.weights[self.lo : self.hi].clone()
-        for g, s in zip(self.local_generators, state["generators"][self.lo : self.hi], strict=True):
-            g.set_state(s.clone())
+        for g, s in zip(self.local_generators, shard["states"], strict=True):
+            g.set_state(s.clone())  # set_state needs a tensor that owns its storage
         self.iteration = int(state["iteration"])
         self._gathered_at = self.iteration
 

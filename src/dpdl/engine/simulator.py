@@ -93,8 +93,11 @@ class Simulator:
 
     ``sample_rate`` p = b / J_min: every node samples at the same rate (the accountant's p),
     so a node with more than J_min records has a slightly larger expected batch than b; the
-    noisy sum is still divided by b (SPEC §4 step 5).  ``seed=None`` seeds the per-node
-    generators from OS entropy.
+    noisy sum is still divided by b (SPEC §4 step 5).  The per-node sampling and noise
+    generators are secret: ``seed=None`` (the default) seeds them from OS entropy; an int or a
+    ``SeedSequence`` makes them reproducible (a research choice, see
+    :mod:`dpdl.algorithms.randomness`).  ``secure_noise`` uses CSPRNG generators and the
+    hardened Gaussian sampler instead (OS entropy only).
     """
 
     def __init__(
@@ -105,9 +108,10 @@ class Simulator:
         *,
         lr: float,
         expected_batch_size: float = 1.0,
-        seed: int | None = 0,
+        seed: int | np.random.SeedSequence | None = None,
         device: str | torch.device = "cpu",
         loss: str = "cross_entropy",
+        secure_noise: bool = False,
     ):
         require(lr > 0 and np.isfinite(lr), f"learning rate must be positive, got {lr}")
         require(
@@ -139,7 +143,10 @@ class Simulator:
         self.buffers = {name: b.to(self.device) for name, b in model.named_buffers()}
         self.params = stack_params(model, self.n, self.device)
         self.weights = torch.ones(self.n, dtype=torch.float64, device=self.device)
-        self.generators = make_node_generators(self.n, seed, device=self.device)
+        self.secure_noise = bool(secure_noise)
+        self.generators = make_node_generators(
+            self.n, seed, device=self.device, secure=self.secure_noise
+        )
         self.iteration = 0
         self._mixing_cache: dict[int, tuple] = {}
         self._noise_buffer: torch.Tensor | None = None  # (n, d) normals, reused every step
@@ -161,8 +168,18 @@ class Simulator:
             self._mixing_cache[key] = entry
         return entry
 
-    def step(self, *, private: bool, clip: float | None = None, sigma: float = 0.0) -> torch.Tensor:
-        """One iteration for every node; returns the sampled batch sizes |S_i^k| (n,)."""
+    def step(
+        self,
+        *,
+        private: bool,
+        clip: float | None = None,
+        sigma: float | None = None,
+        unsafe_zero_noise: bool = False,
+    ) -> torch.Tensor:
+        """One iteration for every node; returns the sampled batch sizes |S_i^k| (n,).
+
+        A private step needs ``sigma`` > 0 (``unsafe_zero_noise=True`` allows 0, for tests).
+        """
         k = self.iteration
         if private and self._noise_buffer is None:
             first = next(iter(self.params.values()))
@@ -174,6 +191,7 @@ class Simulator:
             step=k, lr=self.lr, expected_batch_size=self.expected_batch_size,
             sample_rate=self.sample_rate, private=private, clip=clip, sigma=sigma,
             loss=self.loss, buffers=self.buffers, noise_buffer=self._noise_buffer,
+            unsafe_zero_noise=unsafe_zero_noise,
         )  # fmt: skip
         P, circ = self._mixing(k)
         self.params, self.weights = push_sum_mix(half.params, self.weights, P, circulant=circ)

@@ -102,7 +102,9 @@ class ExperimentSection(_Section):
     name: str = "experiment"
     algorithms: list[str] = Field(default_factory=lambda: ["sgp", "const-d2p", "dyn-d2p"])
     seed: int | list[int] = 0
-    entropy: Literal["seed", "os"] = "seed"
+    # Where the secret randomness (sampling, noise) comes from: "os" (secret, default) or
+    # "seed" (reproducible noise: an explicit research choice, recorded in every result).
+    entropy: Literal["os", "seed"] = "os"
     runtime: Literal["simulator", "distributed"] = "simulator"
     device: str = "cpu"
 
@@ -196,6 +198,8 @@ class PrivacySection(_Section):
     final_blocks: int = Field(1000, ge=1)
     # Blocks used by a PLD/RDP calibration and by the ledger (None: exact composition).
     calibration_blocks: int | None = Field(100, ge=1)
+    # Hardened Gaussian noise: CSPRNG streams and the sum-of-four sampler (needs entropy "os").
+    secure_noise: bool = False
 
     @field_validator("epsilon")
     @classmethod
@@ -218,6 +222,15 @@ class RunConfig(_Section):
     topology: TopologySection = Field(default_factory=TopologySection)
     training: TrainingSection = Field(default_factory=lambda: TrainingSection(steps=200))
     privacy: PrivacySection = Field(default_factory=PrivacySection)
+
+    @model_validator(mode="after")
+    def _secure_noise_is_secret(self) -> RunConfig:
+        if self.privacy.secure_noise and self.experiment.entropy != "os":
+            raise ValueError(
+                "privacy.secure_noise draws its keys from the OS: it needs experiment.entropy "
+                f"= 'os', got {self.experiment.entropy!r}"
+            )
+        return self
 
 
 def _describe(err: ValidationError) -> str:

@@ -36,6 +36,7 @@ import torch
 from dpdl.accounting.ledger import PrivacyLedger
 from dpdl.accounting.schedules import PrivacySchedule, make_schedule
 from dpdl.algorithms.dyn_d2p import NonFiniteUpdate
+from dpdl.algorithms.randomness import cell_noise_root
 from dpdl.engine import checkpoint as checkpoints
 from dpdl.engine.simulator import NodeData, Simulator, accuracy, resolve_device
 from dpdl.errors import DPDLError, require
@@ -246,6 +247,9 @@ class CellCheckpointer:
 
     def save(self, sim, ledger: PrivacyLedger | None, rows: list[dict[str, Any]]) -> None:
         state = checkpoints.capture(sim)  # collective in the distributed runtime
+        shard = state.pop("rank_generators", None)
+        if shard is not None:  # every rank keeps its own nodes' secret streams, locally
+            checkpoints.save_atomic(checkpoints.shard_path(self.path, shard["rank"]), shard)
         if self.write:
             checkpoints.save_atomic(
                 self.path,
@@ -282,14 +286,19 @@ def run_cell(
     spec = algorithm if isinstance(algorithm, AlgorithmSpec) else AlgorithmSpec.parse(algorithm)
     schedule = build_schedule(cfg, spec, epsilon, work.steps, work.sample_rate)
     ledger = _ledger_for(cfg, schedule) if schedule.private else None
-    # The same initial model x^0 for every algorithm of a seed (a fair comparison).
+    # The same initial model x^0 for every algorithm of a seed (a fair comparison): public.
     model = make_model(cfg.model.name, work.input_shape, work.num_classes, seed=work.seed)
-    seed = None if cfg.experiment.entropy == "os" else work.seed
+    # The sampling and noise streams are secret and the cell's own (dpdl.algorithms.randomness).
+    secure = cfg.privacy.secure_noise
+    noise_root = None if secure else cell_noise_root(
+        cfg.experiment.entropy, work.seed, f"{spec.label}|{epsilon!r}"
+    )
     sim = simulator_factory(
         model, work.node_data, work.topology, lr=cfg.training.lr,
-        expected_batch_size=cfg.training.batch_size, seed=seed, device=work.device,
-        loss=work.loss,
+        expected_batch_size=cfg.training.batch_size, seed=noise_root, device=work.device,
+        loss=work.loss, secure_noise=secure,
     )  # fmt: skip
+    del noise_root  # the generators hold the secret now; nothing else should
     require(
         math.isclose(sim.sample_rate, schedule.sample_rate),
         f"engine samples at p = {sim.sample_rate} but the schedule is accounted at "
@@ -347,6 +356,10 @@ def run_cell(
         bar.update(first_step)
     else:
         record(0)
+        if checkpoint is not None and checkpoint.every:
+            # Before the first step: a resume after a crash at any later step replays the very
+            # noise already sent, never fresh noise for steps whose messages left the node.
+            checkpoint.save(sim, ledger, rows)
     every = cfg.training.eval_every
     save_every = checkpoint.every if checkpoint is not None else None
     try:
@@ -386,6 +399,8 @@ def run_cell(
         "epsilon_target": eps_target,
         "delta": cfg.privacy.delta if schedule.private else None,
         "calibrated_with": schedule.calibrated_with,
+        "noise_entropy": cfg.experiment.entropy,
+        "secure_noise": secure,
         "status": status,
         "message": message,
         "steps": work.steps,
@@ -420,6 +435,7 @@ def apply_overrides(
     device: str | None = None,
     runtime: str | None = None,
     entropy: str | None = None,
+    secure_noise: bool | None = None,
 ) -> dict[str, Any]:
     """Command-line overrides (``dpdl run --seed/--steps/--device/...``) on a config dict."""
     out = json.loads(json.dumps(config))
@@ -432,6 +448,8 @@ def apply_overrides(
         exp["runtime"] = runtime
     if entropy is not None:
         exp["entropy"] = entropy
+    if secure_noise is not None:
+        out.setdefault("privacy", {})["secure_noise"] = secure_noise
     if steps is not None:
         training = out.setdefault("training", {})
         training.pop("epochs", None)
@@ -524,11 +542,6 @@ def run_experiment(
     if resume:
         if run_name is None or not (Path(output_dir) / run_name / "config.json").is_file():
             raise DPDLError(f"{Path(output_dir) / str(run_name)} is not a dpdl run folder")
-        if cfg.experiment.entropy == "os":
-            raise DPDLError(
-                "a run seeded from OS entropy cannot be resumed: the steps replayed after the "
-                "last checkpoint would draw fresh noise, spending privacy the ledger never saw"
-            )
     state_dir = Path(output_dir) / run_name / "checkpoints" if run_name else None
     factory, device, main_process = Simulator, None, True
     if cfg.experiment.runtime == "distributed":
@@ -578,15 +591,16 @@ def run_experiment(
                                 write=main_process,
                             )  # fmt: skip
                             if resume and ckpt.path.is_file():
-                                ckpt.resume = checkpoints.load(ckpt.path)
+                                ckpt.resume = checkpoints.load_for_resume(ckpt.path, factory)
                             cell = run_cell(
                                 work, spec, eps, progress=progress, on_row=on_row,
                                 simulator_factory=factory, checkpoint=ckpt,
                             )  # fmt: skip
-                            if main_process and cfg.training.checkpoint_every:
-                                finished[key] = cell
-                                _save_finished(state_dir, finished)
-                                ckpt.path.unlink(missing_ok=True)
+                            if cfg.training.checkpoint_every:
+                                if main_process:
+                                    finished[key] = cell
+                                    _save_finished(state_dir, finished)
+                                checkpoints.remove(ckpt.path)
                         cells.append({k: v for k, v in cell.items() if k != "rows"})
         finally:
             results = {"run_dir": str(run_dir), "cells": cells, "summary": _summary(cells)}
