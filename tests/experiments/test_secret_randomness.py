@@ -145,8 +145,8 @@ def test_secure_sampler_matches_sigma_and_is_used_when_asked(tmp_path):
 
 def test_kill_9_then_resume_uses_the_checkpointed_streams(tmp_path, monkeypatch):
     cfg = config()
-    cfg["experiment"]["algorithms"] = ["dyn-d2p"]
-    cfg["training"] |= {"steps": 4000, "eval_every": 2000, "checkpoint_every": 50}
+    cfg["experiment"]["algorithms"] = ["const-d2p"]
+    cfg["training"] |= {"steps": 300, "eval_every": 300, "checkpoint_every": 10}
     cfg["privacy"] = {"epsilon": 2.0, "calibrate": "clt", "certified_accountant": "rdp"}
     path = tmp_path / "cfg.toml"
     path.write_text(runner.to_toml(cfg))
@@ -159,10 +159,10 @@ def test_kill_9_then_resume_uses_the_checkpointed_streams(tmp_path, monkeypatch)
     deadline = time.monotonic() + 120
     ckpt = None
     while time.monotonic() < deadline and proc.poll() is None:
-        found = list((tmp_path / "runs").glob("*/checkpoints/dyn-d2p-default_seed0_eps2.pt"))
+        found = list((tmp_path / "runs").glob("*/checkpoints/const-d2p-default_seed0_eps2.pt"))
         if found:
             try:
-                if checkpoints.load(found[0])["engine"]["iteration"] >= 100:
+                if checkpoints.load(found[0])["engine"]["iteration"] >= 20:
                     ckpt = found[0]
                     break
             except DPDLError:
@@ -191,8 +191,8 @@ def test_kill_9_then_resume_uses_the_checkpointed_streams(tmp_path, monkeypatch)
     assert restored["step"] == saved_step
     assert all(torch.equal(a, b) for a, b in zip(restored["states"], saved_states, strict=True))
     (cell,) = results["cells"]
-    assert cell["status"] == "ok" and cell["steps_done"] == 4000
-    fresh = runner.build_schedule(parse_config(cfg), cfg_spec(), 2.0, 4000, cell["sample_rate"])
+    assert cell["status"] == "ok" and cell["steps_done"] == 300
+    fresh = runner.build_schedule(parse_config(cfg), cfg_spec(), 2.0, 300, cell["sample_rate"])
     want = runner._ledger_for(parse_config(cfg), fresh)
     for z in fresh.noise_multipliers:
         want.record_step(float(z))
@@ -203,4 +203,4 @@ def test_kill_9_then_resume_uses_the_checkpointed_streams(tmp_path, monkeypatch)
 def cfg_spec():
     from dpdl.experiments.config import AlgorithmSpec
 
-    return AlgorithmSpec.parse("dyn-d2p")
+    return AlgorithmSpec.parse("const-d2p")
