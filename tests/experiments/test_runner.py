@@ -182,3 +182,19 @@ def test_presets_are_valid():
     fm = parse_config(load_config_file(preset="fashion-mnist"))
     assert (fm.model.name, fm.training.lr, fm.privacy.delta) == ("cnn", 0.03, 1e-4)
     assert fm.privacy.epsilons == [0.3, 1.0] and fm.training.batch_size == 1
+
+
+def test_validation_records_are_held_out_of_training(tmp_path):
+    cfg = tiny_config(steps=4, eval_every=2)
+    cfg["experiment"]["algorithms"] = ["sgp"]
+    cfg["data"]["validation_records"] = 40
+    work = runner.prepare_workload(parse_config(cfg), seed=0)
+    assert len(work.x_val) == 40 and 200 - 6 < sum(work.records_per_node) <= 200  # iid: equal parts
+    train = {tuple(x.flatten().tolist()) for x in work.node_data.inputs[work.node_data.mask]}
+    assert not any(tuple(x.flatten().tolist()) in train for x in work.x_val[:10])
+    runner.run_experiment(cfg, tmp_path, progress=False, run_name="v")
+    (row, *_) = read_rows(tmp_path / "v" / "metrics.csv")
+    assert 0 <= float(row["val_accuracy"]) <= 1
+    with pytest.raises(DPDLError, match="leaves no training records"):
+        runner.prepare_workload(parse_config(cfg | {"data": cfg["data"] | {
+            "validation_records": 240}}), seed=0)  # fmt: skip

@@ -5,7 +5,8 @@ unknown keys, and every error names the dotted key::
 
     kind = "decentralized"
     [experiment]  name, algorithms, seed (int or list), entropy, runtime, device
-    [data]        dataset, data_dir, download, partition, alpha, max_train_records
+    [data]        dataset, data_dir, download, partition, alpha, max_train_records,
+                  validation_records
     [model]       name
     [topology]    name, nodes, seed, params
     [training]    steps | epochs, batch_size (expected b), lr, eval_every, eval_* sizes
@@ -149,6 +150,8 @@ class DataSection(_Section):
     partition: Literal["iid", "dirichlet"] = "iid"
     alpha: float = Field(0.5, gt=0)
     max_train_records: int | None = Field(None, ge=1)
+    # Records held out of the training set as validation data (choose parameters on it).
+    validation_records: int | None = Field(None, ge=1)
 
 
 class ModelSection(_Section):

@@ -55,6 +55,8 @@ METRIC_COLUMNS = (
     "test_accuracy",
     "node_accuracy_mean",
     "node_accuracy_worst",
+    "val_loss",
+    "val_accuracy",
     "epsilon_clt",
     "epsilon_certified",
 )
@@ -86,6 +88,8 @@ class Workload:
     x_train_eval: torch.Tensor
     y_train_eval: torch.Tensor
     node_eval: slice
+    x_val: torch.Tensor | None
+    y_val: torch.Tensor | None
     device: torch.device
     steps: int
     sample_rate: float
@@ -107,6 +111,16 @@ def prepare_workload(config: RunConfig, seed: int, device: torch.device | None =
     if cfg.data.max_train_records is not None and cfg.data.max_train_records < len(x_train):
         keep = np.sort(rng.choice(len(x_train), cfg.data.max_train_records, replace=False))
         x_train, y_train = x_train[keep], y_train[keep]
+    x_val = y_val = None
+    if cfg.data.validation_records:
+        # Held out of the training set before the split (public randomness): parameters are
+        # chosen on it, never on the test set.
+        v = cfg.data.validation_records
+        require(v < len(x_train), f"data.validation_records = {v} leaves no training records")
+        order = rng.permutation(len(x_train))
+        held, kept = np.sort(order[:v]), np.sort(order[v:])
+        x_val, y_val = x_train[held], y_train[held]
+        x_train, y_train = x_train[kept], y_train[kept]
     n = cfg.topology.nodes
     if len(x_train) < n:
         raise DPDLError(f"topology.nodes = {n} exceeds the {len(x_train)} training records")
@@ -148,6 +162,8 @@ def prepare_workload(config: RunConfig, seed: int, device: torch.device | None =
         x_train_eval=torch.as_tensor(x_train[pick], dtype=torch.float32, device=device),
         y_train_eval=torch.as_tensor(y_train[pick], dtype=y_dtype, device=device),
         node_eval=slice(0, min(cfg.training.eval_node_samples, len(x_test))),
+        x_val=None if x_val is None else torch.as_tensor(x_val, dtype=torch.float32, device=device),
+        y_val=None if y_val is None else torch.as_tensor(y_val, dtype=y_dtype, device=device),
         device=device,
         steps=steps,
         sample_rate=sample_rate,
@@ -207,17 +223,25 @@ def _epsilons(config: RunConfig, schedule: PrivacySchedule, steps_done: int, fin
     return float(clt), float(report.epsilon), report.method
 
 
+def _held_out_loss(out: torch.Tensor, y: torch.Tensor, loss: str) -> float:
+    if loss == "cross_entropy":
+        return float(torch.nn.functional.cross_entropy(out, y))
+    return float(0.5 * (out.reshape(y.shape) - y).pow(2).mean())
+
+
 def _evaluate(sim: Simulator, work: Workload) -> dict[str, float]:
     out = sim.predict_average(work.x_test)
-    test_loss = float(
-        torch.nn.functional.cross_entropy(out, work.y_test)
-        if work.loss == "cross_entropy"
-        else 0.5 * (out.reshape(work.y_test.shape) - work.y_test).pow(2).mean()
-    )
     row = {
         "train_loss": sim.average_loss(work.x_train_eval, work.y_train_eval),
-        "test_loss": test_loss,
+        "test_loss": _held_out_loss(out, work.y_test, work.loss),
+        "val_loss": math.nan,
+        "val_accuracy": math.nan,
     }
+    if work.x_val is not None:
+        val_out = sim.predict_average(work.x_val)
+        row["val_loss"] = _held_out_loss(val_out, work.y_val, work.loss)
+        if work.loss == "cross_entropy":
+            row["val_accuracy"] = float(accuracy(val_out, work.y_val))
     if work.loss == "cross_entropy":
         node_out = sim.predict_nodes(work.x_test[work.node_eval])
         node_acc = accuracy(node_out, work.y_test[work.node_eval])
@@ -509,6 +533,7 @@ def _summary(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "test_accuracy",
             "node_accuracy_mean",
             "node_accuracy_worst",
+            "val_accuracy",
             "train_loss",
             "epsilon_clt",
             "epsilon_certified",
