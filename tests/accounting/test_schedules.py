@@ -165,7 +165,7 @@ BASE = {"epsilon": 1.0, "delta": DELTA, "steps": 100, "sample_rate": 0.01, "cali
         ("const-d2p", {"steps": 0}, "steps"),
         ("const-d2p", {"sample_rate": 0.0}, "sample_rate"),
         ("const-d2p", {"sample_rate": 1.5}, "sample_rate"),
-        ("dyn-mu-d2p", {"rho_mu": 1.0}, "rho_mu"),
+        ("dyn-mu-d2p", {"rho_mu": 0.99}, "rho_mu"),
         ("dyn-d2p", {"rho_c": 0.5}, "rho_c"),
         ("const-d2p", {"clip": -1.0}, "clip"),
         ("const-d2p", {"calibrate": "moments"}, "unknown accountant 'moments'"),
@@ -204,3 +204,13 @@ def test_clt_calibration_always_meets_eq6(epsilon, log10_p, steps, rho, algorith
         assert math.log(p) + 0.5 * log_sum == pytest.approx(math.log(mu_tot), abs=1e-8)
     assert np.all(np.diff(schedule.mu) >= -1e-12)  # budgets never shrink
     np.testing.assert_allclose(schedule.sigma, schedule.clip / schedule.mu, rtol=1e-12)
+
+
+def test_rho_one_is_the_constant_schedule():
+    kw = dict(epsilon=1.0, delta=DELTA, steps=200, sample_rate=0.05, calibrate="clt")
+    flat = make_schedule("dyn-d2p", rho_c=1.0, rho_mu=1.0, **kw)
+    const = make_schedule("const-d2p", **kw)
+    np.testing.assert_allclose(flat.clip, const.clip, rtol=1e-12)
+    np.testing.assert_allclose(flat.sigma, const.sigma, rtol=1e-9)
+    with pytest.raises(DPDLError, match="rho_c must be a finite number >= 1"):
+        make_schedule("dyn-d2p", rho_c=0.5, rho_mu=1.0, **kw)

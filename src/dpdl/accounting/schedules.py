@@ -91,8 +91,8 @@ def _check_ratio(name: str, value: float) -> float:
     require(
         isinstance(value, int | float | np.floating | np.integer)
         and math.isfinite(value)
-        and value > 1,
-        f"{name} must be a finite number > 1, got {value!r}",
+        and value >= 1,  # 1 is the constant schedule (the rho grid of SPEC §4 includes it)
+        f"{name} must be a finite number >= 1, got {value!r}",
     )
     return float(value)
 
