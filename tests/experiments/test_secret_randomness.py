@@ -204,3 +204,11 @@ def cfg_spec():
     from dpdl.experiments.config import AlgorithmSpec
 
     return AlgorithmSpec.parse("const-d2p")
+
+
+def test_node_streams_do_not_depend_on_the_block_or_on_earlier_calls():
+    root = cell_noise_root("seed", 5, "dyn-d2p|1.0")
+    whole = [g.initial_seed() for g in make_node_generators(6, root)]
+    again = [g.initial_seed() for g in make_node_generators(6, root)]  # same root, second call
+    block = [g.initial_seed() for g in make_node_generators(6, root, first_node=2, count=3)]
+    assert whole == again and block == whole[2:5]

@@ -120,7 +120,14 @@ def make_node_generators(
             )
         return secure_generators(count)
     root = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
-    children = root.spawn(n_nodes)[first_node : first_node + count]
+    # Node i's child is built from the root's entropy and spawn key directly (what the first
+    # root.spawn() would give): spawn() itself advances the root, and a second call (another
+    # block of the same run) would hand out other streams.
+    entropy, key, pool = root.entropy, root.spawn_key, root.pool_size
+    children = [
+        np.random.SeedSequence(entropy, spawn_key=(*key, i), pool_size=pool)
+        for i in range(first_node, first_node + count)
+    ]
     generators = []
     for child in children:
         g = torch.Generator(device=device)
