@@ -15,6 +15,10 @@ place only when it has finished, with ``cell.json`` (overrides and results) insi
 * an interrupted sweep never loses a finished cell and never leaves a half cell that looks
   finished;
 * running the sweep again skips every finished cell (resumable).
+
+Where the cells run is the executor's business (:class:`LocalExecutor`, a process pool on this
+machine, or :class:`dpdl.experiments.sweep_ray.RayExecutor`, Ray tasks on a cluster); this
+process alone writes the sweep folder (:func:`commit_cell`).
 """
 
 from __future__ import annotations
@@ -189,17 +193,18 @@ def run_cell_into(config: dict, run_dir: Path) -> tuple[Any, float]:
     return results, round(time.time() - start, 3)
 
 
+def partial_dir(final_dir: Path) -> Path:
+    """Where a cell is assembled before its one atomic rename to ``final_dir``."""
+    return final_dir.with_name(final_dir.name + ".partial")
+
+
 def _run_cell_local(config: dict, partial: str) -> tuple[Any, float]:
     """Pool worker: run one cell into its (fresh) ``<cell>.partial`` folder."""
-    partial_dir = Path(partial)
-    if partial_dir.exists():
-        shutil.rmtree(partial_dir)
-    partial_dir.mkdir(parents=True)
-    return run_cell_into(config, partial_dir)
-
-
-def partial_dir(final_dir: Path) -> Path:
-    return final_dir.with_name(final_dir.name + ".partial")
+    folder = Path(partial)
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    return run_cell_into(config, folder)
 
 
 class LocalExecutor:
