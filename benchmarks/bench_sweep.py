@@ -84,8 +84,8 @@ def main() -> None:
         def measure(phase: str, cases: list[tuple[str, dict]]) -> None:
             for r in range(args.rounds):
                 for executor in ("local", "ray"):
-                    for name, config in cases:
-                        out = tmp / f"{phase}-{executor}-{len(times)}-{r}"
+                    for i, (name, config) in enumerate(cases):
+                        out = tmp / f"{phase}-{executor}-{i}-{r}"  # a fresh sweep every time
                         wall = timed(config, out, executor)
                         times.setdefault((f"{phase}: {name}", executor), []).append(wall)
 
