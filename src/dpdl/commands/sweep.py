@@ -5,14 +5,37 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-HELP = "Run a grid of configurations in parallel worker processes, resumably."
+HELP = "Run a grid of configurations in parallel (local processes or Ray), resumably."
 
 
 def add_arguments(parser) -> None:
+    from dpdl.experiments.sweep import EXECUTORS  # stdlib only: cheap at parse time
+
     parser.add_argument("config", nargs="?", help="sweep config (TOML with a [sweep] table)")
     parser.add_argument("--preset", help="a shipped sweep preset, e.g. table2, figure4")
     parser.add_argument("--output", type=Path, help="sweep directory (default runs/sweeps/NAME)")
-    parser.add_argument("--workers", type=int, help="parallel worker processes")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        help="parallel worker processes (with --executor ray and no --ray-address: local CPUs)",
+    )
+    parser.add_argument(
+        "--executor",
+        choices=EXECUTORS,
+        default="local",
+        help="where the cells run: a local process pool, or Ray tasks on a cluster",
+    )
+    parser.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="Ray cluster to use, e.g. auto or HEAD_IP:6379 (default: a fresh local Ray)",
+    )
+    parser.add_argument(
+        "--ray-max-retries",
+        type=int,
+        metavar="N",
+        help="times a cell is rerun when its Ray worker dies (default 2)",
+    )
     parser.add_argument(
         "--set",
         action="append",
@@ -62,7 +85,15 @@ def run(args) -> int:
     warn_if_reproducible(config)
     name = args.preset or Path(args.config).stem
     out = args.output or Path("runs") / "sweeps" / name
-    summary = run_sweep(config, out, workers=args.workers, progress=not args.no_progress)
+    summary = run_sweep(
+        config,
+        out,
+        workers=args.workers,
+        progress=not args.no_progress,
+        executor=args.executor,
+        ray_address=args.ray_address,
+        ray_max_retries=args.ray_max_retries,
+    )
     print(json.dumps({"sweep_dir": str(out), **summary}, indent=2))
     if args.report:
         from dpdl.experiments.report import write_report

@@ -15,6 +15,10 @@ place only when it has finished, with ``cell.json`` (overrides and results) insi
 * an interrupted sweep never loses a finished cell and never leaves a half cell that looks
   finished;
 * running the sweep again skips every finished cell (resumable).
+
+Where the cells run is the executor's business (:class:`LocalExecutor`, a process pool on this
+machine, or :class:`dpdl.experiments.sweep_ray.RayExecutor`, Ray tasks on a cluster); this
+process alone writes the sweep folder (:func:`commit_cell`).
 """
 
 from __future__ import annotations
@@ -26,12 +30,13 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from contextlib import closing
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from dpdl.errors import DPDLError
 
@@ -140,21 +145,139 @@ def _init_worker() -> None:
         os.environ[name] = "1"
 
 
-def _run_cell(config: dict, cell_dir: str, overrides: list) -> dict:
-    """Worker: run one cell into ``<cell>.partial`` and rename it into place when done."""
+@dataclass(frozen=True)
+class CellJob:
+    """A cell to run: its full config and the folder it ends in."""
+
+    cell: Cell
+    config: dict
+    final_dir: Path
+
+
+@dataclass(frozen=True)
+class CellOutcome:
+    """What an executor hands back for one cell: a finished run, or the error that stopped it.
+
+    ``workdir`` is the folder the run wrote into (the paths in ``results`` point there);
+    ``files`` is that folder's content when it lies on another machine, else None (the run
+    wrote straight into ``<cell>.partial``).
+    """
+
+    error: str | None = None
+    results: Any = None
+    seconds: float = 0.0
+    workdir: str = ""
+    files: dict[str, bytes] | None = None
+
+
+class CellExecutor(Protocol):
+    """Runs cells somewhere; :func:`run_sweep` does the rest (resume, commit, failures, bar)."""
+
+    def run(self, jobs: list[CellJob]) -> Iterator[tuple[CellJob, CellOutcome]]:
+        """Yield each job with its outcome as it finishes; closing the iterator early cancels
+        the unfinished jobs."""
+        ...
+
+    @property
+    def running(self) -> int:
+        """Cells running now (for the progress bar)."""
+        ...
+
+
+def run_cell_into(config: dict, run_dir: Path) -> tuple[Any, float]:
+    """Run one cell's experiment writing into ``run_dir``; its results and wall seconds."""
     from dpdl.experiments.registry import experiment_module
 
-    final = Path(cell_dir)
-    partial = final.with_name(final.name + ".partial")
-    if partial.exists():
-        shutil.rmtree(partial)
-    partial.mkdir(parents=True)
     start = time.time()
-    results = experiment_module(config.get("kind")).run_experiment(config, partial, progress=False)
+    results = experiment_module(config.get("kind")).run_experiment(config, run_dir, progress=False)
+    return results, round(time.time() - start, 3)
+
+
+def partial_dir(final_dir: Path) -> Path:
+    """Where a cell is assembled before its one atomic rename to ``final_dir``."""
+    return final_dir.with_name(final_dir.name + ".partial")
+
+
+def _run_cell_local(config: dict, partial: str) -> tuple[Any, float]:
+    """Pool worker: run one cell into its (fresh) ``<cell>.partial`` folder."""
+    folder = Path(partial)
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    return run_cell_into(config, folder)
+
+
+class LocalExecutor:
+    """A pool of ``workers`` single-threaded processes on this machine; each writes its cell
+    straight into ``<cell>.partial`` (same file system as the driver)."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self._pending: dict = {}
+
+    @property
+    def running(self) -> int:
+        return min(len(self._pending), self.workers)
+
+    def run(self, jobs: list[CellJob]) -> Iterator[tuple[CellJob, CellOutcome]]:
+        ctx = get_context("spawn")  # fork + torch threads is unsafe; spawn is portable
+        pool = ProcessPoolExecutor(
+            max_workers=self.workers, mp_context=ctx, initializer=_init_worker
+        )
+        try:
+            self._pending = {
+                pool.submit(_run_cell_local, job.config, str(partial_dir(job.final_dir))): job
+                for job in jobs
+            }
+            while self._pending:
+                finished, _ = wait(self._pending, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    job = self._pending.pop(future)
+                    workdir = str(partial_dir(job.final_dir))
+                    try:
+                        results, seconds = future.result()
+                    except Exception as err:  # a failed cell must not stop the others
+                        yield job, CellOutcome(error=f"{type(err).__name__}: {err}")
+                    else:
+                        yield job, CellOutcome(results=results, seconds=seconds, workdir=workdir)
+        finally:
+            self._pending = {}
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _relocated(value: Any, old: str, new: str) -> Any:
+    """``value`` with every string path under ``old`` moved under ``new``."""
+    if isinstance(value, str) and (value == old or value.startswith(old + os.sep)):
+        return new + value[len(old) :]
+    if isinstance(value, dict):
+        return {k: _relocated(v, old, new) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_relocated(v, old, new) for v in value]
+    return value
+
+
+def commit_cell(job: CellJob, outcome: CellOutcome) -> dict:
+    """Driver: put a finished cell in place — its files (if they came from elsewhere) and
+    ``cell.json`` into ``<cell>.partial``, then one atomic rename to the cell's folder."""
+    final = job.final_dir
+    partial = partial_dir(final)
+    if outcome.files is not None:
+        if partial.exists():
+            shutil.rmtree(partial)
+        partial.mkdir(parents=True)
+        root = partial.resolve()
+        for name, content in outcome.files.items():
+            target = (partial / name).resolve()
+            if not target.is_relative_to(root):
+                raise DPDLError(f"cell {job.cell.cell_id}: file {name!r} lies outside its folder")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(content)
     record = {
-        "overrides": dict(overrides),
-        "results": results,
-        "seconds": round(time.time() - start, 3),
+        "overrides": job.cell.as_dict(),
+        "results": _relocated(outcome.results, outcome.workdir, str(final))
+        if outcome.workdir
+        else outcome.results,
+        "seconds": outcome.seconds,
     }
     tmp = partial / (CELL_FILE + ".tmp")
     tmp.write_text(json.dumps(record, indent=2, default=str))
@@ -163,17 +286,51 @@ def _run_cell(config: dict, cell_dir: str, overrides: list) -> dict:
     return record
 
 
+EXECUTORS = ("local", "ray")
+
+
+def make_executor(
+    name: str,
+    *,
+    workers: int,
+    ray_address: str | None = None,
+    ray_max_retries: int | None = None,
+) -> CellExecutor:
+    """``local``: the process pool; ``ray``: one Ray task per cell (see sweep_ray)."""
+    if name == "local":
+        if ray_address is not None or ray_max_retries is not None:
+            raise DPDLError("--ray-address and --ray-max-retries need --executor ray")
+        return LocalExecutor(workers)
+    if name == "ray":
+        from dpdl.experiments.sweep_ray import DEFAULT_MAX_RETRIES, RayExecutor
+
+        retries = DEFAULT_MAX_RETRIES if ray_max_retries is None else ray_max_retries
+        return RayExecutor(address=ray_address, max_retries=retries, local_cpus=workers)
+    raise DPDLError(f"unknown sweep executor {name!r}; choose one of {', '.join(EXECUTORS)}")
+
+
 def run_sweep(
     config: dict,
     sweep_dir: Path,
     *,
     workers: int | None = None,
     progress: bool = True,
+    executor: str = "local",
+    ray_address: str | None = None,
+    ray_max_retries: int | None = None,
 ) -> dict[str, Any]:
-    """Run every unfinished cell of the sweep; return a summary {done, skipped, failed}."""
+    """Run every unfinished cell of the sweep; return a summary {done, skipped, failed}.
+
+    ``executor`` says where the cells run: ``local`` (a process pool of ``workers``) or
+    ``ray`` (Ray tasks on the cluster at ``ray_address``; a fresh local Ray instance with
+    ``workers`` CPUs when None). Either way this process is the only writer of ``sweep_dir``.
+    """
     base, sweep = split_sweep(config)
     cells = expand_grid(sweep)
     workers = workers or sweep.get("workers", 1)
+    runner = make_executor(
+        executor, workers=workers, ray_address=ray_address, ray_max_retries=ray_max_retries
+    )
     sweep_dir = Path(sweep_dir)
     cells_dir = sweep_dir / "cells"
     cells_dir.mkdir(parents=True, exist_ok=True)
@@ -197,38 +354,23 @@ def run_sweep(
     }
     if not todo:
         return summary
+    jobs = [CellJob(cell, cell_config(base, cell), cells_dir / cell.cell_id) for cell in todo]
     bar = _progress_bar(len(cells), summary["skipped"], progress)
-    ctx = get_context("spawn")  # fork + torch threads is unsafe; spawn is portable
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker) as pool:
-        pending = {
-            pool.submit(
-                _run_cell,
-                cell_config(base, cell),
-                str(cells_dir / cell.cell_id),
-                list(cell.overrides),
-            ): cell
-            for cell in todo
-        }
-        try:
-            while pending:
-                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for future in finished:
-                    cell = pending.pop(future)
-                    try:
-                        future.result()
-                        summary["done"] += 1
-                    except Exception as err:  # a failed cell must not stop the others
-                        summary["failed"][cell.cell_id] = f"{type(err).__name__}: {err}"
-                    if bar is not None:
-                        bar.update(1)
-                        bar.set_postfix(done=summary["done"], failed=len(summary["failed"]))
-        except KeyboardInterrupt:
-            for future in pending:
-                future.cancel()
-            raise
-        finally:
-            if bar is not None:
-                bar.close()
+    try:
+        with closing(runner.run(jobs)) as outcomes:
+            for job, outcome in outcomes:
+                if outcome.error is None:
+                    commit_cell(job, outcome)
+                    summary["done"] += 1
+                else:
+                    summary["failed"][job.cell.cell_id] = outcome.error
+                if bar is not None:
+                    bar.update(1)
+                    counts = {"done": summary["done"], "running": runner.running}
+                    bar.set_postfix({**counts, "failed": len(summary["failed"])})
+    finally:
+        if bar is not None:
+            bar.close()
     return summary
 
 
