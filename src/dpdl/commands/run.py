@@ -144,10 +144,35 @@ def print_summary(results: dict) -> None:
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
     print("* CLT: the paper's approximation; it can understate epsilon (certified: PLD/RDP).")
+    for line in dyn_vs_const_notes(results.get("summary", [])):
+        print(line)
     for cell in results.get("cells", []):
         if cell.get("status") != "ok":
             print(f"! {cell['algorithm']} seed {cell['seed']}: {cell['message']}")
     print(f"run folder: {results['run_dir']}")
+
+
+def dyn_vs_const_notes(summary: list[dict]) -> list[str]:
+    """One line for every epsilon (and calibration) where Dyn-D2P does not beat Const-D2P:
+    the paper's headline claim, so a run that contradicts it never passes in silence."""
+    by_key = {(s["algorithm"], s.get("epsilon_target")): s for s in summary}
+    notes = []
+    for (algorithm, eps), dyn in by_key.items():
+        name, _, calibration = algorithm.partition("@")
+        const = by_key.get(("const-d2p" + (f"@{calibration}" if calibration else ""), eps))
+        if name != "dyn-d2p" or const is None:
+            continue
+        a_dyn, a_const = dyn.get("test_accuracy"), const.get("test_accuracy")
+        if a_dyn is None or a_const is None or a_dyn > a_const:
+            continue
+        seeds = len(dyn.get("seeds", []))
+        notes.append(
+            f"note: at eps = {_fmt(eps)}{f' ({calibration})' if calibration else ''} Dyn-D2P "
+            f"({_fmt(a_dyn)}) does not beat Const-D2P ({_fmt(a_const)}) in this run "
+            f"({seeds} seed{'s' * (seeds != 1)}); docs/RESULTS.md gives the paired comparison "
+            "at the paper's scale"
+        )
+    return notes
 
 
 def _launch_local(args) -> int:
