@@ -1,0 +1,63 @@
+"""Seed-paired comparisons for docs/RESULTS.md."""
+
+import math
+
+import pytest
+
+from dpdl.experiments.paired import paired, t_interval
+
+T_975_2 = 4.302652729911275  # Student t quantile, 2 degrees of freedom (tables)
+
+
+def row(algorithm, seed, acc, eps=0.3, setting="", status="ok"):
+    return {"algorithm": algorithm, "seed": str(seed), "epsilon_target": eps, "setting": setting,
+            "status": status, "test_accuracy": acc}  # fmt: skip
+
+
+def test_t_interval_by_hand():
+    mean, low, high = t_interval([0.01, 0.03, 0.02])
+    half = T_975_2 * 0.01 / math.sqrt(3)
+    assert (mean, low, high) == pytest.approx((0.02, 0.02 - half, 0.02 + half))
+    assert math.isnan(t_interval([0.1])[1])
+
+
+def test_paired_verdicts():
+    rows = [row("dyn", s, 0.60 + 0.01 * s) for s in range(4)]
+    rows += [row("const", s, 0.50 + 0.01 * s + 0.002 * (s % 2)) for s in range(4)]
+    rows += [row("const", 9, 0.9)]  # no partner: left out
+    (c,) = paired(rows, "dyn", "const")
+    assert c.seeds == ("0", "1", "2", "3") and c.verdict == "held"
+    assert c.mean == pytest.approx(0.099) and c.relative_mean > 0.18
+    (flip,) = paired(rows, "const", "dyn")
+    assert flip.verdict == "did not hold"
+    noisy = [row("a", s, v) for s, v in enumerate([0.5, 0.7, 0.4])]
+    noisy += [row("b", s, 0.55) for s in range(3)]
+    assert paired(noisy, "a", "b")[0].verdict == "inconclusive"
+    diverged = [row("a", 0, 0.9, status="diverged"), row("b", 0, 0.1)]
+    assert paired(diverged, "a", "b") == []
+
+
+def test_run_rows_of_a_real_sweep(tmp_path):
+    from dpdl.experiments.paired import run_rows, write_csv
+    from dpdl.experiments.sweep import run_sweep
+
+    config = {
+        "experiment": {"name": "p", "algorithms": ["const-d2p@clt", "dyn-d2p@clt"],
+                       "entropy": "seed"},
+        "data": {"dataset": "digits", "max_train_records": 240, "validation_records": 40},
+        "model": {"name": "logreg"},
+        "topology": {"name": "exp", "nodes": 4},
+        "training": {"steps": 6, "batch_size": 8, "lr": 0.5, "eval_every": 3},
+        "privacy": {"epsilon": 2.0, "eval_blocks": 2, "calibration_blocks": 4},
+        "sweep": {"workers": 1, "grid": {"experiment.seed": [0, 1]}},
+    }  # fmt: skip
+    run_sweep(config, tmp_path / "s", progress=False)
+    rows = run_rows(tmp_path / "s")
+    assert sorted((r["algorithm"], r["seed"]) for r in rows) == [
+        ("const-d2p@clt", "0"), ("const-d2p@clt", "1"), ("dyn-d2p@clt", "0"), ("dyn-d2p@clt", "1")
+    ]
+    assert all(0 <= r["val_accuracy"] <= 1 and r["steps"] == 6 for r in rows)
+    (c,) = paired(rows, "dyn-d2p@clt", "const-d2p@clt")
+    assert c.seeds == ("0", "1") and c.epsilon == 2.0
+    text = write_csv(rows, tmp_path / "runs.csv").read_text()
+    assert text.splitlines()[0].startswith("algorithm,seed,epsilon_target")
