@@ -301,6 +301,13 @@ def launch_local(argv: list[str], procs: int, *, grace_s: float = 10.0) -> int:
     return 0
 
 
+def from_main_process(value):
+    """Rank 0's ``value`` on every rank (a collective: every rank calls it once)."""
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def worker_output_dir(output_dir: Path) -> Path:
     """Rank 0 writes the run folder; the others write into a scratch folder beside it."""
     if is_main_process():

@@ -578,6 +578,13 @@ def run_experiment(
         distributed.init_from_environment(device)
         factory = distributed.DistributedSimulator
         main_process = distributed.is_main_process()
+        if state_dir is None:
+            # Every rank checkpoints its secret shard beside rank 0's checkpoint (the folder a
+            # resume reads), not in its own scratch folder: rank 0 names the run folder.
+            name = make_run_dir(output_dir, cfg.experiment.name).name if main_process else None
+            name = distributed.from_main_process(name)
+            state_dir = Path(output_dir) / name / "checkpoints"
+            run_name = name if main_process else None
         output_dir = distributed.worker_output_dir(Path(output_dir))
         progress = progress and main_process
     run_dir = make_run_dir(output_dir, cfg.experiment.name, run_name, exist_ok=resume)
