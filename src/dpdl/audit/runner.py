@@ -1,0 +1,169 @@
+"""``run_audit``: calibrate a schedule, run canary trials through the engine, bound ε (SPEC §8).
+
+The trials are split once, by index, into a *selection* part (every tenth trial) whose scores
+fix the thresholds and an *evaluation* part on which the Clopper–Pearson bounds are taken, so
+the thresholds never depend on the trials that test them; Bonferroni then covers the fixed set
+of thresholds.  Half of the trials (alternating) hold the canary.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dpdl.accounting.ledger import PrivacyLedger
+from dpdl.accounting.schedules import make_schedule
+from dpdl.audit.stats import epsilon_lower_bound, gdp_epsilon_lower_bound, threshold_bounds
+from dpdl.audit.trials import AuditDesign, run_trials
+from dpdl.errors import require
+
+__all__ = ["AuditResult", "run_audit", "DEFAULT_TRIALS", "THRESHOLD_LEVELS", "SELECTION_EVERY"]
+
+# Quantile levels of the selection scores used as thresholds (fixed before the evaluation).
+THRESHOLD_LEVELS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.65, 0.8, 0.9, 0.95, 0.98, 0.99)
+SELECTION_EVERY = 10
+DEFAULT_TRIALS = 5000
+DEFAULT_CHUNK = 1000  # trials per engine call: bounds memory, not results
+
+
+@dataclass
+class AuditResult:
+    algorithm: str
+    threat: str
+    canary: str
+    trials: int
+    confidence: float
+    delta: float
+    steps: int
+    sample_rate: float
+    calibrated_with: str
+    noise_scale: float
+    epsilon_claimed: float
+    epsilon_clt: float
+    epsilon_certified: float
+    epsilon_lower: float
+    epsilon_lower_gdp: float | None
+    mu_lower_gdp: float | None
+    claim_refuted: bool
+    trials_per_second: float
+    seeded: bool
+    design: dict[str, Any] = field(default_factory=dict)
+    scores: np.ndarray | None = field(default=None, repr=False)
+    members: np.ndarray | None = field(default=None, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.pop("scores")
+        out.pop("members")
+        return out
+
+
+def _thresholds(scores: np.ndarray) -> np.ndarray:
+    return np.unique(np.quantile(scores, THRESHOLD_LEVELS))
+
+
+def run_audit(
+    algorithm: str,
+    *,
+    epsilon: float,
+    delta: float,
+    steps: int,
+    sample_rate: float,
+    calibrate: str = "pld",
+    trials: int = DEFAULT_TRIALS,
+    noise_scale: float = 1.0,
+    confidence: float = 0.95,
+    design: AuditDesign | None = None,
+    seed: int | None = None,
+    schedule_options: dict[str, Any] | None = None,
+    chunk: int = DEFAULT_CHUNK,
+    progress: bool = False,
+) -> AuditResult:
+    """Audit ``algorithm`` calibrated to (ε, δ) over ``trials`` independent trainings.
+
+    ``seed`` makes the audit itself reproducible (labelled ``seeded`` in the result); by
+    default every trial's noise and sampling come from OS entropy.  The claim checked is the
+    calibrated ε (the target); ``noise_scale`` only changes the noise the engine adds.
+    """
+    design = design or AuditDesign()
+    design.validate()
+    require(
+        isinstance(trials, int) and trials >= 2, f"trials must be an integer >= 2, got {trials}"
+    )
+    require(
+        math.isfinite(noise_scale) and noise_scale > 0,
+        f"--noise-scale must be positive, got {noise_scale}",
+    )
+    require(0 < confidence < 1, f"confidence must lie in (0, 1), got {confidence}")
+    require(chunk >= 1, f"chunk must be >= 1, got {chunk}")
+    schedule = make_schedule(
+        algorithm, epsilon=epsilon, delta=delta, steps=steps, sample_rate=sample_rate,
+        calibrate=calibrate, **(schedule_options or {}),
+    )  # fmt: skip
+    require(schedule.private, f"algorithm {algorithm!r} is not private: nothing to audit")
+    # The same fail-closed gate as `dpdl run`: the claim must fit its budget before any trial.
+    ledger = PrivacyLedger.for_schedule(schedule, epsilon_budget=epsilon * (1 + 1e-12))
+    epsilon_clt = float(schedule.epsilon("clt").epsilon)
+    epsilon_certified = float(schedule.epsilon("pld").epsilon)
+
+    members = np.arange(trials) % 2 == 1
+    scores = np.empty(trials)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=trials * steps, desc=f"audit {algorithm}", unit="trial-step")
+    start = time.perf_counter()
+    for first in range(0, trials, chunk):
+        block = members[first : first + chunk]
+        scores[first : first + block.size] = run_trials(
+            schedule, design, block, noise_scale=noise_scale, seed=seed,
+            first_trial=first, total_trials=trials,
+            on_step=None if bar is None else (lambda size=block.size: bar.update(size)),
+        )  # fmt: skip
+    elapsed = time.perf_counter() - start
+    if bar is not None:
+        bar.close()
+    ledger.record_steps(schedule.noise_multipliers)  # the claim every trial ran under
+
+    selection = np.arange(trials) % SELECTION_EVERY == 0
+    evaluation = ~selection
+    eps_lower, mu_gdp, eps_gdp = 0.0, None, None
+    exact_gaussian = schedule.sample_rate >= 1
+    if selection.any() and members[evaluation].any() and (~members[evaluation]).any():
+        bounds = threshold_bounds(
+            scores[evaluation], members[evaluation], _thresholds(scores[selection]), confidence
+        )
+        eps_lower = epsilon_lower_bound(bounds, delta)
+        if exact_gaussian:
+            mu_gdp, eps_gdp = gdp_epsilon_lower_bound(bounds, delta)
+    elif exact_gaussian:
+        mu_gdp, eps_gdp = 0.0, 0.0
+    return AuditResult(
+        algorithm=algorithm,
+        threat=design.threat,
+        canary=design.canary,
+        trials=trials,
+        confidence=confidence,
+        delta=delta,
+        steps=steps,
+        sample_rate=schedule.sample_rate,
+        calibrated_with=calibrate,
+        noise_scale=noise_scale,
+        epsilon_claimed=float(epsilon),
+        epsilon_clt=epsilon_clt,
+        epsilon_certified=epsilon_certified,
+        epsilon_lower=eps_lower,
+        epsilon_lower_gdp=eps_gdp,
+        mu_lower_gdp=mu_gdp,
+        claim_refuted=eps_lower > epsilon,
+        trials_per_second=trials / elapsed if elapsed > 0 else math.inf,
+        seeded=seed is not None,
+        design=asdict(design),
+        scores=scores,
+        members=members,
+    )
