@@ -8,7 +8,7 @@ import math
 
 from dpdl.errors import DPDLError, require
 
-HELP = "Audit a private algorithm empirically: canaries, hypothesis tests, a lower bound on ε."
+HELP = "Audit a private algorithm empirically: canaries, hypothesis tests, a lower ε bound."
 
 CANARY_FOR_THREAT = {"messages": "gradient", "final": "input"}
 
@@ -141,11 +141,12 @@ def _fmt(value) -> str:
 
 def _print(result, plot_path) -> None:
     r = result
-    print(f"audit of {r.algorithm} calibrated with {r.calibrated_with} to epsilon {r.epsilon_claimed:g}"
-          f" at delta {r.delta:g}: K = {r.steps}, p = {r.sample_rate:g}, noise scale "
-          f"{r.noise_scale:g}")  # fmt: skip
+    seeded = ", seeded (reproducible)" if r.seeded else ""
+    print(f"audit of {r.algorithm} calibrated with {r.calibrated_with} to epsilon "
+          f"{r.epsilon_claimed:g} at delta {r.delta:g}: K = {r.steps}, p = {r.sample_rate:g}, "
+          f"noise scale {r.noise_scale:g}")  # fmt: skip
     print(f"threat: {r.threat} ({r.canary} canary), {r.trials} independent trials, "
-          f"confidence {r.confidence:g}{', seeded (reproducible)' if r.seeded else ''}")  # fmt: skip
+          f"confidence {r.confidence:g}{seeded}")  # fmt: skip
     print(f"  epsilon_lower (Clopper-Pearson, Bonferroni; sound)   {r.epsilon_lower:.4g}")
     if r.epsilon_lower_gdp is None:
         print("  epsilon_lower_gdp                                   n/a (p < 1: not Gaussian)")
