@@ -10,7 +10,7 @@ import pytest
 import dpdl.audit.trials as trials_module
 from dpdl.accounting.gdp import mu_from_epsilon_delta
 from dpdl.accounting.schedules import make_schedule
-from dpdl.audit import AuditDesign, run_audit, run_trials
+from dpdl.audit import AuditDesign, run_audit, run_one_run, run_one_run_audit, run_trials
 from dpdl.audit.runner import DEFAULT_TRIALS
 from dpdl.errors import DPDLError
 
@@ -112,3 +112,26 @@ def test_bad_input_is_one_clear_error(kwargs, message):
 def test_sgp_is_not_auditable():
     with pytest.raises(DPDLError, match="not private"):
         run_audit("sgp", epsilon=1.0, **FULL_BATCH, trials=10)
+
+
+def test_one_run_canaries_each_get_their_full_clipped_gradient():
+    """Every included canary (not only a prefix) shifts its score by +μ_tot² (p = 1)."""
+    schedule = make_schedule("const-d2p", epsilon=1.0, calibrate="clt", **FULL_BATCH)
+    included = np.random.default_rng(0).random(400) < 0.5
+    scores = run_one_run(schedule, AuditDesign(), included, noise_scale=0.1, seed=2)
+    M = mu_from_epsilon_delta(1.0, 1e-5) ** 2
+    for label, sign in ((False, -1), (True, 1)):
+        s = scores[included == label]
+        # noise scale 0.1: the score's std is 0.1 sqrt(M)
+        assert s.mean() == pytest.approx(sign * M / 2, abs=4 * 0.1 * np.sqrt(M / s.size))
+        assert s.std() == pytest.approx(0.1 * np.sqrt(M), rel=0.2)
+
+
+def test_one_run_audit_sound_on_a_correct_mechanism_and_refutes_a_broken_one():
+    kwargs = {"epsilon": 0.5, "canaries": 400, "seed": 9, **FULL_BATCH}
+    honest = run_one_run_audit("const-d2p", **kwargs)
+    assert not honest.claim_refuted and honest.epsilon_lower <= honest.epsilon_certified
+    assert honest.epsilon_lower_gdp is None and honest.trials == 1
+    broken = run_one_run_audit("const-d2p", noise_scale=0.05, **kwargs)
+    assert broken.claim_refuted
+    assert broken.one_run["guesses"] >= 1 and broken.one_run["correct"] <= broken.one_run["guesses"]

@@ -74,3 +74,12 @@ def test_bad_input_is_one_line(capsys, extra, needle):
 def test_missing_mechanism_is_one_line(capsys):
     assert main(["audit", "--epsilon", "1", "--no-plot"]) == 2
     assert "--algorithm is required" in capsys.readouterr().err
+
+
+def test_one_run_mode_reports_its_guesses(capsys):
+    assert main([*BASE, "--one-run", "100", "--seed", "3", "--json", "--no-plot"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["trials"] == 1 and data["epsilon_lower_gdp"] is None
+    assert data["one_run"]["canaries"] == 100
+    assert main([*BASE, "--one-run", "100", "--trials", "10", "--no-plot"]) == 2
+    assert "not both" in capsys.readouterr().err

@@ -6,7 +6,7 @@
 * :mod:`dpdl.audit.plot` -- the score distributions and ROC as a PNG.
 """
 
-from dpdl.audit.runner import AuditResult, run_audit
+from dpdl.audit.runner import AuditResult, run_audit, run_one_run_audit
 from dpdl.audit.stats import (
     clopper_pearson_lower,
     clopper_pearson_upper,
@@ -17,7 +17,7 @@ from dpdl.audit.stats import (
     one_run_p_value,
     threshold_bounds,
 )
-from dpdl.audit.trials import CANARIES, THREATS, AuditDesign, run_trials
+from dpdl.audit.trials import CANARIES, THREATS, AuditDesign, run_one_run, run_trials
 
 __all__ = [
     "AuditDesign",
@@ -32,6 +32,8 @@ __all__ = [
     "one_run_epsilon_lower_bound",
     "one_run_p_value",
     "run_audit",
+    "run_one_run",
+    "run_one_run_audit",
     "run_trials",
     "threshold_bounds",
 ]

@@ -40,7 +40,8 @@ def plot_audit(result: AuditResult, path: str | Path) -> Path:
     left.legend(fontsize="small")
 
     fpr, tpr = empirical_roc(scores, members)
-    right.plot(fpr, tpr, label=f"attack ({result.trials} trials)")
+    runs = f"{result.trials} trials" if result.one_run is None else f"{scores.size} canaries, 1 run"
+    right.plot(fpr, tpr, label=f"attack ({runs})")
     grid = np.logspace(-4, 0, 400)
     eps, delta = result.epsilon_claimed, result.delta
     limit = np.minimum.reduce(

@@ -49,6 +49,7 @@ __all__ = [
     "GRADIENT_CANARY_TARGET",
     "INPUT_CANARY_TARGET",
     "AuditDesign",
+    "run_one_run",
     "run_trials",
 ]
 
@@ -230,3 +231,86 @@ def run_trials(
         return average[:, 0].numpy()
     prediction = average @ torch.as_tensor(canary_x, dtype=torch.float64)
     return (-((prediction - canary_y) ** 2)).numpy()
+
+
+def run_one_run(
+    schedule: PrivacySchedule,
+    design: AuditDesign,
+    included: np.ndarray,
+    *,
+    noise_scale: float = 1.0,
+    seed: int | None = None,
+    on_step: Callable[[], None] | None = None,
+) -> np.ndarray:
+    """ONE training run with m gradient canaries on node 0; return one score per canary.
+
+    Canary c is the record x = e_c, y = 1e6 (its own reserved coordinate: the m canaries'
+    clipped gradients are orthogonal), held by node 0 when ``included[c]``.  The ordinary
+    records live on the remaining ``features − 1`` coordinates.  Scores as in
+    :func:`run_trials`, one per canary coordinate.  Only the one-run bound of Steinke, Nasr &
+    Jagielski applies to these scores (they come from one run, not independent trials).
+    """
+    design.validate()
+    require(design.canary == "gradient", "a one-run audit uses gradient canaries")
+    require(schedule.private, f"algorithm {schedule.algorithm!r} is not private: nothing to audit")
+    require(
+        math.isfinite(noise_scale) and noise_scale > 0,
+        f"noise scale must be positive, got {noise_scale}",
+    )
+    from dpdl.topology import make_topology
+
+    included = np.asarray(included, dtype=bool)
+    m, n, J = included.size, design.nodes, design.records_per_node
+    require(m >= 1, "a one-run audit needs at least one canary")
+    x, y, _, _ = _dataset(design)
+    d = m + design.features - 1
+    inputs = torch.zeros((n, J + m, d), dtype=torch.float32)
+    targets = torch.zeros((n, J + m), dtype=torch.float32)
+    mask = torch.zeros((n, J + m), dtype=torch.bool)
+    inputs[:, :J, m:] = torch.as_tensor(x[..., 1:], dtype=torch.float32)
+    targets[:, :J] = torch.as_tensor(y, dtype=torch.float32)
+    mask[:, :J] = True
+    # The engine's padded layout: a node's real records come first, so the included canaries
+    # fill the slots after the ordinary records (a canary is known by its coordinate).
+    held = torch.as_tensor(np.flatnonzero(included))
+    inputs[CANARY_NODE, J + torch.arange(held.numel()), held] = 1.0
+    targets[CANARY_NODE, J:] = GRADIENT_CANARY_TARGET
+    mask[CANARY_NODE, J : J + held.numel()] = True
+
+    topology = make_topology(design.topology, n) if n >= 2 else None
+    model = _Model(d)
+    params = {"linear.weight": torch.zeros((n, 1, d), dtype=torch.float32)}
+    weights = torch.ones(n, dtype=torch.float64)
+    generators = make_node_generators(n, seed)
+    p = schedule.sample_rate
+    b = p * J
+    score = torch.zeros(m, dtype=torch.float64)
+    for k in range(schedule.steps):
+        clip, sigma = float(schedule.clip[k]), float(schedule.sigma[k])
+        before = params["linear.weight"][CANARY_NODE, 0, :m].double()
+        half = local_update(
+            model, params, weights, inputs, targets, mask, generators,
+            step=k, lr=design.lr, expected_batch_size=b, sample_rate=p, private=True,
+            clip=clip, sigma=sigma * noise_scale, loss="squared_error",
+        )  # fmt: skip
+        if design.threat == "messages":
+            after = half.params["linear.weight"][CANARY_NODE, 0, :m].double()
+            score += _log_likelihood_ratio(
+                (after - before) * (b / design.lr), clip / sigma, sigma, p
+            )
+        if topology is not None:
+            P, circ = _mixing(topology, k)
+            params, weights = _mix_blocks(half.params, weights, 1, n, P, circ)
+        else:
+            params = half.params
+        if on_step is not None:
+            on_step()
+    canary_w = params["linear.weight"][:, 0, :m]
+    if not bool((canary_w.abs() < GRADIENT_CANARY_TARGET / 10).all()):
+        raise DPDLError(
+            "a gradient canary's coordinate drifted too far for its clipped gradient to stay "
+            "fixed: lower the learning rate"
+        )
+    if design.threat == "messages":
+        return score.numpy()
+    return (canary_w.double().sum(dim=0) / weights.sum()).numpy()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 
@@ -41,6 +42,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "default gradient for messages, input for final",
     )
     parser.add_argument("--trials", type=int, help="independent trials (default 5000)")
+    parser.add_argument(
+        "--one-run",
+        type=int,
+        metavar="M",
+        help="instead of independent trials: ONE run with M gradient canaries, each in with "
+        "probability 1/2, bounded by Steinke, Nasr & Jagielski's one-run theorem",
+    )
     parser.add_argument(
         "--noise-scale",
         type=float,
@@ -125,6 +133,10 @@ def _settings(args) -> dict:
 
 
 def _validate(args) -> None:
+    if args.one_run is not None and args.trials is not None:
+        raise DPDLError("give either --trials (independent runs) or --one-run M, not both")
+    if args.one_run is not None and args.one_run < 2:
+        raise DPDLError(f"--one-run needs at least 2 canaries, got {args.one_run}")
     if args.trials is not None and args.trials < 2:
         raise DPDLError(f"--trials must be >= 2, got {args.trials}")
     if not (math.isfinite(args.noise_scale) and args.noise_scale > 0):
@@ -145,18 +157,26 @@ def _print(result, plot_path) -> None:
     print(f"audit of {r.algorithm} calibrated with {r.calibrated_with} to epsilon "
           f"{r.epsilon_claimed:g} at delta {r.delta:g}: K = {r.steps}, p = {r.sample_rate:g}, "
           f"noise scale {r.noise_scale:g}")  # fmt: skip
-    print(f"threat: {r.threat} ({r.canary} canary), {r.trials} independent trials, "
+    if r.one_run is None:
+        runs = f"{r.trials} independent trials"
+    else:
+        runs = (f"one run, {r.one_run['canaries']} canaries, {r.one_run['correct']} of "
+                f"{r.one_run['guesses']} guesses right")  # fmt: skip
+    print(f"threat: {r.threat} ({r.canary} canary), {runs}, "
           f"confidence {r.confidence:g}{seeded}")  # fmt: skip
-    print(f"  epsilon_lower (Clopper-Pearson, Bonferroni; sound)   {r.epsilon_lower:.4g}")
+    how = "Clopper-Pearson, Bonferroni" if r.one_run is None else "one-run bound, Bonferroni"
+    print(f"  epsilon_lower ({how}; sound)".ljust(54) + f"{r.epsilon_lower:.4g}")
     if r.epsilon_lower_gdp is None:
-        print("  epsilon_lower_gdp                                   n/a (p < 1: not Gaussian)")
+        why = "p < 1: not Gaussian" if r.one_run is None else "one run: no independent trials"
+        print(f"  epsilon_lower_gdp                                   n/a ({why})")
     else:
         print(f"  epsilon_lower_gdp (assumes an exact Gaussian, p = 1)  {r.epsilon_lower_gdp:.4g}"
               f"  (mu_lower {r.mu_lower_gdp:.4g})")  # fmt: skip
     print(f"  epsilon_clt (approximation)                         {_fmt(r.epsilon_clt)}")
     print(f"  epsilon_certified (PLD)                             {_fmt(r.epsilon_certified)}")
     verdict = "REFUTED" if r.claim_refuted else "not refuted"
-    print(f"claim epsilon {r.epsilon_claimed:g}: {verdict} ({r.trials_per_second:.0f} trials/s)")
+    speed = f"{r.trials_per_second:.0f} trials/s" if r.one_run is None else "one run"
+    print(f"claim epsilon {r.epsilon_claimed:g}: {verdict} ({speed})")
     if plot_path is not None:
         print(f"plot: {plot_path}")
 
@@ -165,7 +185,7 @@ def run(args) -> int:
     _validate(args)
     import torch
 
-    from dpdl.audit import AuditDesign, run_audit
+    from dpdl.audit import AuditDesign, run_audit, run_one_run_audit
     from dpdl.audit.runner import DEFAULT_TRIALS
 
     torch.set_num_threads(args.threads)
@@ -177,14 +197,24 @@ def run(args) -> int:
         topology=args.topology,
         records_per_node=args.records,
     )
-    options = {k: s[k] for k in ("clip", "clip0", "rho_c", "rho_mu", "blocks") if s.get(k)}
-    result = run_audit(
-        s["algorithm"], epsilon=s["epsilon"], delta=s["delta"], steps=s["steps"],
-        sample_rate=s["sample_rate"], calibrate=s["calibrate"],
-        trials=args.trials or DEFAULT_TRIALS, noise_scale=args.noise_scale,
-        confidence=args.confidence, design=design, seed=args.seed, schedule_options=options,
-        progress=not (args.no_progress or args.json),
-    )  # fmt: skip
+    names = ("clip", "clip0", "rho_c", "rho_mu", "blocks")
+    options = {k: s[k] for k in names if s.get(k) is not None}
+    common = {
+        "epsilon": s["epsilon"], "delta": s["delta"], "steps": s["steps"],
+        "sample_rate": s["sample_rate"], "calibrate": s["calibrate"],
+        "noise_scale": args.noise_scale, "confidence": args.confidence, "design": design,
+        "seed": args.seed, "schedule_options": options,
+        "progress": not (args.no_progress or args.json),
+    }  # fmt: skip
+    if args.one_run is not None:
+        if args.canary == "input":
+            raise DPDLError("a one-run audit uses gradient canaries (--canary gradient)")
+        design = dataclasses.replace(design, canary="gradient")
+        result = run_one_run_audit(
+            s["algorithm"], canaries=args.one_run, **{**common, "design": design}
+        )
+    else:
+        result = run_audit(s["algorithm"], trials=args.trials or DEFAULT_TRIALS, **common)
     plot_path = None
     if not args.no_plot:
         from dpdl.audit.plot import plot_audit
