@@ -1,6 +1,7 @@
 """``run_audit``: calibrate a schedule, run canary trials through the engine, bound ε (SPEC §8).
 
-The trials are split once, by index, into a *selection* part (every tenth trial) whose scores
+The trials are split once, by index, into a *selection* part (every tenth pair of trials, one
+without and one with the canary) whose scores
 fix the thresholds and an *evaluation* part on which the Clopper–Pearson bounds are taken, so
 the thresholds never depend on the trials that test them; Bonferroni then covers the fixed set
 of thresholds.  Half of the trials (alternating) hold the canary.
@@ -153,7 +154,8 @@ def run_audit(
         bar.close()
     ledger.record_steps(schedule.noise_multipliers)  # the claim every trial ran under
 
-    selection = np.arange(trials) % SELECTION_EVERY == 0
+    # Whole (out, in) pairs of consecutive trials, so the selection part holds both labels.
+    selection = (np.arange(trials) // 2) % SELECTION_EVERY == 0
     evaluation = ~selection
     eps_lower, mu_gdp, eps_gdp = 0.0, None, None
     exact_gaussian = schedule.sample_rate >= 1
