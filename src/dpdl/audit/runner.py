@@ -64,6 +64,7 @@ class AuditResult:
     claim_refuted: bool
     trials_per_second: float
     seeded: bool
+    secure_noise: bool
     design: dict[str, Any] = field(default_factory=dict)
     one_run: dict[str, Any] | None = None  # m, guesses, correct of a one-run audit
     scores: np.ndarray | None = field(default=None, repr=False)
@@ -110,6 +111,7 @@ def run_audit(
     confidence: float = 0.95,
     design: AuditDesign | None = None,
     seed: int | None = None,
+    secure_noise: bool = False,
     schedule_options: dict[str, Any] | None = None,
     chunk: int = DEFAULT_CHUNK,
     progress: bool = False,
@@ -117,7 +119,8 @@ def run_audit(
     """Audit ``algorithm`` calibrated to (ε, δ) over ``trials`` independent trainings.
 
     ``seed`` makes the audit itself reproducible (labelled ``seeded`` in the result); by
-    default every trial's noise and sampling come from OS entropy.  The claim checked is the
+    default every trial's noise and sampling come from OS entropy.  ``secure_noise`` audits
+    the hardened CSPRNG sampler instead (it cannot be seeded).  The claim checked is the
     calibrated ε (the target); ``noise_scale`` only changes the noise the engine adds.
     """
     design = design or AuditDesign()
@@ -146,7 +149,7 @@ def run_audit(
         block = members[first : first + chunk]
         scores[first : first + block.size] = run_trials(
             schedule, design, block, noise_scale=noise_scale, seed=seed,
-            first_trial=first, total_trials=trials,
+            secure_noise=secure_noise, first_trial=first, total_trials=trials,
             on_step=None if bar is None else (lambda size=block.size: bar.update(size)),
         )  # fmt: skip
     elapsed = time.perf_counter() - start
@@ -188,6 +191,7 @@ def run_audit(
         claim_refuted=eps_lower > epsilon,
         trials_per_second=trials / elapsed if elapsed > 0 else math.inf,
         seeded=seed is not None,
+        secure_noise=secure_noise,
         design=asdict(design),
         scores=scores,
         members=members,
@@ -211,6 +215,7 @@ def run_one_run_audit(
     confidence: float = 0.95,
     design: AuditDesign | None = None,
     seed: int | None = None,
+    secure_noise: bool = False,
     schedule_options: dict[str, Any] | None = None,
     progress: bool = False,
 ) -> AuditResult:
@@ -246,7 +251,7 @@ def run_one_run_audit(
     start = time.perf_counter()
     scores = run_one_run(
         schedule, design, included, noise_scale=noise_scale, seed=seed,
-        on_step=None if bar is None else (lambda: bar.update(1)),
+        secure_noise=secure_noise, on_step=None if bar is None else (lambda: bar.update(1)),
     )  # fmt: skip
     elapsed = time.perf_counter() - start
     if bar is not None:
@@ -285,6 +290,7 @@ def run_one_run_audit(
         claim_refuted=eps_lower > epsilon,
         trials_per_second=1 / elapsed if elapsed > 0 else math.inf,
         seeded=seed is not None,
+        secure_noise=secure_noise,
         design=asdict(design),
         one_run={"canaries": canaries, "guesses": guesses, "correct": correct},
         scores=scores,

@@ -153,6 +153,7 @@ def run_trials(
     *,
     noise_scale: float = 1.0,
     seed: int | None = None,
+    secure_noise: bool = False,
     first_trial: int = 0,
     total_trials: int | None = None,
     on_step: Callable[[], None] | None = None,
@@ -164,6 +165,7 @@ def run_trials(
     little) while the scores use the claimed σ_k.  Each node of each trial draws from its own
     generator: ``make_node_generators`` over all ``total_trials · n`` nodes, this chunk's
     block starting at trial ``first_trial`` (``seed=None``: OS entropy, the default).
+    ``secure_noise`` audits the hardened CSPRNG sampler (``privacy.secure_noise``; unseeded).
     """
     design.validate()
     require(schedule.private, f"algorithm {schedule.algorithm!r} is not private: nothing to audit")
@@ -193,7 +195,9 @@ def run_trials(
     model = _Model(d)
     params = {"linear.weight": torch.zeros((T * n, 1, d), dtype=torch.float32)}
     weights = torch.ones(T * n, dtype=torch.float64)
-    generators = make_node_generators(total * n, seed, first_node=first_trial * n, count=T * n)
+    generators = make_node_generators(
+        total * n, seed, first_node=first_trial * n, count=T * n, secure=secure_noise
+    )
     p = schedule.sample_rate
     b = p * J  # expected batch size of an ordinary node (the canary node: one more record)
     canary_rows = torch.arange(T) * n + CANARY_NODE
@@ -240,6 +244,7 @@ def run_one_run(
     *,
     noise_scale: float = 1.0,
     seed: int | None = None,
+    secure_noise: bool = False,
     on_step: Callable[[], None] | None = None,
 ) -> np.ndarray:
     """ONE training run with m gradient canaries on node 0; return one score per canary.
@@ -281,7 +286,7 @@ def run_one_run(
     model = _Model(d)
     params = {"linear.weight": torch.zeros((n, 1, d), dtype=torch.float32)}
     weights = torch.ones(n, dtype=torch.float64)
-    generators = make_node_generators(n, seed)
+    generators = make_node_generators(n, seed, secure=secure_noise)
     p = schedule.sample_rate
     b = p * J
     score = torch.zeros(m, dtype=torch.float64)
