@@ -1,7 +1,7 @@
 """``run_audit`` through the real engine: sound on correct mechanisms, refutes under-noised ones.
 
 Every audit here is seeded (``seed=...``) so the test is deterministic; the library default is
-OS entropy.  p = 1, K = 10, logistic-free linear model on 8 features: seconds per audit.
+OS entropy.  p = 1, K = 10, a linear model on 8 features: seconds per audit.
 """
 
 import numpy as np
@@ -52,7 +52,8 @@ def test_power_full_batch_messages_gdp_bound_reaches_half_the_certified_epsilon(
     result = run_audit("const-d2p", epsilon=2.0, seed=5, **FULL_BATCH)
     assert result.trials == DEFAULT_TRIALS == 5000
     assert result.epsilon_lower_gdp >= 0.5 * result.epsilon_certified
-    # The sound (epsilon, delta) bound is much weaker at this trial count (about 0.9 here).
+    # Measured with this seed: GDP bound 1.36, the sound (epsilon, delta) bound 0.76 -- far
+    # weaker at 5000 trials (its Clopper-Pearson intervals sit in the tails).
     assert 0 < result.epsilon_lower < result.epsilon_lower_gdp
 
 
