@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "report": "Build Markdown/HTML reports from a sweep directory.",
     "netdp": "Network DP: local vs network DP for token algorithms.",
     "fdp": "f-DP accounting: PN-f-DP pairwise matrices, DECOR's Sec-f-LDP.",
+    "audit": "Audit a private algorithm empirically: canaries, hypothesis tests, a lower ε bound.",
 }
 
 

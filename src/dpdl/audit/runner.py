@@ -1,0 +1,298 @@
+"""``run_audit``: calibrate a schedule, run canary trials through the engine, bound ε (SPEC §8).
+
+The trials are split once, by index, into a *selection* part (every tenth pair of trials, one
+without and one with the canary) whose scores
+fix the thresholds and an *evaluation* part on which the Clopper–Pearson bounds are taken, so
+the thresholds never depend on the trials that test them; Bonferroni then covers the fixed set
+of thresholds.  Half of the trials (alternating) hold the canary.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dpdl.accounting.ledger import PrivacyLedger
+from dpdl.accounting.schedules import make_schedule
+from dpdl.audit.stats import (
+    epsilon_lower_bound,
+    gdp_epsilon_lower_bound,
+    one_run_epsilon_lower_bound,
+    threshold_bounds,
+)
+from dpdl.audit.trials import AuditDesign, run_one_run, run_trials
+from dpdl.errors import require
+
+__all__ = [
+    "AuditResult",
+    "run_audit",
+    "run_one_run_audit",
+    "DEFAULT_TRIALS",
+    "THRESHOLD_LEVELS",
+    "SELECTION_EVERY",
+]
+
+# Quantile levels of the selection scores used as thresholds (fixed before the evaluation).
+THRESHOLD_LEVELS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.65, 0.8, 0.9, 0.95, 0.98, 0.99)
+SELECTION_EVERY = 10
+DEFAULT_TRIALS = 5000
+DEFAULT_CHUNK = 1000  # trials per engine call: bounds memory, not results
+
+
+@dataclass
+class AuditResult:
+    algorithm: str
+    threat: str
+    canary: str
+    trials: int
+    confidence: float
+    delta: float
+    steps: int
+    sample_rate: float
+    calibrated_with: str
+    noise_scale: float
+    epsilon_claimed: float
+    epsilon_clt: float
+    epsilon_certified: float
+    epsilon_lower: float
+    epsilon_lower_gdp: float | None
+    mu_lower_gdp: float | None
+    claim_refuted: bool
+    trials_per_second: float
+    seeded: bool
+    secure_noise: bool
+    design: dict[str, Any] = field(default_factory=dict)
+    one_run: dict[str, Any] | None = None  # m, guesses, correct of a one-run audit
+    scores: np.ndarray | None = field(default=None, repr=False)
+    members: np.ndarray | None = field(default=None, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.pop("scores")
+        out.pop("members")
+        return out
+
+
+def _calibrated(algorithm, epsilon, delta, steps, sample_rate, calibrate, schedule_options):
+    """The schedule `dpdl run` would train with, its approved ledger, and its CLT/PLD ε."""
+    schedule = make_schedule(
+        algorithm, epsilon=epsilon, delta=delta, steps=steps, sample_rate=sample_rate,
+        calibrate=calibrate, **(schedule_options or {}),
+    )  # fmt: skip
+    require(schedule.private, f"algorithm {algorithm!r} is not private: nothing to audit")
+    # The same fail-closed gate as `dpdl run`: the claim must fit its budget before any trial.
+    ledger = PrivacyLedger.for_schedule(schedule, epsilon_budget=epsilon * (1 + 1e-12))
+    return (
+        schedule,
+        ledger,
+        float(schedule.epsilon("clt").epsilon),
+        float(schedule.epsilon("pld").epsilon),
+    )
+
+
+def _thresholds(scores: np.ndarray) -> np.ndarray:
+    return np.unique(np.quantile(scores, THRESHOLD_LEVELS))
+
+
+def run_audit(
+    algorithm: str,
+    *,
+    epsilon: float,
+    delta: float,
+    steps: int,
+    sample_rate: float,
+    calibrate: str = "pld",
+    trials: int = DEFAULT_TRIALS,
+    noise_scale: float = 1.0,
+    confidence: float = 0.95,
+    design: AuditDesign | None = None,
+    seed: int | None = None,
+    secure_noise: bool = False,
+    schedule_options: dict[str, Any] | None = None,
+    chunk: int = DEFAULT_CHUNK,
+    progress: bool = False,
+) -> AuditResult:
+    """Audit ``algorithm`` calibrated to (ε, δ) over ``trials`` independent trainings.
+
+    ``seed`` makes the audit itself reproducible (labelled ``seeded`` in the result); by
+    default every trial's noise and sampling come from OS entropy.  ``secure_noise`` audits
+    the hardened CSPRNG sampler instead (it cannot be seeded).  The claim checked is the
+    calibrated ε (the target); ``noise_scale`` only changes the noise the engine adds.
+    """
+    design = design or AuditDesign()
+    design.validate()
+    require(
+        isinstance(trials, int) and trials >= 2, f"trials must be an integer >= 2, got {trials}"
+    )
+    require(
+        math.isfinite(noise_scale) and noise_scale > 0,
+        f"--noise-scale must be positive, got {noise_scale}",
+    )
+    require(0 < confidence < 1, f"confidence must lie in (0, 1), got {confidence}")
+    require(chunk >= 1, f"chunk must be >= 1, got {chunk}")
+    schedule, ledger, epsilon_clt, epsilon_certified = _calibrated(
+        algorithm, epsilon, delta, steps, sample_rate, calibrate, schedule_options
+    )
+    members = np.arange(trials) % 2 == 1
+    scores = np.empty(trials)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=trials * steps, desc=f"audit {algorithm}", unit="trial-step")
+    start = time.perf_counter()
+    for first in range(0, trials, chunk):
+        block = members[first : first + chunk]
+        scores[first : first + block.size] = run_trials(
+            schedule, design, block, noise_scale=noise_scale, seed=seed,
+            secure_noise=secure_noise, first_trial=first, total_trials=trials,
+            on_step=None if bar is None else (lambda size=block.size: bar.update(size)),
+        )  # fmt: skip
+    elapsed = time.perf_counter() - start
+    if bar is not None:
+        bar.close()
+    ledger.record_steps(schedule.noise_multipliers)  # the claim every trial ran under
+
+    # Whole (out, in) pairs of consecutive trials, so the selection part holds both labels.
+    selection = (np.arange(trials) // 2) % SELECTION_EVERY == 0
+    evaluation = ~selection
+    eps_lower, mu_gdp, eps_gdp = 0.0, None, None
+    exact_gaussian = schedule.sample_rate >= 1
+    if selection.any() and members[evaluation].any() and (~members[evaluation]).any():
+        bounds = threshold_bounds(
+            scores[evaluation], members[evaluation], _thresholds(scores[selection]), confidence
+        )
+        eps_lower = epsilon_lower_bound(bounds, delta)
+        if exact_gaussian:
+            mu_gdp, eps_gdp = gdp_epsilon_lower_bound(bounds, delta)
+    elif exact_gaussian:
+        mu_gdp, eps_gdp = 0.0, 0.0
+    return AuditResult(
+        algorithm=algorithm,
+        threat=design.threat,
+        canary=design.canary,
+        trials=trials,
+        confidence=confidence,
+        delta=delta,
+        steps=steps,
+        sample_rate=schedule.sample_rate,
+        calibrated_with=calibrate,
+        noise_scale=noise_scale,
+        epsilon_claimed=float(epsilon),
+        epsilon_clt=epsilon_clt,
+        epsilon_certified=epsilon_certified,
+        epsilon_lower=eps_lower,
+        epsilon_lower_gdp=eps_gdp,
+        mu_lower_gdp=mu_gdp,
+        claim_refuted=eps_lower > epsilon,
+        trials_per_second=trials / elapsed if elapsed > 0 else math.inf,
+        seeded=seed is not None,
+        secure_noise=secure_noise,
+        design=asdict(design),
+        scores=scores,
+        members=members,
+    )
+
+
+# Guess counts r (as fractions of m) tried by the one-run audit; Bonferroni over them.
+ONE_RUN_GUESS_FRACTIONS = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+def run_one_run_audit(
+    algorithm: str,
+    *,
+    epsilon: float,
+    delta: float,
+    steps: int,
+    sample_rate: float,
+    canaries: int,
+    calibrate: str = "pld",
+    noise_scale: float = 1.0,
+    confidence: float = 0.95,
+    design: AuditDesign | None = None,
+    seed: int | None = None,
+    secure_noise: bool = False,
+    schedule_options: dict[str, Any] | None = None,
+    progress: bool = False,
+) -> AuditResult:
+    """Audit with ``canaries`` gradient canaries in ONE training run (Steinke et al. 2023).
+
+    Each canary is in with probability ½; the auditor guesses "in" for the r/2 highest and "out"
+    for the r/2 lowest scores, for every r in ``ONE_RUN_GUESS_FRACTIONS`` · m (Bonferroni over
+    them), and reports the one-run bound of the best.  No GDP bound: the canaries of one run are
+    not independent trials.
+    """
+    design = design or AuditDesign()
+    design.validate()
+    require(
+        isinstance(canaries, int) and canaries >= 2,
+        f"a one-run audit needs >= 2 canaries, got {canaries}",
+    )
+    require(
+        math.isfinite(noise_scale) and noise_scale > 0,
+        f"--noise-scale must be positive, got {noise_scale}",
+    )
+    require(0 < confidence < 1, f"confidence must lie in (0, 1), got {confidence}")
+    schedule, ledger, epsilon_clt, epsilon_certified = _calibrated(
+        algorithm, epsilon, delta, steps, sample_rate, calibrate, schedule_options
+    )
+    # Which canaries are in: the auditor's coin flips (OS entropy unless the audit is seeded).
+    coins = np.random.default_rng(None if seed is None else [seed, 1])
+    included = coins.random(canaries) < 0.5
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=steps, desc=f"one-run audit {algorithm}", unit="step")
+    start = time.perf_counter()
+    scores = run_one_run(
+        schedule, design, included, noise_scale=noise_scale, seed=seed,
+        secure_noise=secure_noise, on_step=None if bar is None else (lambda: bar.update(1)),
+    )  # fmt: skip
+    elapsed = time.perf_counter() - start
+    if bar is not None:
+        bar.close()
+    ledger.record_steps(schedule.noise_multipliers)
+
+    order = np.argsort(-scores, kind="stable")
+    ranked = included[order]
+    sizes = sorted({max(1, int(round(f * canaries / 2))) for f in ONE_RUN_GUESS_FRACTIONS})
+    sizes = [k for k in sizes if 2 * k <= canaries]
+    level = 1 - (1 - confidence) / len(sizes)
+    best = (0.0, 0, 0)
+    for k in sizes:
+        correct = int(ranked[:k].sum() + (~ranked[-k:]).sum())
+        bound = one_run_epsilon_lower_bound(canaries, 2 * k, correct, delta, level)
+        if bound > best[0] or best[1] == 0:
+            best = (bound, 2 * k, correct)
+    eps_lower, guesses, correct = best
+    return AuditResult(
+        algorithm=algorithm,
+        threat=design.threat,
+        canary="gradient",
+        trials=1,
+        confidence=confidence,
+        delta=delta,
+        steps=steps,
+        sample_rate=schedule.sample_rate,
+        calibrated_with=calibrate,
+        noise_scale=noise_scale,
+        epsilon_claimed=float(epsilon),
+        epsilon_clt=epsilon_clt,
+        epsilon_certified=epsilon_certified,
+        epsilon_lower=eps_lower,
+        epsilon_lower_gdp=None,
+        mu_lower_gdp=None,
+        claim_refuted=eps_lower > epsilon,
+        trials_per_second=1 / elapsed if elapsed > 0 else math.inf,
+        seeded=seed is not None,
+        secure_noise=secure_noise,
+        design=asdict(design),
+        one_run={"canaries": canaries, "guesses": guesses, "correct": correct},
+        scores=scores,
+        members=included,
+    )

@@ -1,0 +1,237 @@
+"""``dpdl audit``: empirical lower bounds on ε from canaries through the real engine (SPEC §8)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+
+from dpdl.errors import DPDLError, require
+
+HELP = "Audit a private algorithm empirically: canaries, hypothesis tests, a lower ε bound."
+
+CANARY_FOR_THREAT = {"messages": "gradient", "final": "input"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "config", nargs="?", help="a run config (TOML): audit its first private algorithm"
+    )
+    parser.add_argument("--algorithm", help="const-d2p, dyn-d2p, dyn-c-d2p, dyn-mu-d2p, general")
+    parser.add_argument("--epsilon", type=float, help="the claimed (target) epsilon")
+    parser.add_argument("--delta", type=float, help="target delta (default 1e-4)")
+    parser.add_argument("--steps", type=int, help="number of iterations K")
+    parser.add_argument("--sample-rate", type=float, help="Poisson sampling rate p in (0, 1]")
+    parser.add_argument("--calibrate", choices=("clt", "pld", "rdp"), help="accountant (pld)")
+    parser.add_argument("--clip", type=float, help="C̄ (default 1.0)")
+    parser.add_argument("--clip0", type=float, help="C0 of the decaying clip (default C̄)")
+    parser.add_argument("--rho-c", type=float, help="clip decay ρ_c > 1 (default 2)")
+    parser.add_argument("--rho-mu", type=float, help="budget growth ρ_μ > 1 (default 2)")
+    parser.add_argument(
+        "--threat",
+        choices=("messages", "final"),
+        default="messages",
+        help="messages: a curious out-neighbour sees every message of the canary's node "
+        "(white-box); final: only the final network-average model (default messages)",
+    )
+    parser.add_argument(
+        "--canary",
+        choices=("gradient", "input"),
+        help="gradient (fixed clipped gradient of norm C) or input (a mislabelled record); "
+        "default gradient for messages, input for final",
+    )
+    parser.add_argument("--trials", type=int, help="independent trials (default 5000)")
+    parser.add_argument(
+        "--one-run",
+        type=int,
+        metavar="M",
+        help="instead of independent trials: ONE run with M gradient canaries, each in with "
+        "probability 1/2, bounded by Steinke, Nasr & Jagielski's one-run theorem",
+    )
+    parser.add_argument(
+        "--noise-scale",
+        type=float,
+        default=1.0,
+        help="multiply the noise the engine adds by S (S < 1: an implementation that adds too "
+        "little); the claim stays the calibrated epsilon",
+    )
+    parser.add_argument("--confidence", type=float, default=0.95, help="default 0.95")
+    parser.add_argument("--nodes", type=int, default=2, help="nodes per trial network (2)")
+    parser.add_argument("--topology", default="exp", help="trial network topology (exp)")
+    parser.add_argument("--records", type=int, default=8, help="ordinary records per node (8)")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        help="seed the trials' noise and sampling (a reproducible audit, labelled as such); "
+        "default: OS entropy",
+    )
+    parser.add_argument(
+        "--secure-noise",
+        action="store_true",
+        help="audit the hardened CSPRNG noise sampler (privacy.secure_noise); cannot be seeded",
+    )
+    parser.add_argument("--plot", default="audit.png", help="PNG of scores and ROC (audit.png)")
+    parser.add_argument("--no-plot", action="store_true", help="write no PNG")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1)")
+
+
+def _from_config(args) -> dict:
+    """Mechanism settings of a run config: its first private algorithm, first epsilon, K, p."""
+    from dpdl.experiments.config import AlgorithmSpec, parse_config
+    from dpdl.experiments.registry import load_config_file
+    from dpdl.experiments.runner import prepare_workload
+
+    raw = load_config_file(args.config)
+    require(
+        raw.get("kind", "decentralized") == "decentralized",
+        f"{args.config}: dpdl audit takes a 'decentralized' run config, not {raw.get('kind')!r}",
+    )
+    config = parse_config(raw)
+    specs = [AlgorithmSpec.parse(a) for a in config.experiment.algorithms]
+    private = [s for s in specs if s.name != "sgp"]
+    require(private, f"{args.config}: no private algorithm to audit")
+    spec = private[0]
+    seed = config.experiment.seed
+    work = prepare_workload(config, seed[0] if isinstance(seed, list) else seed)
+    p = config.privacy
+    calibrate = spec.calibrate or p.calibrate
+    return {
+        "algorithm": spec.name,
+        "epsilon": p.epsilons[0],
+        "delta": p.delta,
+        "steps": work.steps,
+        "sample_rate": work.sample_rate,
+        "calibrate": calibrate,
+        "clip": p.clip,
+        "clip0": p.clip0,
+        "rho_c": p.rho_c,
+        "rho_mu": p.rho_mu,
+        "blocks": p.calibration_blocks if calibrate == "pld" else None,
+    }
+
+
+def _settings(args) -> dict:
+    settings = _from_config(args) if args.config else {}
+    given = {
+        "algorithm": args.algorithm,
+        "epsilon": args.epsilon,
+        "delta": args.delta,
+        "steps": args.steps,
+        "sample_rate": args.sample_rate,
+        "calibrate": args.calibrate,
+        "clip": args.clip,
+        "clip0": args.clip0,
+        "rho_c": args.rho_c,
+        "rho_mu": args.rho_mu,
+    }
+    settings.update({k: v for k, v in given.items() if v is not None})
+    settings.setdefault("delta", 1e-4)
+    settings.setdefault("calibrate", "pld")
+    for key, flag in (("algorithm", "--algorithm"), ("epsilon", "--epsilon"), ("steps", "--steps"),
+                      ("sample_rate", "--sample-rate")):  # fmt: skip
+        if settings.get(key) is None:
+            raise DPDLError(f"{flag} is required (or give a run config)")
+    return settings
+
+
+def _validate(args) -> None:
+    if args.one_run is not None and args.trials is not None:
+        raise DPDLError("give either --trials (independent runs) or --one-run M, not both")
+    if args.one_run is not None and args.one_run < 2:
+        raise DPDLError(f"--one-run needs at least 2 canaries, got {args.one_run}")
+    if args.trials is not None and args.trials < 2:
+        raise DPDLError(f"--trials must be >= 2, got {args.trials}")
+    if not (math.isfinite(args.noise_scale) and args.noise_scale > 0):
+        raise DPDLError(f"--noise-scale must be positive, got {args.noise_scale}")
+    if not 0 < args.confidence < 1:
+        raise DPDLError(f"--confidence must lie in (0, 1), got {args.confidence}")
+    if args.secure_noise and args.seed is not None:
+        raise DPDLError("--secure-noise draws its keys from the OS and cannot be seeded")
+    if args.threads < 1:
+        raise DPDLError(f"--threads must be >= 1, got {args.threads}")
+
+
+def _fmt(value) -> str:
+    return "n/a" if value is None else f"{value:.4g}"
+
+
+def _print(result, plot_path) -> None:
+    r = result
+    seeded = ", seeded (reproducible)" if r.seeded else ""
+    seeded += ", secure noise sampler" if r.secure_noise else ""
+    print(f"audit of {r.algorithm} calibrated with {r.calibrated_with} to epsilon "
+          f"{r.epsilon_claimed:g} at delta {r.delta:g}: K = {r.steps}, p = {r.sample_rate:g}, "
+          f"noise scale {r.noise_scale:g}")  # fmt: skip
+    if r.one_run is None:
+        runs = f"{r.trials} independent trials"
+    else:
+        runs = (f"one run, {r.one_run['canaries']} canaries, {r.one_run['correct']} of "
+                f"{r.one_run['guesses']} guesses right")  # fmt: skip
+    print(f"threat: {r.threat} ({r.canary} canary), {runs}, "
+          f"confidence {r.confidence:g}{seeded}")  # fmt: skip
+    how = "Clopper-Pearson, Bonferroni" if r.one_run is None else "one-run bound, Bonferroni"
+    print(f"  epsilon_lower ({how}; sound)".ljust(54) + f"{r.epsilon_lower:.4g}")
+    if r.epsilon_lower_gdp is None:
+        why = "p < 1: not Gaussian" if r.one_run is None else "one run: no independent trials"
+        print(f"  epsilon_lower_gdp                                   n/a ({why})")
+    else:
+        print(f"  epsilon_lower_gdp (assumes an exact Gaussian, p = 1)  {r.epsilon_lower_gdp:.4g}"
+              f"  (mu_lower {r.mu_lower_gdp:.4g})")  # fmt: skip
+    print(f"  epsilon_clt (approximation)                         {_fmt(r.epsilon_clt)}")
+    print(f"  epsilon_certified (PLD)                             {_fmt(r.epsilon_certified)}")
+    verdict = "REFUTED" if r.claim_refuted else "not refuted"
+    speed = f"{r.trials_per_second:.0f} trials/s" if r.one_run is None else "one run"
+    print(f"claim epsilon {r.epsilon_claimed:g}: {verdict} ({speed})")
+    if plot_path is not None:
+        print(f"plot: {plot_path}")
+
+
+def run(args) -> int:
+    _validate(args)
+    import torch
+
+    from dpdl.audit import AuditDesign, run_audit, run_one_run_audit
+    from dpdl.audit.runner import DEFAULT_TRIALS
+
+    torch.set_num_threads(args.threads)
+    s = _settings(args)
+    design = AuditDesign(
+        threat=args.threat,
+        canary=args.canary or CANARY_FOR_THREAT[args.threat],
+        nodes=args.nodes,
+        topology=args.topology,
+        records_per_node=args.records,
+    )
+    names = ("clip", "clip0", "rho_c", "rho_mu", "blocks")
+    options = {k: s[k] for k in names if s.get(k) is not None}
+    common = {
+        "epsilon": s["epsilon"], "delta": s["delta"], "steps": s["steps"],
+        "sample_rate": s["sample_rate"], "calibrate": s["calibrate"],
+        "noise_scale": args.noise_scale, "confidence": args.confidence, "design": design,
+        "seed": args.seed, "secure_noise": args.secure_noise, "schedule_options": options,
+        "progress": not (args.no_progress or args.json),
+    }  # fmt: skip
+    if args.one_run is not None:
+        if args.canary == "input":
+            raise DPDLError("a one-run audit uses gradient canaries (--canary gradient)")
+        design = dataclasses.replace(design, canary="gradient")
+        result = run_one_run_audit(
+            s["algorithm"], canaries=args.one_run, **{**common, "design": design}
+        )
+    else:
+        result = run_audit(s["algorithm"], trials=args.trials or DEFAULT_TRIALS, **common)
+    plot_path = None
+    if not args.no_plot:
+        from dpdl.audit.plot import plot_audit
+
+        plot_path = str(plot_audit(result, args.plot))
+    if args.json:
+        out = result.to_dict()
+        out["plot"] = plot_path
+        print(json.dumps(out, indent=2))
+    else:
+        _print(result, plot_path)
+    return 0
