@@ -424,8 +424,9 @@ def run_linreg_replicas(
         bad = ~(np.isfinite(scales[r]) & (scales[r] > 0))
         if bad.any():
             t = int(np.argmax(bad))
-            raise DPDLError(f"replica {r}: the Laplace scale v({t}) = {scales[r, t]!r} must be "
-                            "finite and > 0 in a private run (noise=None is the non-private one)")
+            raise DPDLError(f"replica {r}: the Laplace scale v({t}) = {float(scales[r, t])!r} "
+                            "must be finite and > 0 in a private run (noise=None is the "
+                            "non-private one)")
     step_sizes = alpha(times[:-1])
     record_at = np.unique(np.append(times[::record_every], steps))
     errors = np.empty((len(record_at), replicas, k))
