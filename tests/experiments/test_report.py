@@ -145,3 +145,30 @@ def test_a_diverged_run_is_named_in_the_report(sweep):
     ]
     md = write_report(sweep)["markdown"].read_text()
     assert "1 run(s) diverged" in md and f"{cell.name}: dyn-d2p@pld seed 0 ε 0.3" in md
+
+
+def test_runs_with_reproducible_noise_are_marked(sweep):
+    seeded, secret = sweep / "cells" / "experiment.seed=0", sweep / "cells" / "experiment.seed=1"
+    for cell, entropy in ((seeded, "seed"), (secret, "os")):
+        seed = int(cell.name[-1])
+        records = [{"algorithm": a, "seed": seed, "epsilon_target": eps, "noise_entropy": entropy}
+                   for a in ("const-d2p@clt", "dyn-d2p@clt", "const-d2p@pld", "dyn-d2p@pld")
+                   for eps in (0.3, 1.0)]  # fmt: skip
+        (cell / "results.json").write_text(json.dumps({"cells": records}))
+    runs = collect_runs(sweep)
+    assert {r.noise_entropy for r in runs if r.private and r.seed == "0"} == {"seed"}
+    noise = {(row[0], row[-1]) for row in build_tables(runs).privacy_rows}
+    assert noise == {(seeded.name, "reproducible (entropy = seed)"),
+                     (secret.name, "secret (OS entropy)")}  # fmt: skip
+    paths = write_report(sweep)
+    # 8 private runs of the seed-0 cell out of 18 runs (SGP's records were not written)
+    note = f"8 of 18 runs (cells: {seeded.name}) used reproducible noise (entropy = seed)"
+    assert f"**Note:** {note}" in paths["markdown"].read_text()
+    assert f"<strong>Note:</strong> {note}" in paths["html"].read_text()
+
+
+def test_a_report_without_seeded_runs_has_no_reproducibility_note(sweep):
+    runs = collect_runs(sweep)
+    assert {r.noise_entropy for r in runs} == {None}  # results.json absent: not recorded
+    assert {row[-1] for row in build_tables(runs).privacy_rows} == {"not recorded"}
+    assert "entropy = seed" not in write_report(sweep)["markdown"].read_text()

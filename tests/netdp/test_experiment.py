@@ -18,7 +18,7 @@ from dpdl.experiments.registry import PRESETS_DIR, experiment_module
 def small_config(**privacy):
     return {
         "kind": "netdp-logreg",
-        "experiment": {"name": "t", "seeds": [0]},
+        "experiment": {"name": "t", "seeds": [0], "entropy": "seed"},  # fixed draws
         "algorithm": {"steps": 300, "eval_every": 100,
                       "lr": {"local": 0.001, "network": 0.001, "central": 0.001}},
         "privacy": {"epsilons": [10.0], "delta": 1e-6, **privacy},

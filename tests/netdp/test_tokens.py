@@ -109,7 +109,7 @@ def test_random_walk_sgd_cap_clipping_and_noise_only_steps():
         return np.full(d, 1e6)
 
     res = tk.random_walk_sgd(huge_gradient, np.zeros(d), walk, lr=0.1, sigma=0.0, clip=1.0,
-                             n=n, contributes=mask, model="local")
+                             n=n, contributes=mask, model="local", unsafe_zero_noise=True)
     assert res.contributions.max() <= cap
     # each data step moves by exactly lr * clip (clipped before noise), capped steps not at all
     assert np.linalg.norm(res.weights) == pytest.approx(0.1 * mask.sum())
@@ -124,10 +124,11 @@ def test_random_walk_sgd_converges_without_noise_and_projects():
     walk = tk.sample_random_walk(3, 300, seed=1)
     res = tk.random_walk_sgd(lambda w, u: w - target, np.zeros(2), walk, lr=0.1, sigma=0.0,
                              clip=10.0, n=3, evaluate=lambda w: {"dist": float(
-                                 np.linalg.norm(w - target))}, eval_every=100)
+                                 np.linalg.norm(w - target))}, eval_every=100,
+                             unsafe_zero_noise=True)
     assert res.history[-1]["dist"] < 1e-6 and len(res.history) == 4
     proj = tk.random_walk_sgd(lambda w, u: w - 10 * target, np.zeros(2), walk, lr=0.1,
-                              sigma=0.0, clip=10.0, n=3, radius=1.0)
+                              sigma=0.0, clip=10.0, n=3, radius=1.0, unsafe_zero_noise=True)
     assert np.linalg.norm(proj.weights) == pytest.approx(1.0)
 
 

@@ -14,6 +14,11 @@ while every single share carries σ² + deg(i)·σ_cor² of noise. The privacy o
 over nodes (numpy), and each step is a handful of batched array operations.
 
 The model is kept as stacked parameters θ of shape (n, D+1, K) (bias row last).
+
+The mini-batches, the noise z and the secrets v are secret randomness: they come from
+``seed`` (None, the default: OS entropy; a Generator or SeedSequence: an experiment's
+cell stream; an int: reproducible, for tests and research only).  In a deployment the two
+ends of an edge would agree on v_ij by a key exchange; here one secret stream draws them.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import ArrayLike
 
+from dpdl.algorithms.tokens import Randomness, check_noise_std
 from dpdl.errors import require
 
 __all__ = [
@@ -124,13 +130,15 @@ class DecorResult:
 def run_decor(mixing: ArrayLike, x_nodes: np.ndarray, y_nodes: np.ndarray, *,
               num_classes: int, steps: int, lr: float, clip: float, sigma: float,
               sigma_cor: float, batch_size: int = 1, mask: np.ndarray | None = None,
-              seed: int = 0, eval_every: int = 0, eval_data: tuple | None = None,
-              progress: bool = False) -> DecorResult:
+              seed: Randomness = None, eval_every: int = 0, eval_data: tuple | None = None,
+              progress: bool = False, unsafe_zero_noise: bool = False) -> DecorResult:
     """Run DECOR (SPEC §7) for ``steps`` steps on stacked node data.
 
     ``mixing`` is the symmetric doubly stochastic W (undirected graph); x_nodes (n, J, ...),
     y_nodes (n, J) integer labels, ``mask`` (n, J) marks real records (all by default).
-    σ = sigma_cor = 0 is the non-private baseline (still clipped).
+    ``sigma`` > 0 is required: σ = 0 (with sigma_cor = 0, the non-private baseline, still
+    clipped) needs ``unsafe_zero_noise=True``, and is not private.  sigma_cor = 0 alone is
+    plain DP decentralized SGD.
     """
     W = np.asarray(mixing, dtype=float)
     n = W.shape[0]
@@ -145,7 +153,9 @@ def run_decor(mixing: ArrayLike, x_nodes: np.ndarray, y_nodes: np.ndarray, *,
     require(isinstance(steps, int) and steps >= 1,
             f"steps must be a positive integer, got {steps!r}")
     require(math.isfinite(lr) and lr > 0, f"lr must be > 0, got {lr!r}")
-    require(math.isfinite(sigma) and sigma >= 0, f"sigma must be >= 0, got {sigma!r}")
+    sigma = check_noise_std(sigma, unsafe_zero_noise)
+    require(math.isfinite(sigma_cor) and sigma_cor >= 0,
+            f"sigma_cor must be a finite number >= 0, got {sigma_cor!r}")
     rng = np.random.default_rng(seed)
     dim_in = x_nodes.shape[2]
     theta = np.zeros((n, dim_in + 1, num_classes))

@@ -15,6 +15,11 @@ the sum); the internal β_i(T) itself is not noised, so a publishable estimate i
 ``released`` = P_Ω(β♭(T)). Utility is ‖β_i(t) − β*‖ against the pooled least-squares β*.
 The non-private variant (``noise=None``, ``domain=None``) is decentralized gradient descent,
 which converges to β* when Σα(t) = ∞ and α(t) → 0.
+
+The Laplace draws ω are secret randomness: ``seed`` is None (the default: OS entropy), a
+``numpy.random.Generator`` or ``SeedSequence`` (an experiment's cell stream), or an int
+(reproducible noise, for tests and research only).  A private replica's scales v(t) must all
+be finite and > 0.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from dpdl.accounting.linreg import (
     default_noise_shape,
     privacy_report,
 )
+from dpdl.algorithms.tokens import Randomness
 from dpdl.errors import DPDLError, require
 
 __all__ = [
@@ -342,7 +348,7 @@ def run_linreg(
     alpha: PowerDecay,
     noise: PowerDecay | None,
     domain: Ball | Box | None,
-    seed: int,
+    seed: Randomness = None,
     beta0: np.ndarray | None = None,
     beta_star: np.ndarray | None = None,
     record_every: int = 1,
@@ -354,7 +360,7 @@ def run_linreg(
     Privacy-critical: a private run must have both (the guarantee needs ‖β♯‖ ≤ B_Ω), so
     noise without a domain is refused. ``beta0`` (default 0) may be (m,) or (k, m);
     ``beta_star`` defaults to the pooled least-squares solution. Laplace draws come from
-    ``numpy.random.default_rng(seed)``.
+    ``numpy.random.default_rng(seed)`` (None: OS entropy).
     """
     return run_linreg_replicas(
         problems, mixing, steps=steps, alpha=alpha, noises=[noise], domain=domain,
@@ -371,7 +377,7 @@ def run_linreg_replicas(
     alpha: PowerDecay,
     noises: Sequence[PowerDecay | None],
     domain: Ball | Box | None,
-    seeds: Sequence[int],
+    seeds: Sequence[Randomness],
     beta0: np.ndarray | None = None,
     beta_star: np.ndarray | None = None,
     record_every: int = 1,
@@ -414,6 +420,13 @@ def run_linreg_replicas(
     # (R, T+1) Laplace scales v(t); zero rows for non-private replicas.
     scales = np.stack([np.zeros(steps + 1) if noise is None else noise(times)
                        for noise in noises])
+    for r in np.flatnonzero(private):  # no silent zero noise in a private replica
+        bad = ~(np.isfinite(scales[r]) & (scales[r] > 0))
+        if bad.any():
+            t = int(np.argmax(bad))
+            raise DPDLError(f"replica {r}: the Laplace scale v({t}) = {float(scales[r, t])!r} "
+                            "must be finite and > 0 in a private run (noise=None is the "
+                            "non-private one)")
     step_sizes = alpha(times[:-1])
     record_at = np.unique(np.append(times[::record_every], steps))
     errors = np.empty((len(record_at), replicas, k))
@@ -503,7 +516,7 @@ def fit_private_linreg(
     domain: Ball | Box,
     row_clip: float,
     label_clip: float,
-    seed: int,
+    seed: Randomness = None,
     noise_offset: float | None = None,
     noise_exponent: float | None = None,
     record_every: int = 1,

@@ -1,9 +1,17 @@
 """Token algorithms of Cyffers & Bellet (SPEC §6, seed 002): A1-A4.
 
 A token (a number, a count vector or a model) travels between users; each holder updates it.
-All randomness is seeded (``numpy.random.default_rng``). Summation and histogram outputs come
-with their predicted error so the utility of local vs network DP can be compared; their
-guarantees live in ``dpdl.accounting.netdp``.
+Summation and histogram outputs come with their predicted error so the utility of local vs
+network DP can be compared; their guarantees live in ``dpdl.accounting.netdp``.
+
+All randomness here is secret: the noise, the randomized responses and the walk itself (under
+network DP an observer sees only the messages that pass through it; who holds the token when
+is part of what protects the others).  Every function takes ``seed``: ``None`` (the default)
+draws from the operating system's entropy, a ``numpy.random.Generator`` or ``SeedSequence`` is
+used as given (an experiment passes its cell's secret stream,
+:func:`dpdl.algorithms.randomness.numpy_secret_rng`), and an int is reproducible noise, for
+tests and research only.  An accountant may read a realised walk in memory; nothing here
+writes it anywhere.
 
 Transition matrices are row-stochastic: ``P[i, j]`` is the probability that i hands the token
 to j. (``dpdl.topology`` mixing matrices are column-stochastic; pass their transpose.)
@@ -14,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -22,6 +31,8 @@ from dpdl.accounting.netdp import contribution_mask, visit_ranks
 from dpdl.errors import DPDLError, require
 
 __all__ = [
+    "Randomness",
+    "check_noise_std",
     "SumResult",
     "HistogramResult",
     "SGDResult",
@@ -38,6 +49,9 @@ __all__ = [
 ]
 
 MODELS = ("network", "local")
+
+#: What a ``seed`` argument accepts (see the module doc): None is OS entropy.
+Randomness: TypeAlias = int | np.random.SeedSequence | np.random.Generator | None
 
 
 def _users(n) -> int:
@@ -56,13 +70,19 @@ def _steps(T) -> int:
     return int(T)
 
 
-def _sigma(sigma) -> float:
-    require(
-        isinstance(sigma, int | float | np.integer | np.floating)
-        and math.isfinite(sigma)
-        and sigma >= 0,
-        f"sigma must be a finite number >= 0, got {sigma!r}",
+def check_noise_std(sigma, unsafe_zero_noise: bool = False, name: str = "sigma") -> float:
+    """A private mechanism's Gaussian noise std: finite and > 0.
+
+    Zero only with the explicit ``unsafe_zero_noise=True`` (a non-private baseline, or a test
+    of the clipping): such a run is not private and must not be reported as such.
+    """
+    number = isinstance(sigma, int | float | np.integer | np.floating) and not isinstance(
+        sigma, bool
     )
+    ok = number and math.isfinite(sigma) and (sigma > 0 or (sigma == 0 and unsafe_zero_noise))
+    if not ok:
+        allowed = "> 0 (0 only with unsafe_zero_noise=True)"
+        raise DPDLError(f"{name} (the noise std) must be a finite number {allowed}, got {sigma!r}")
     return float(sigma)
 
 
@@ -130,7 +150,7 @@ def sample_random_walk(
     steps: int,
     *,
     transition: ArrayLike | None = None,
-    seed: int = 0,
+    seed: Randomness = None,
     start: int | None = None,
 ) -> np.ndarray:
     """Holders of the token at steps 0..T−1. Default: the complete graph without self-loops
@@ -165,12 +185,13 @@ def _check_values(values, name: str = "values") -> np.ndarray:
     return x
 
 
-def ring_summation(values: ArrayLike, sigma: float, *, seed: int = 0) -> SumResult:
+def ring_summation(values: ArrayLike, sigma: float, *, seed: Randomness = None,
+                   unsafe_zero_noise: bool = False) -> SumResult:
     """A1: the token visits users 0..n−1 for K rounds, each adds x_u^k; Gaussian noise σ is
     added once every n − 1 hops (and once more for a non-empty tail, so the released sum is
     covered too): ⌈Kn/(n − 1)⌉ draws, std √⌈Kn/(n − 1)⌉ σ. ``values`` has shape (K, n)."""
     x = _check_values(values)
-    sigma = _sigma(sigma)
+    sigma = check_noise_std(sigma, unsafe_zero_noise)
     K, n = x.shape
     draws = math.ceil(K * n / (n - 1))
     noise = np.random.default_rng(seed).normal(0.0, sigma, size=draws)
@@ -179,17 +200,19 @@ def ring_summation(values: ArrayLike, sigma: float, *, seed: int = 0) -> SumResu
                      contributions=np.full(n, K))
 
 
-def local_summation(values: ArrayLike, sigma: float, *, seed: int = 0) -> SumResult:
+def local_summation(values: ArrayLike, sigma: float, *, seed: Randomness = None,
+                    unsafe_zero_noise: bool = False) -> SumResult:
     """The local DP baseline: every one of the Kn contributions is perturbed; std √(Kn) σ."""
     x = _check_values(values)
-    sigma = _sigma(sigma)
+    sigma = check_noise_std(sigma, unsafe_zero_noise)
     noise = np.random.default_rng(seed).normal(0.0, sigma, size=x.shape)
     return SumResult(estimate=float((x + noise).sum()), truth=float(x.sum()),
                      std=math.sqrt(x.size) * sigma, noise_draws=x.size,
                      contributions=np.full(x.shape[1], x.shape[0]))
 
 
-def randomized_response(values: ArrayLike, num_values: int, gamma: float, *, seed: int = 0):
+def randomized_response(values: ArrayLike, num_values: int, gamma: float, *,
+                        seed: Randomness = None):
     """L-ary RR_γ: each value is kept w.p. 1 − γ, else replaced by a uniform draw on [L]."""
     require(isinstance(num_values, int | np.integer) and num_values >= 2,
             f"L (number of values) must be an integer >= 2, got {num_values!r}")
@@ -209,7 +232,7 @@ def ring_histogram(
     num_values: int,
     gamma: float,
     *,
-    seed: int = 0,
+    seed: Randomness = None,
     init_elements: int | None = None,
 ) -> HistogramResult:
     """A2: each contribution passes RR_γ and is added to a count-vector token that starts with
@@ -230,7 +253,7 @@ def ring_histogram(
     n0 = n - 1 if init_elements is None else int(init_elements)
     require(n0 >= 0, f"init_elements must be >= 0, got {init_elements!r}")
     rng = np.random.default_rng(seed)
-    reports = randomized_response(x, L, gamma, seed=int(rng.integers(2**63)))
+    reports = randomized_response(x, L, gamma, seed=rng)
     init = rng.integers(0, L, size=n0)
     counts = np.bincount(reports.ravel(), minlength=L) + np.bincount(init, minlength=L)
     R = x.size
@@ -254,8 +277,9 @@ def random_walk_summation(
     transition: ArrayLike | None = None,
     cap: int | None = None,
     model: str = "network",
-    seed: int = 0,
+    seed: Randomness = None,
     walk: ArrayLike | None = None,
+    unsafe_zero_noise: bool = False,
 ) -> SumResult:
     """A3: at each visit the holder u adds Perturb(x_u^k; σ) = x_u^k + N(0, σ²) and hands the
     token to a random user (complete graph or ``transition``). ``values`` is (n,) (the same
@@ -267,10 +291,11 @@ def random_walk_summation(
     require(x.ndim in (1, 2) and x.shape[0] >= 2,
             f"values must have shape (n,) or (n, M) with n >= 2, got {x.shape}")
     require(np.all(np.isfinite(x)), "values must be finite")
-    n, T, sigma, model = x.shape[0], _steps(steps), _sigma(sigma), _model(model)
+    n, T, model = x.shape[0], _steps(steps), _model(model)
+    sigma = check_noise_std(sigma, unsafe_zero_noise)
     rng = np.random.default_rng(seed)
     if walk is None:
-        walk = sample_random_walk(n, T, transition=transition, seed=int(rng.integers(2**63)))
+        walk = sample_random_walk(n, T, transition=transition, seed=rng)
     walk = np.asarray(walk)
     require(walk.shape == (T,), f"walk must have shape ({T},), got {walk.shape}")
     carries = contribution_mask(walk, n, cap)
@@ -317,20 +342,22 @@ def random_walk_sgd(
     contributes: ArrayLike | None = None,
     model: str = "network",
     radius: float | None = None,
-    seed: int = 0,
+    seed: Randomness = None,
     evaluate: Callable[[np.ndarray], dict] | None = None,
     eval_every: int = 0,
+    unsafe_zero_noise: bool = False,
 ) -> SGDResult:
     """A4: τ ← Π_W(τ − η(clip(∇f(τ; D_u)) + Z)), Z ~ N(0, σ² I), along ``walk``.
 
     The gradient is clipped to norm ``clip`` *before* the noise is added. Where
     ``contributes`` is False (the user is past its cap ⌈cT/n⌉) the holder adds only noise under
     network DP and forwards the token untouched under local DP. The noise is drawn in one
-    block up front; the steps themselves are sequential by nature.
+    block up front; the steps themselves are sequential by nature. ``sigma`` must be > 0:
+    the noise-free run (``sigma=0``) needs ``unsafe_zero_noise=True`` and is not private.
     """
     require(isinstance(lr, int | float) and lr > 0, f"lr must be > 0, got {lr!r}")
     require(isinstance(clip, int | float) and clip > 0, f"clip must be > 0, got {clip!r}")
-    sigma, model, n = _sigma(sigma), _model(model), _users(n)
+    sigma, model, n = check_noise_std(sigma, unsafe_zero_noise), _model(model), _users(n)
     walk = np.asarray(walk)
     T = walk.size
     mask = (np.ones(T, dtype=bool) if contributes is None

@@ -73,6 +73,15 @@ Epsilons = Annotated[
     BeforeValidator(_as_list),
 ]
 
+# Where a kind's secret randomness comes from (dpdl.algorithms.randomness): "os" (secret, the
+# default) or "seed" (reproducible noise, an explicit research choice); shared by the kinds.
+NoiseEntropy = Literal["os", "seed"]
+# How every written report marks a run whose noise is derived from its seed.
+REPRODUCIBLE_NOISE_NOTE = (
+    "reproducible noise (entropy = seed): anyone who knows the seed can rebuild and remove the "
+    "noise; a research setting, never for real data"
+)
+
 
 class AlgorithmSpec(BaseModel):
     """``name`` from ALGORITHMS, ``calibrate`` the accountant (None: privacy.calibrate)."""

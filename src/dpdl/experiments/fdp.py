@@ -8,9 +8,15 @@ pair (i → j) of the graph meets (ε, δ):
 * ``local`` — no amplification by the walk: each of the ⌊T/n⌋ contributions is seen as is
   (G_{√(k K_loc)·Δ/σ}),
 
-then the same training run (same seed, same walk, same batches) is repeated with each σ, so
-the accuracy difference is the price of the accountant alone. Optionally DECOR is run with
+then the training run is repeated with each σ, for every seed. Optionally DECOR is run with
 σ calibrated by DECOR's own RDP conversion and by Sec-f-LDP for the same ε.
+
+Secret randomness: the walk, the batches, the noise (and DECOR's pairwise secrets) of every
+(algorithm, accountant, ε, seed) cell come from the cell's own secret stream
+(:func:`dpdl.algorithms.randomness.numpy_secret_rng`): OS entropy by default, derived from the
+seed only with ``experiment.entropy = "seed"`` (recorded as ``noise_entropy``).  Two cells
+never share noise, so the accuracy gap between accountants is a difference of means over
+seeds, not of one shared walk.
 
 Random-walk DP-SGD: one token (a softmax-regression model) walks with the row-stochastic
 W = Pᵀ of the topology; the holder takes K_loc steps θ ← θ − η(ḡ + N(0, σ²I)), ḡ the mean of
@@ -35,7 +41,7 @@ from pydantic import Field, field_validator
 
 from dpdl.errors import DPDLError, require
 from dpdl.experiments.config import ConfigSection as _Section
-from dpdl.experiments.config import Epsilons, validate_config
+from dpdl.experiments.config import Epsilons, NoiseEntropy, validate_config
 
 ACCOUNTANTS = ("pn-fdp", "rdp-baseline", "local")
 KIND = "fdp-random-walk"
@@ -44,6 +50,8 @@ KIND = "fdp-random-walk"
 class ExperimentSection(_Section):
     name: str = "fdp-random-walk"
     seeds: list[int] = Field(default_factory=lambda: [0])
+    # Where the secret walk, batches and noise come from: "os" (default) or "seed".
+    entropy: NoiseEntropy = "os"
 
     @field_validator("seeds")
     @classmethod
@@ -122,12 +130,17 @@ def parse_config(config: dict[str, Any] | FdpRandomWalkConfig) -> FdpRandomWalkC
 
 
 def apply_overrides(config: dict, **overrides) -> dict:
-    """``dpdl run`` flags: --seed replaces the seeds, --steps the walk length T."""
+    """``dpdl run`` flags: --seed replaces the seeds, --steps the walk length T, --entropy
+    the source of the secret randomness; others (--secure-noise among them: its hardened
+    sampler serves the torch engine) are refused."""
     config = json.loads(json.dumps(config))
-    unsupported = sorted(set(overrides) - {"seed", "steps"})
+    unsupported = sorted(k for k, v in overrides.items()
+                         if v is not None and k not in ("seed", "steps", "entropy"))
     if unsupported:
-        flags = ", ".join(f"--{k}" for k in unsupported)
+        flags = ", ".join("--" + k.replace("_", "-") for k in unsupported)
         raise DPDLError(f"{flags} not supported for experiment kind {KIND!r}")
+    if overrides.get("entropy") is not None:
+        config.setdefault("experiment", {})["entropy"] = overrides["entropy"]
     if overrides.get("seed") is not None:
         config.setdefault("experiment", {})["seeds"] = [int(overrides["seed"])]
     if overrides.get("steps") is not None:
@@ -159,16 +172,23 @@ def sample_walk(walk: np.ndarray, steps: int, rng: np.random.Generator) -> np.nd
 def random_walk_dp_sgd(walk: np.ndarray, x_nodes: np.ndarray, y_nodes: np.ndarray, *,
                        num_classes: int, steps: int, lr: float, clip: float, sigma: float,
                        batch_size: int, local_steps: int = 1, cap: int | None = None,
-                       seed: int = 0, eval_every: int = 0, eval_data: tuple | None = None,
-                       mask: np.ndarray | None = None) -> dict:
+                       seed=None, eval_every: int = 0, eval_data: tuple | None = None,
+                       mask: np.ndarray | None = None, unsafe_zero_noise: bool = False) -> dict:
     """Random-walk DP-SGD (SPEC §7) on stacked node data; returns the final model, the
-    evaluation history and the contribution count of every node."""
+    evaluation history and the contribution count of every node.
+
+    The walk, batches and noise are secret: ``seed`` is a Generator/SeedSequence (a cell's
+    stream), None (OS entropy) or an int (reproducible).  ``sigma`` must be > 0; the
+    noise-free baseline needs ``unsafe_zero_noise=True`` and is not private."""
     from dpdl.algorithms.decor import (
         clipped_mean_gradient,
         sample_batches,
         softmax_loss_accuracy,
         softmax_per_record_gradients,
     )
+    from dpdl.algorithms.tokens import check_noise_std
+
+    sigma = check_noise_std(sigma, unsafe_zero_noise)
 
     n = walk.shape[0]
     x_nodes = np.asarray(x_nodes, dtype=np.float64).reshape(n, x_nodes.shape[1], -1)
@@ -244,9 +264,11 @@ def _load_nodes(cfg: FdpRandomWalkConfig) -> dict:
 def run_experiment(config: dict, output_dir: Path, *, progress: bool = True) -> dict:
     """Calibrate σ per (ε, accountant), train, and write the run folder (see module doc)."""
     from dpdl.accounting import fdp
+    from dpdl.algorithms.randomness import numpy_secret_rng
     from dpdl.topology import make_topology
 
     cfg = parse_config(config)
+    entropy = cfg.experiment.entropy
     topology = make_topology(cfg.graph.topology, cfg.data.nodes, seed=cfg.data.split_seed,
                              **cfg.graph.params)
     walk = walk_matrix_of(topology)
@@ -280,15 +302,17 @@ def run_experiment(config: dict, output_dir: Path, *, progress: bool = True) -> 
                 num_classes=nodes["num_classes"], steps=privacy.steps, lr=cfg.train.lr,
                 clip=privacy.clip, sigma=sigma, batch_size=cfg.train.batch_size,
                 local_steps=privacy.local_steps, cap=cap if epsilon is not None else None,
-                seed=seed, eval_every=cfg.train.eval_every, eval_data=nodes["eval"])
+                seed=numpy_secret_rng(seed, entropy, f"random-walk|{accountant}|{epsilon!r}"),
+                eval_every=cfg.train.eval_every, eval_data=nodes["eval"],
+                unsafe_zero_noise=epsilon is None)  # the non-private baseline
             for h in out["history"]:
                 metric_rows.append({"algorithm": "random-walk", "accountant": accountant,
                                     "epsilon": epsilon, "sigma": sigma, "seed": seed, **h})
             finals.append(out["history"][-1])
-        table.append(_table_row("random-walk", accountant, epsilon, sigma, finals))
+        table.append(_table_row("random-walk", accountant, epsilon, sigma, finals, entropy))
 
     if cfg.decor.enabled:
-        table += _run_decor(cfg, topology, nodes, metric_rows)
+        table += _run_decor(cfg, topology, nodes, metric_rows, entropy)
 
     # the heat map shows the pairwise ε at the σ calibrated for the first target ε listed
     shown_sigma = next((s for a, _, s in cells if a == "pn-fdp"),
@@ -307,7 +331,7 @@ def run_experiment(config: dict, output_dir: Path, *, progress: bool = True) -> 
         "kind": KIND, "run_dir": str(run_dir), "dataset": nodes["name"],
         "topology": topology.name, "nodes": cfg.data.nodes, "steps": privacy.steps,
         "compositions": cap, "sensitivity": sensitivity, "delta": privacy.delta,
-        "table": table, "pairwise": report.summary(),
+        "noise_entropy": entropy, "table": table, "pairwise": report.summary(),
         "files": ["config.json", "metrics.csv", "results.json", "noise_accuracy.png",
                   "pairwise_epsilon.png"],
     }
@@ -318,17 +342,21 @@ def run_experiment(config: dict, output_dir: Path, *, progress: bool = True) -> 
     return results
 
 
-def _table_row(algorithm: str, accountant: str, epsilon, sigma: float, finals: list) -> dict:
+def _table_row(algorithm: str, accountant: str, epsilon, sigma: float, finals: list,
+               entropy: str) -> dict:
     accuracies = np.array([f["accuracy"] for f in finals])
     return {"algorithm": algorithm, "accountant": accountant, "epsilon": epsilon, "sigma": sigma,
+            "noise_entropy": entropy,
             "accuracy_mean": float(accuracies.mean()), "accuracy_std": float(accuracies.std()),
             "loss_mean": float(np.mean([f["loss"] for f in finals]))}
 
 
-def _run_decor(cfg: FdpRandomWalkConfig, topology, nodes: dict, metric_rows: list) -> list:
+def _run_decor(cfg: FdpRandomWalkConfig, topology, nodes: dict, metric_rows: list,
+               entropy: str) -> list:
     """DECOR with σ from its RDP conversion vs from Sec-f-LDP, for each ε."""
     from dpdl.accounting.fdp import calibrate_sigma_decor
     from dpdl.algorithms.decor import run_decor
+    from dpdl.algorithms.randomness import numpy_secret_rng
 
     require(not topology.directed, f"DECOR needs an undirected topology, got {topology.name!r}")
     W = topology.mixing_matrix(0)
@@ -345,13 +373,14 @@ def _run_decor(cfg: FdpRandomWalkConfig, topology, nodes: dict, metric_rows: lis
                                 num_classes=nodes["num_classes"], steps=cfg.decor.steps,
                                 lr=cfg.decor.lr, clip=cfg.privacy.clip, sigma=sigma,
                                 sigma_cor=cfg.decor.sigma_cor, batch_size=cfg.decor.batch_size,
-                                seed=seed, eval_every=cfg.train.eval_every,
-                                eval_data=nodes["eval"])
+                                seed=numpy_secret_rng(seed, entropy,
+                                                      f"decor|{accountant}|{epsilon!r}"),
+                                eval_every=cfg.train.eval_every, eval_data=nodes["eval"])
                 for h in out.history:
                     metric_rows.append({"algorithm": "decor", "accountant": accountant,
                                         "epsilon": epsilon, "sigma": sigma, "seed": seed, **h})
                 finals.append(out.history[-1])
-            rows.append(_table_row("decor", accountant, epsilon, sigma, finals))
+            rows.append(_table_row("decor", accountant, epsilon, sigma, finals, entropy))
     return rows
 
 

@@ -3,7 +3,7 @@
 A config (TOML, top-level ``kind = "linreg"``) has these tables; unknown keys are errors
 naming the dotted key::
 
-    [experiment]  name, seeds
+    [experiment]  name, seeds, entropy ("os": secret noise, the default; "seed": reproducible)
     [data]        dataset, nodes, partition, split_seed, row_clip (r), label_clip (r_y)
     [[topologies]] name, seed, degree (one table per graph; undirected graphs only)
     [algorithm]   steps (T), c_alpha, d_alpha, e_alpha, noise_offset (d_v), noise_exponent
@@ -23,6 +23,11 @@ Outside the guarantee (stated, not hidden): the loader standardises features and
 statistics of the pooled training set, and the node sizes n_i, B_Ω and the clipping norms are
 public; the guarantee is for one node's whole data set given those. The paper's constants
 are loose (ℓ1 bounds, √(km)), so useful accuracy needs very large pure-DP ε (see final.md).
+
+The Laplace noise of every (topology, ε, seed) cell is its own secret stream
+(:func:`dpdl.algorithms.randomness.numpy_secret_rng`): OS entropy by default, derived from the
+seed only with ``experiment.entropy = "seed"`` (recorded as ``noise_entropy`` in every cell and
+marked in ``final.md``).  The data split (``data.split_seed``) is public.
 
 Run folder: ``config.json`` (resolved), ``errors.csv`` (per recorded t: mean/worst node
 error and consensus distance), ``final.csv`` and ``final.md`` (final error against ε),
@@ -58,8 +63,13 @@ from dpdl.algorithms.linreg import (
     run_linreg_replicas,
 )
 from dpdl.errors import DPDLError
+from dpdl.experiments.config import (
+    REPRODUCIBLE_NOISE_NOTE,
+    Epsilons,
+    NoiseEntropy,
+    validate_config,
+)
 from dpdl.experiments.config import ConfigSection as _Section
-from dpdl.experiments.config import Epsilons, validate_config
 from dpdl.experiments.registry import make_run_dir
 
 __all__ = ["LinRegConfig", "parse_linreg_config", "apply_overrides", "run_experiment"]
@@ -70,6 +80,8 @@ NON_PRIVATE = "non-private"
 class ExperimentSection(_Section):
     name: str = "linreg"
     seeds: list[int] = Field(default_factory=lambda: [0])
+    # Where the secret noise comes from: "os" (the default) or "seed" (reproducible research).
+    entropy: NoiseEntropy = "os"
 
     @field_validator("seeds", mode="before")
     @classmethod
@@ -153,17 +165,22 @@ def parse_linreg_config(config: dict[str, Any] | LinRegConfig) -> LinRegConfig:
 
 def apply_overrides(config: dict[str, Any], *, seed: int | None = None,
                     steps: int | None = None, device: str | None = None,
-                    runtime: str | None = None, entropy: str | None = None) -> dict[str, Any]:
-    """``dpdl run`` flags: ``--seed`` (one seed) and ``--steps`` (T). The run is numpy on the
-    CPU in one process, so ``--device`` other than cpu, ``--runtime`` other than simulator
-    and ``--entropy`` are refused."""
+                    runtime: str | None = None, entropy: str | None = None,
+                    secure_noise: bool | None = None) -> dict[str, Any]:
+    """``dpdl run`` flags: ``--seed`` (one seed), ``--steps`` (T) and ``--entropy``. The run is
+    numpy on the CPU in one process, so ``--device`` other than cpu and ``--runtime`` other
+    than simulator are refused, and so is ``--secure-noise`` (its sampler is Gaussian; this
+    kind's noise is Laplace)."""
     if device not in (None, "cpu", "auto"):
         raise DPDLError(f"--device {device!r}: the linreg kind runs on the CPU (numpy)")
     if runtime not in (None, "simulator"):
         raise DPDLError(f"--runtime {runtime!r}: the linreg kind has no distributed runtime")
-    if entropy is not None:
-        raise DPDLError("--entropy is not supported by the linreg kind: runs are seeded")
+    if secure_noise:
+        raise DPDLError("--secure-noise is not supported by the linreg kind: its hardened "
+                        "sampler is Gaussian and linreg's noise is Laplace")
     out = json.loads(json.dumps(config))
+    if entropy is not None:
+        out.setdefault("experiment", {})["entropy"] = entropy
     if seed is not None:
         out.setdefault("experiment", {})["seeds"] = [int(seed)]
     if steps is not None:
@@ -234,7 +251,10 @@ def run_experiment(
     Returns the content of ``results.json``: the data facts, and per cell the privacy report
     (exact ε sum and the paper's closed form) and the final errors.
     """
+    from dpdl.algorithms.randomness import numpy_secret_rng
+
     cfg = parse_linreg_config(config)
+    entropy = cfg.experiment.entropy
     say = print if progress else (lambda *_: None)
     data = _prepare_data(cfg, say)
     problems: LocalProblems = data["problems"]
@@ -268,12 +288,14 @@ def run_experiment(
                 eps, sensitivity, algo.alpha, algo.steps, noise_offset=algo.d_v,
                 noise_exponent=algo.e_v) for eps in targets}
             grid = [(eps, seed) for eps in targets for seed in cfg.experiment.seeds]
-            # One vectorized loop over every (epsilon, seed) replica of this graph.
+            # One vectorized loop over every (epsilon, seed) replica of this graph; each draws
+            # from its own secret stream.
             results = run_linreg_replicas(
                 problems, mixing, steps=algo.steps, alpha=algo.alpha,
                 noises=[noises[eps] for eps, _ in grid], domain=domain,
-                seeds=[seed for _, seed in grid], beta_star=beta_star,
-                record_every=algo.record_every)
+                seeds=[numpy_secret_rng(seed, entropy, f"{spec.label}|{eps!r}")
+                       for eps, seed in grid],
+                beta_star=beta_star, record_every=algo.record_every)
             for (eps, seed), result in zip(grid, results, strict=True):
                 noise = noises[eps]
                 report = None if noise is None else privacy_report(
@@ -292,6 +314,7 @@ def run_experiment(
                     "topology": spec.label,
                     "epsilon_target": eps,
                     "seed": seed,
+                    "noise_entropy": entropy,
                     "epsilon": None if report is None else report.epsilon,
                     "epsilon_closed_form": None if report is None
                     else report.epsilon_closed_form,
@@ -318,7 +341,7 @@ def run_experiment(
     np.savez_compressed(run_dir / "node_errors.npz", t=steps_axis, **node_errors)
     summary = _summary(cells, cfg)
     test_mse_star = float(np.mean((data["x_test"] @ beta_star - data["y_test"]) ** 2))
-    _write_tables(run_dir, summary, beta_star_norm, test_mse_star)
+    _write_tables(run_dir, summary, beta_star_norm, test_mse_star, entropy)
     _plot_error_vs_t(run_dir / "error_vs_t.png", curves, steps_axis, cfg, beta_star_norm)
     _plot_error_vs_epsilon(run_dir / "error_vs_epsilon.png", summary, beta_star_norm)
     results = {
@@ -341,6 +364,7 @@ def run_experiment(
         "omega_bound": bound,
         "test_mse_beta_star": test_mse_star,
         "sensitivity": sensitivity.to_dict(),
+        "noise_entropy": entropy,
         "privacy_notion": "pure epsilon-DP under (delta_X, delta_y)-adjacency: one node's whole "
         "data set replaced (SPEC §5); delta_X, delta_y are data-norm bounds, not the DP delta",
         "cells": cells,
@@ -378,7 +402,7 @@ def _fmt(value, spec: str = ".4g") -> str:
 
 
 def _write_tables(run_dir: Path, summary: list[dict[str, Any]], beta_star_norm: float,
-                  test_mse_star: float) -> None:
+                  test_mse_star: float, entropy: str) -> None:
     columns = list(summary[0].keys())
     with (run_dir / "final.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=columns)
@@ -392,6 +416,7 @@ def _write_tables(run_dir: Path, summary: list[dict[str, Any]], beta_star_norm: 
         "‖β_i(T) − β*‖ averaged over nodes, then mean ± std over seeds; ε is the exact sum "
         "(pure ε-DP, SPEC §5), the closed form is the paper's bound.",
         "",
+        *([f"**Note:** {REPRODUCIBLE_NOISE_NOTE}.", ""] if entropy == "seed" else []),
         "| topology | ε target | ε (sum) | ε (closed form) | c_v | v(T) | final error | "
         "relative | worst node | released error | test MSE |",
         "|---|---|---|---|---|---|---|---|---|---|---|",

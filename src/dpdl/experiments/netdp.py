@@ -18,6 +18,12 @@ adjacency: the clipped gradient (norm ≤ L) has sensitivity 2L. Each approach g
   without replacement of 1 out of n, replace-one), accounted by ``dp_accounting``'s RDP
   accountant and calibrated with its ``calibrate_dp_mechanism``.
 
+Secret randomness: every (approach, ε, seed) cell draws its own walk (or, for ``central``, its
+users), and its own noise, from a secret stream
+(:func:`dpdl.algorithms.randomness.numpy_secret_rng`): OS entropy by default, derived from the
+seed only with ``experiment.entropy = "seed"`` (recorded as ``noise_entropy``).  The network
+calibration reads its cell's realised walk in memory; the walk is never written.
+
 Data: scikit-learn's breast-cancer set with the paper's preprocessing (standardise, then each
 row to unit L2 norm; ``dpdl.data``), or a user-supplied CSV such as OpenML 823 (binarised UCI
 Housing) through ``data.csv``. Run folder: ``config.json``, ``metrics.csv`` (test accuracy and
@@ -37,7 +43,7 @@ from pydantic import Field, field_validator
 
 from dpdl.errors import DPDLError
 from dpdl.experiments.config import ConfigSection as _Section
-from dpdl.experiments.config import Epsilons, validate_config
+from dpdl.experiments.config import Epsilons, NoiseEntropy, validate_config
 from dpdl.experiments.registry import make_run_dir
 
 APPROACHES = ("local", "network", "central")
@@ -47,6 +53,8 @@ NON_PRIVATE = "non-private"
 class ExperimentSection(_Section):
     name: str = "netdp-logreg"
     seeds: list[int] = Field(default_factory=lambda: [0])
+    # Where the secret walk and noise come from: "os" (default) or "seed" (reproducible).
+    entropy: NoiseEntropy = "os"
 
     @field_validator("seeds")
     @classmethod
@@ -245,9 +253,11 @@ def run_experiment(
 ) -> dict[str, Any]:
     """Train every (approach, ε, seed) cell and write one run folder; returns results.json."""
     from dpdl.accounting import netdp as nd
+    from dpdl.algorithms.randomness import numpy_secret_rng
     from dpdl.algorithms.tokens import random_walk_sgd, sample_random_walk
 
     cfg = parse_config(config)
+    entropy = cfg.experiment.entropy
     say = print if progress else (lambda *_: None)
     data = load_users(cfg)
     n, T, alg = data["n"], cfg.algorithm.steps, cfg.algorithm
@@ -272,10 +282,13 @@ def run_experiment(
     rows, results = [], []
     walk_free: dict[tuple, dict] = {}  # local/central noise does not depend on the walk
     for seed in cfg.experiment.seeds:
-        walk = sample_random_walk(n, T, seed=seed)
-        mask = nd.contribution_mask(walk, n, cap)
-        central_walk = np.random.default_rng([seed, 1]).integers(0, n, size=T)
         for approach, eps in cells:
+            secret = numpy_secret_rng(seed, entropy, f"{approach}|{eps!r}")
+            if approach in ("central", NON_PRIVATE):  # one uniformly drawn user per step
+                walk = secret.integers(0, n, size=T)
+            else:
+                walk = sample_random_walk(n, T, seed=secret)
+            mask = nd.contribution_mask(walk, n, cap)
             if approach == NON_PRIVATE:
                 noise = {"noise_multiplier": 0.0, "sigma": 0.0, "accounting": "none"}
             elif approach != "network" and (approach, eps) in walk_free:
@@ -287,19 +300,20 @@ def run_experiment(
                     walk_free[(approach, eps)] = noise
             lr = getattr(alg.lr, approach.replace("-", "_"))
             run = random_walk_sgd(
-                gradient, np.zeros(data["dim"]),
-                central_walk if approach in ("central", NON_PRIVATE) else walk,
-                lr=lr, sigma=noise["sigma"], clip=alg.clip, n=n,
+                gradient, np.zeros(data["dim"]), walk, lr=lr, sigma=noise["sigma"],
+                clip=alg.clip, n=n,
                 contributes=mask if approach in ("local", "network") else None,
                 model="local" if approach == "local" else "network", radius=alg.radius,
-                seed=seed * 7919 + 1, evaluate=evaluate, eval_every=alg.eval_every)
+                seed=secret, evaluate=evaluate, eval_every=alg.eval_every,
+                unsafe_zero_noise=approach == NON_PRIVATE)  # the non-private baseline
+            del walk, mask, secret  # secret: nothing below may write them
             label = NON_PRIVATE if eps is None else f"{eps:g}"
             for point in run.history:
                 rows.append({"approach": approach, "epsilon": label, "seed": seed, **point})
             final = run.history[-1]
             results.append({"algorithm": approach if eps is None else f"{approach} DP-SGD",
                             "status": "ok", "approach": approach, "epsilon": eps,
-                            "seed": seed, "lr": lr,
+                            "seed": seed, "noise_entropy": entropy, "lr": lr,
                             **noise, "max_contributions": int(run.contributions.max()),
                             **{k: v for k, v in final.items() if k != "step"}})
             say(f"  seed {seed} {approach:>11} eps={label:>6}: sigma = {noise['sigma']:.4g}, "
@@ -312,7 +326,8 @@ def run_experiment(
     out = {
         "kind": "netdp-logreg", "run_dir": str(run_dir), "dataset": data["name"],
         "users": n, "records_per_user": cfg.data.records_per_user, "dim": data["dim"],
-        "steps": T, "cap": cap, "delta": cfg.privacy.delta, "cells": results,
+        "steps": T, "cap": cap, "delta": cfg.privacy.delta, "noise_entropy": entropy,
+        "cells": results,
         "summary": summary, "files": ["config.json", "metrics.csv", "results.json",
                                       "curves.png"],
     }
@@ -341,15 +356,20 @@ def _summary(results: list[dict]) -> list[dict]:
 
 
 def apply_overrides(config: dict[str, Any], **overrides) -> dict[str, Any]:
-    """``dpdl run`` flags: ``seed`` (a single seed) and ``steps`` (T); others are refused."""
+    """``dpdl run`` flags: ``seed`` (a single seed), ``steps`` (T) and ``entropy``; others
+    (``--secure-noise`` among them: its hardened sampler serves the torch engine) are
+    refused."""
     import copy
 
     unsupported = sorted(k for k, v in overrides.items()
-                         if v is not None and k not in ("seed", "steps"))
+                         if v is not None and k not in ("seed", "steps", "entropy"))
     if unsupported:
-        raise DPDLError(f"{', '.join('--' + k for k in unsupported)} not supported for "
-                        "experiment kind 'netdp-logreg' (it runs on numpy, in one process)")
+        flags = ", ".join("--" + k.replace("_", "-") for k in unsupported)
+        raise DPDLError(f"{flags} not supported for experiment kind 'netdp-logreg' (it runs "
+                        "on numpy, in one process)")
     config = copy.deepcopy(config)
+    if overrides.get("entropy") is not None:
+        config.setdefault("experiment", {})["entropy"] = overrides["entropy"]
     if overrides.get("seed") is not None:
         config.setdefault("experiment", {})["seeds"] = [int(overrides["seed"])]
     if overrides.get("steps") is not None:

@@ -18,6 +18,9 @@ embedded (base64), so it can be mailed as one file:
   CLT-calibrated runs the certified ε they really spend against their target -- how much the
   paper's accounting understated privacy loss;
 * the claims of SPEC §4 checked against the measured means;
+* runs whose noise was derived from their seed (``noise_entropy = "seed"`` in results.json,
+  the reproducible research mode) are named in a note under the introduction, and the
+  per-run table has a noise column;
 * figures: accuracy against iteration per ε, final accuracy against ε, the ρ_c × ρ_μ
   heat-map of Dyn-D2P, accuracy by topology and by number of nodes.
 """
@@ -36,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from dpdl.errors import DPDLError
+from dpdl.experiments.config import REPRODUCIBLE_NOISE_NOTE
 from dpdl.experiments.sweep import finished_cells
 
 ALGORITHM_ORDER = ("sgp", "const-d2p", "dyn-c-d2p", "dyn-mu-d2p", "dyn-d2p", "general")
@@ -62,6 +66,7 @@ class CellRun:
     cell: str = ""
     calibrated_with: str | None = None
     status: str = "ok"  # "diverged": the runner stopped it on a NaN/inf update
+    noise_entropy: str | None = None  # "os", "seed" (reproducible noise), None: not recorded
     extra: dict = field(default_factory=dict)
 
     @property
@@ -165,6 +170,7 @@ def collect_runs(sweep_dir: Path) -> list[CellRun]:
                         cell=cell_dir.name,
                         calibrated_with=calibration or algorithm.partition("@")[2] or None,
                         status=str(record_of_run.get("status", "ok")),
+                        noise_entropy=record_of_run.get("noise_entropy"),
                     )
                 )
     if not runs:
@@ -318,6 +324,7 @@ def build_tables(runs: list[CellRun]) -> Tables:
                 f"{r.epsilon_clt:.4g}",
                 f"{r.epsilon_certified:.4g}",
                 f"{ratio:.2f}×" if math.isfinite(ratio) else "—",
+                _noise_text(r.noise_entropy),
             ]
         )
     privacy_header = [
@@ -328,6 +335,7 @@ def build_tables(runs: list[CellRun]) -> Tables:
         "ε CLT (approx.)",
         "ε certified",
         "certified / CLT",
+        "noise",
     ]
 
     calibration_rows = []
@@ -675,6 +683,21 @@ def _html_table(header: list[str], rows: list[list[str]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _noise_text(entropy: str | None) -> str:
+    return {"os": "secret (OS entropy)", "seed": "reproducible (entropy = seed)"}.get(
+        entropy, "not recorded"
+    )
+
+
+def reproducible_noise_note(runs: list[CellRun]) -> str | None:
+    """The sentence that marks runs whose noise was derived from their seed (None: no such run)."""
+    seeded = [r for r in runs if r.noise_entropy == "seed"]
+    if not seeded:
+        return None
+    cells = ", ".join(sorted({r.cell for r in seeded}))
+    return f"{len(seeded)} of {len(runs)} runs (cells: {cells}) used {REPRODUCIBLE_NOISE_NOTE}."
+
+
 def _understatement_sentence(ratios: list[float]) -> str:
     if not ratios:
         return "No private run reported both a CLT and a certified ε."
@@ -729,11 +752,13 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None) -> dict[str, Path
             + "."
         )
     claim_rows = [[c, v] for c, v in claims]
+    reproducible = reproducible_noise_note(runs)
     md = [
         f"# {title}",
         "",
         intro,
         "",
+        *([f"**Note:** {reproducible}", ""] if reproducible else []),
         _markdown_table(tables.accuracy_header, tables.accuracy_rows),
         "",
         "## Privacy: what the CLT calibration really spends",
@@ -770,6 +795,7 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None) -> dict[str, Path
         "</head><body>",
         f"<h1>{html.escape(title)}</h1>",
         f"<p>{html.escape(intro)}</p>",
+        *([f"<p><strong>Note:</strong> {html.escape(reproducible)}</p>"] if reproducible else []),
         _html_table(tables.accuracy_header, tables.accuracy_rows),
         "<h2>Privacy: what the CLT calibration really spends</h2>",
         f"<p>{html.escape(overspend)}</p>",
