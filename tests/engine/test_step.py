@@ -316,3 +316,15 @@ def test_cuda_step_matches_cpu(h):
         out[device] = {k: v.cpu() for k, v in sim.params.items()}
     for k in out["cpu"]:
         torch.testing.assert_close(out["cuda"][k], out["cpu"][k], atol=1e-5, rtol=1e-4)
+
+
+def test_node_data_with_a_gap_in_the_mask_is_refused():
+    import numpy as np
+
+    from dpdl.engine.simulator import NodeData
+    from dpdl.errors import DPDLError
+
+    x, y = np.zeros((2, 3, 4), np.float32), np.zeros((2, 3), np.int64)
+    NodeData.from_arrays(x, y, np.array([[1, 1, 0], [1, 0, 0]], bool))
+    with pytest.raises(DPDLError, match="real records first"):
+        NodeData.from_arrays(x, y, np.array([[1, 0, 1], [1, 1, 1]], bool))

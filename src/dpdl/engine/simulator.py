@@ -65,6 +65,12 @@ class NodeData:
         )
         counts = mask_t.sum(dim=1)
         require(bool((counts > 0).all()), "every node needs at least one local record")
+        # poisson_sample draws node i's uniforms for its first J_i slots: real records first.
+        prefix = torch.arange(mask_t.shape[1], device=mask_t.device) < counts[:, None]
+        require(
+            bool((mask_t == prefix).all()),
+            "node data must hold each node's real records first (mask rows of ones, then zeros)",
+        )
         return cls(x, y, mask_t)
 
     @property
