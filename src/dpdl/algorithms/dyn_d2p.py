@@ -40,6 +40,7 @@ import numpy as np
 import torch
 from torch.func import functional_call, grad, vmap
 
+from dpdl.algorithms.per_sample import book_keeping_plan, clipped_sums_by_node
 from dpdl.algorithms.randomness import secure_generators, standard_normals_, uniforms
 from dpdl.errors import DPDLError, require
 
@@ -54,6 +55,7 @@ __all__ = [
     "mean_batch_grads",
     "clip_factors",
     "clip_per_record",
+    "clipped_record_sums",
     "sum_records",
     "draw_node_noise",
     "add_gaussian_noise",
@@ -246,7 +248,7 @@ def mean_batch_grads(
 def _record_norms(grads: Params) -> torch.Tensor:
     """l2 norm of each record's whole gradient (all parameters together), shape (R,)."""
     # vector_norm reads each gradient once, without a squared temporary of its size.
-    per_param = [torch.linalg.vector_norm(g.flatten(start_dim=1), dim=1) for g in grads.values()]
+    per_param = [torch.linalg.vector_norm(g.reshape(len(g), -1), dim=1) for g in grads.values()]
     return torch.linalg.vector_norm(torch.stack(per_param), dim=0)
 
 
@@ -284,6 +286,80 @@ def sum_records(
             (batch.n_nodes, *g.shape[1:]), dtype=g.dtype, device=g.device
         ).index_add_(0, batch.node, g)
     return out
+
+
+CLIP_METHODS = ("auto", "per-record", "book-keeping")
+
+
+def clipped_record_sums(
+    model: torch.nn.Module,
+    params: Params,
+    batch: NodeBatch,
+    clip: float,
+    *,
+    loss: str = "cross_entropy",
+    buffers: Params | None = None,
+    method: str = "auto",
+) -> Params:
+    """Steps 2-3 summed per node: sum_{r in S_i} g_r min(1, C_k / ||g_r||_2), (m, *shape).
+
+    ``method``: "per-record" takes every record's gradient at its own copy of its node's
+    parameters (:func:`per_record_grads`, :func:`clip_factors`, :func:`sum_records`);
+    "book-keeping" gets the norms and the clipped sums from each layer's inputs and output
+    gradients with the node's parameters shared by its records (:mod:`dpdl.algorithms.
+    per_sample`; same numbers to rounding, no per-record copy of the weights); "auto" takes
+    book-keeping where the model's layers allow it (Linear, Conv2d, GroupNorm, LayerNorm), the
+    per-record path otherwise.
+    """
+    require(method in CLIP_METHODS, f"unknown clipping method {method!r}; choose one of "
+            f"{', '.join(CLIP_METHODS)}")  # fmt: skip
+    require(math.isfinite(clip) and clip > 0, f"clip bound C_k must be positive, got {clip}")
+    loss_fn = _loss_fn(loss)
+    if batch.size == 0:
+        return _zeros_like_stacked(params)
+    if method != "per-record":
+        plan = book_keeping_plan(model, tuple(batch.inputs.shape[1:]), params)
+        if not plan.problems and not plan.checked:
+            _check_book_keeping(plan, model, params, batch, clip, loss, buffers)
+        require(
+            method == "auto" or not plan.problems,
+            f"book-keeping clipping cannot handle this model: {'; '.join(plan.problems)}",
+        )
+        if not plan.problems:
+            return clipped_sums_by_node(
+                plan, model, params, batch, clip, loss_fn=loss_fn, buffers=buffers
+            )
+    return _per_record_clipped_sums(model, params, batch, clip, loss, buffers)
+
+
+def _per_record_clipped_sums(model, params, batch, clip, loss, buffers) -> Params:
+    grads = per_record_grads(model, params, batch, loss=loss, buffers=buffers)
+    return sum_records(grads, batch, clip_factors(grads, clip), in_place=True)
+
+
+def _check_book_keeping(plan, model, params, batch, clip, loss, buffers) -> None:
+    """Compare book-keeping with the per-record path once per model on a few records; a model
+    it misreads (e.g. a layer's weight also used outside the layer) falls back, never clips
+    with wrong norms."""
+    k = min(batch.size, 6)
+    few = NodeBatch(batch.inputs[:k], batch.targets[:k], batch.node[:k], batch.n_nodes)
+    used = torch.unique(few.node)
+    # a clip bound below every record's norm, so the check also covers the norms
+    norms = _record_norms(per_record_grads(model, params, few, loss=loss, buffers=buffers))
+    bound = min(clip, 0.5 * float(norms.min())) if float(norms.min()) > 0 else clip
+    want = _per_record_clipped_sums(model, params, few, bound, loss, buffers)
+    if not all(bool(t.isfinite().all()) for t in want.values()):
+        return  # nothing to compare on non-finite gradients: check on a later batch
+    got = clipped_sums_by_node(
+        plan, model, params, few, bound, loss_fn=_loss_fn(loss), buffers=buffers
+    )
+    for name in want:
+        a, b = got[name][used], want[name][used]
+        scale = float(b.abs().max()) + 1e-12
+        if not bool(torch.isfinite(a).all()) or float((a - b).abs().max()) > 1e-4 * scale:
+            plan.problems.append(f"disagrees with the per-record path on {name}")
+            break
+    plan.checked = True
 
 
 def draw_node_noise(
@@ -435,6 +511,7 @@ def local_update(
     first_node: int = 0,
     noise_buffer: torch.Tensor | None = None,
     unsafe_zero_noise: bool = False,
+    clip_method: str = "auto",
 ) -> LocalUpdateResult:
     """Steps 1-5 of Algorithm 1 for a contiguous block of nodes (first index ``first_node``).
 
@@ -444,7 +521,8 @@ def local_update(
     when a node's update is not finite.  ``noise_buffer`` (m, d), optional, is reused for the
     standard normals (see :func:`draw_node_noise`).  A private step needs ``sigma`` > 0: a
     clipped step without noise is only taken with the explicit ``unsafe_zero_noise=True`` (for
-    tests of the clipping; it is not private).
+    tests of the clipping; it is not private).  ``clip_method`` picks how the clipped
+    sums are computed (:func:`clipped_record_sums`; the numbers agree to rounding).
     """
     if private:
         check_private_noise(sigma, unsafe_zero_noise)
@@ -467,8 +545,9 @@ def local_update(
         # Same numbers either way; torch ops release the GIL.
         pending = _noise_worker().submit(draw) if first.device.type == "cpu" else None
         try:
-            grads = per_record_grads(model, at, batch, loss=loss, buffers=buffers)
-            clipped_sum = sum_records(grads, batch, clip_factors(grads, clip), in_place=True)
+            clipped_sum = clipped_record_sums(
+                model, at, batch, clip, loss=loss, buffers=buffers, method=clip_method
+            )
         except BaseException:
             if pending is not None:
                 futures_wait([pending])  # never leave a generator in use after we return
