@@ -4,6 +4,8 @@ to the per-record path for models it cannot read."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -158,19 +160,27 @@ def test_chunks_and_padding_change_no_number(monkeypatch):
 
 
 @pytest.mark.parametrize("overhead", [0.0, 1e9])
-def test_plan_chunks_covers_every_sampled_node_once(overhead, monkeypatch):
+@pytest.mark.parametrize("copy_cost", [0.0, 1e9])
+def test_plan_chunks_covers_every_sampled_record_once(overhead, copy_cost, monkeypatch):
     monkeypatch.setattr(per_sample, "CHUNK_OVERHEAD_MACS", overhead)
+    monkeypatch.setattr(per_sample, "COPY_MACS_PER_PARAMETER", copy_cost)
     counts = [0, 3, 1, 1, 9, 0, 2, 4, 4, 1, 7]
-    chunks = per_sample.plan_chunks(counts, macs_per_record=1e6, records_per_chunk=10)
-    seen = [i for nodes, _ in chunks for i in nodes]
-    assert sorted(seen) == [i for i, c in enumerate(counts) if c > 0]
-    for nodes, batch in chunks:
-        assert batch == max(counts[i] for i in nodes)
-        assert len(nodes) * batch <= 10 or len(nodes) == 1
-    if overhead == 0.0:  # free chunks: no padding at all
-        assert all(len({counts[i] for i in nodes}) == 1 for nodes, _ in chunks)
-    else:  # costly chunks: as few as the chunk size allows
-        assert len(chunks) <= 1 + sum(counts) // 5
+    first_row = np.concatenate([[0], np.cumsum(counts)])
+    chunks = per_sample.plan_chunks(counts, 1e6, records_per_chunk=10, params_per_node=100)
+    rows = []
+    for chunk in chunks:
+        assert max(chunk.lengths) <= chunk.batch
+        assert len(chunk.nodes) * chunk.batch <= 10 or len(chunk.nodes) == 1
+        if chunk.view is not None:
+            assert chunk.nodes == list(range(*chunk.view))
+        for node, start, length in zip(chunk.nodes, chunk.starts, chunk.lengths, strict=True):
+            assert first_row[node] <= start and start + length <= first_row[node + 1]
+            rows += range(start, start + length)
+    assert sorted(rows) == list(range(sum(counts)))  # every record exactly once
+    if copy_cost and not overhead:  # copies cost, chunks do not: slices of the nodes in order
+        assert all(chunk.view is not None for chunk in chunks)
+    if overhead and not copy_cost:  # few chunks: records no padding (one record per unit)
+        assert len(chunks) == math.ceil(sum(counts) / 10)
 
 
 class BareParameter(nn.Module):

@@ -50,6 +50,9 @@ CHUNK_BYTES = 48 * 2**20
 # multiply-adds of per-record work, for the grouping below (measured on one CPU core: ~1.5 ms
 # of dispatch per chunk of the shallow CNN, ~7 records of its per-record work).
 CHUNK_OVERHEAD_MACS = 6.0e7
+# Cost of copying one parameter of a node for a unit of records (an index_select into fresh
+# memory, page faults included), in the same multiply-add units.
+COPY_MACS_PER_PARAMETER = 16.0
 
 
 @dataclass
@@ -163,7 +166,8 @@ def _make_plan(model: nn.Module, record_shape: tuple[int, ...], params: Params) 
         else:
             macs += 4.0 * n_out
             bytes_ += 8.0 * n_out
-    return _Plan(list(layers.values()), max(macs, 1.0), 2.0 * bytes_, problems=problems)
+    itemsize = next(iter(params.values())).element_size() / 4.0
+    return _Plan(list(layers.values()), max(macs, 1.0), itemsize * bytes_, problems=problems)
 
 
 def book_keeping_plan(model: nn.Module, record_shape: tuple[int, ...], params: Params) -> _Plan:
@@ -332,39 +336,104 @@ def _chunk_clipped_sums(plan, model, params, buffers, loss_fn, inputs, targets, 
 
 
 # --------------------------------------------------------------------------- grouping
-def plan_chunks(counts: list[int], macs_per_record: float, records_per_chunk: int):
-    """Split the nodes with records into chunks [(nodes, batch)] that pad little.
+@dataclass
+class Chunk:
+    """One vmap over ``len(nodes)`` units: unit u holds ``lengths[u]`` consecutive sampled
+    records of node ``nodes[u]`` starting at flat row ``starts[u]``, padded to ``batch``.
+    ``view`` is (first, last + 1) when the units are nodes first..last in order, each with all
+    its records: their parameters are a slice, not a copy."""
 
-    Nodes sorted by batch size; contiguous groups chosen by dynamic programming over the
-    distinct sizes to minimise sum (overhead + nodes x largest batch x per-record cost), each
-    group then cut into chunks of at most ``records_per_chunk`` padded records.
-    """
-    nodes = sorted((c, i) for i, c in enumerate(counts) if c > 0)
-    if not nodes:
-        return []
-    sizes = sorted({c for c, _ in nodes})
-    at_most = [sum(1 for c, _ in nodes if c <= s) for s in sizes]  # nodes with batch <= size
+    nodes: list[int]
+    starts: list[int]
+    lengths: list[int]
+    batch: int
+    view: tuple[int, int] | None = None
 
-    def cost(lo: int, hi: int) -> float:  # one group: sizes[lo..hi] padded to sizes[hi]
-        n_nodes = at_most[hi] - (at_most[lo - 1] if lo else 0)
-        per_chunk = max(1, records_per_chunk // sizes[hi])
-        chunks = math.ceil(n_nodes / per_chunk)
-        return chunks * CHUNK_OVERHEAD_MACS + n_nodes * sizes[hi] * macs_per_record
 
-    best = [0.0] * (len(sizes) + 1)
-    cut = [0] * (len(sizes) + 1)
+def _split(counts: list[int], unit: int) -> list[tuple[int, int, int]]:
+    """(node, first row, length) of every unit: each node's records in runs of ``unit``."""
+    units, row = [], 0
+    for node, c in enumerate(counts):
+        for first in range(0, c, unit):
+            units.append((node, row + first, min(unit, c - first)))
+        row += c
+    return units
+
+
+def _grouped(units, macs_per_record, records_per_chunk, copy_macs):
+    """Units sorted by length, cut into groups by dynamic programming over the distinct
+    lengths (cost of a group: its chunks' overhead + units x longest x per-record work + the
+    parameter copies), each group cut into chunks of at most ``records_per_chunk`` padded
+    records.  Returns (cost, chunks)."""
+    units = sorted(units, key=lambda u: (u[2], u[0], u[1]))
+    sizes = sorted({u[2] for u in units})
+    up_to = [sum(1 for u in units if u[2] <= s) for s in sizes]
+
+    def cost(lo: int, hi: int) -> float:
+        count = up_to[hi] - (up_to[lo - 1] if lo else 0)
+        chunks = math.ceil(count / max(1, records_per_chunk // sizes[hi]))
+        return chunks * CHUNK_OVERHEAD_MACS + count * (sizes[hi] * macs_per_record + copy_macs)
+
+    best, cut = [0.0] * (len(sizes) + 1), [0] * (len(sizes) + 1)
     for hi in range(1, len(sizes) + 1):
         best[hi], cut[hi] = min((best[lo] + cost(lo, hi - 1), lo) for lo in range(hi))
     chunks, hi = [], len(sizes)
     while hi > 0:
         lo = cut[hi]
-        low = at_most[lo - 1] if lo else 0
-        group = [i for _, i in nodes[low : at_most[hi - 1]]]
+        group = units[(up_to[lo - 1] if lo else 0) : up_to[hi - 1]]
         batch = sizes[hi - 1]
         per_chunk = max(1, records_per_chunk // batch)
-        chunks += [(group[s : s + per_chunk], batch) for s in range(0, len(group), per_chunk)]
+        for s in range(0, len(group), per_chunk):
+            part = group[s : s + per_chunk]
+            chunks.append(Chunk([u[0] for u in part], [u[1] for u in part],
+                                [u[2] for u in part], batch))  # fmt: skip
         hi = lo
-    return chunks[::-1]
+    return best[-1], chunks[::-1]
+
+
+def _in_order(counts, macs_per_record, records_per_chunk):
+    """Every node, in order, all its records in one unit: chunks are slices of the stacked
+    parameters (no copy), padded to the chunk's largest batch.  Returns (cost, chunks)."""
+    chunks, cost, node, row, m = [], 0.0, 0, 0, len(counts)
+    while node < m:
+        last, batch = node, max(counts[node], 1)
+        while last + 1 < m and (last + 2 - node) * max(batch, counts[last + 1]) <= (
+            records_per_chunk
+        ):
+            last += 1
+            batch = max(batch, counts[last])
+        rows = counts[node : last + 1]
+        starts = [row + sum(rows[:k]) for k in range(len(rows))]
+        chunks.append(Chunk(list(range(node, last + 1)), starts, rows, batch, (node, last + 1)))
+        cost += CHUNK_OVERHEAD_MACS + len(rows) * batch * macs_per_record
+        row += sum(rows)
+        node = last + 1
+    return cost, chunks
+
+
+def plan_chunks(counts: list[int], macs_per_record: float, records_per_chunk: int,
+                params_per_node: int = 0) -> list[Chunk]:  # fmt: skip
+    """The cheapest way found to cover every sampled record once.
+
+    Candidates: the nodes in order (parameter slices, padded to the largest batch), or each
+    node's records cut into units of U = 1, 2, 4, ... records (U = 1 is the per-record layout:
+    no padding, one parameter copy per record), units grouped by length to pad little.  The
+    cost model counts per-record work in multiply-adds, a chunk's fixed overhead and
+    ``COPY_MACS_PER_PARAMETER`` per parameter copied.
+    """
+    if not any(counts):
+        return []
+    copy_macs = COPY_MACS_PER_PARAMETER * params_per_node
+    best = _in_order(counts, macs_per_record, records_per_chunk)
+    unit = 1
+    while True:
+        candidate = _grouped(_split(counts, unit), macs_per_record, records_per_chunk, copy_macs)
+        if candidate[0] < best[0]:
+            best = candidate
+        if unit >= max(counts):
+            break
+        unit *= 2
+    return best[1]
 
 
 def clipped_sums_by_node(plan: _Plan, model, params, batch, clip, *, loss_fn, buffers=None):
@@ -372,29 +441,32 @@ def clipped_sums_by_node(plan: _Plan, model, params, batch, clip, *, loss_fn, bu
     :class:`dpdl.algorithms.dyn_d2p.NodeBatch`), {name: (m, *shape)}."""
     buffers = buffers or {}
     counts = batch.counts.tolist()
-    m = batch.n_nodes
-    starts = [0] * m
-    for i in range(1, m):
-        starts[i] = starts[i - 1] + counts[i - 1]
     records_per_chunk = max(1, int(CHUNK_BYTES // plan.bytes_per_record))
+    d = sum(p[0].numel() for p in params.values())
     out = {name: torch.zeros_like(p) for name, p in params.items()}
     device = batch.node.device
-    for nodes, B in plan_chunks(counts, plan.macs_per_record, records_per_chunk):
-        idx = torch.tensor(nodes, device=device)
-        slot = torch.arange(B, device=device)
-        cnt = torch.tensor([counts[i] for i in nodes], device=device)
-        rows = torch.tensor([starts[i] for i in nodes], device=device)[:, None] + torch.minimum(
-            slot[None, :], cnt[:, None] - 1
+    last_row = max(batch.size - 1, 0)
+    for chunk in plan_chunks(counts, plan.macs_per_record, records_per_chunk, d):
+        slot = torch.arange(chunk.batch, device=device)
+        lengths = torch.tensor(chunk.lengths, device=device)
+        starts = torch.tensor(chunk.starts, device=device)
+        rows = (starts[:, None] + torch.minimum(slot[None, :], lengths[:, None] - 1)).clamp(
+            0, last_row
         )
-        mask = slot[None, :] < cnt[:, None]
-        if len(nodes) == m and nodes == list(range(m)):
-            chunk_params = params
+        mask = slot[None, :] < lengths[:, None]
+        if chunk.view is not None:
+            lo, hi = chunk.view
+            chunk_params = {name: p[lo:hi] for name, p in params.items()}
         else:
+            idx = torch.tensor(chunk.nodes, device=device)
             chunk_params = {name: p.index_select(0, idx) for name, p in params.items()}
         sums = _chunk_clipped_sums(
             plan, model, chunk_params, buffers, loss_fn,
             batch.inputs[rows], batch.targets[rows], mask, clip,
         )  # fmt: skip
-        for name, s in sums.items():
-            out[name].index_copy_(0, idx, s)
+        for name, total in sums.items():
+            if chunk.view is not None:
+                out[name][chunk.view[0] : chunk.view[1]] += total
+            else:
+                out[name].index_add_(0, idx, total)
     return out

@@ -16,6 +16,7 @@ import torch
 from torch.func import functional_call, vmap
 
 from dpdl.algorithms.dyn_d2p import (
+    CLIP_METHODS,
     LOSSES,
     Params,
     debias,
@@ -98,6 +99,9 @@ class Simulator:
     ``SeedSequence`` makes them reproducible (a research choice, see
     :mod:`dpdl.algorithms.randomness`).  ``secure_noise`` uses CSPRNG generators and the
     hardened Gaussian sampler instead (OS entropy only).
+    ``clip_method`` chooses how per-record clipped sums are computed (``"auto"``,
+    ``"book-keeping"``, ``"per-record"``; see :func:`dpdl.algorithms.dyn_d2p.
+    clipped_record_sums`): the numbers agree to rounding.
     """
 
     def __init__(
@@ -112,6 +116,7 @@ class Simulator:
         device: str | torch.device = "cpu",
         loss: str = "cross_entropy",
         secure_noise: bool = False,
+        clip_method: str = "auto",
     ):
         require(lr > 0 and np.isfinite(lr), f"learning rate must be positive, got {lr}")
         require(
@@ -119,6 +124,11 @@ class Simulator:
             f"expected batch size b must be positive, got {expected_batch_size}",
         )
         require(loss in LOSSES, f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
+        require(
+            clip_method in CLIP_METHODS,
+            f"unknown clipping method {clip_method!r}; choose one of {', '.join(CLIP_METHODS)}",
+        )
+        self.clip_method = clip_method
         self.device = resolve_device(device)
         self.model = model.to(self.device)
         self.data = NodeData(
@@ -192,6 +202,7 @@ class Simulator:
             sample_rate=self.sample_rate, private=private, clip=clip, sigma=sigma,
             loss=self.loss, buffers=self.buffers, noise_buffer=self._noise_buffer,
             unsafe_zero_noise=unsafe_zero_noise,
+            clip_method=self.clip_method,
         )  # fmt: skip
         P, circ = self._mixing(k)
         self.params, self.weights = push_sum_mix(half.params, self.weights, P, circulant=circ)
