@@ -270,22 +270,25 @@ def sum_records(
     factors: torch.Tensor | None = None,
     *,
     in_place: bool = False,
+    out: Params | None = None,
 ) -> Params:
     """sum_{r in S_i} factor_r * g_r for every node i: (R, ...) -> (m, ...).
 
     ``factors`` (R,) folds the clipping into the sum.  ``in_place`` scales ``grads`` in place
     (a temporary the caller owns): one fewer gradient-sized allocation, which on CPU costs
     more than the arithmetic (fresh multi-megabyte blocks are page-faulted in every step).
+    ``out`` ({name: (m, ...)}, overwritten) receives the sums instead of fresh tensors.
     """
-    out = {}
+    sums = {}
     for name, g in grads.items():
         if factors is not None:
             shaped = factors.reshape(-1, *([1] * (g.dim() - 1))).to(g.dtype)
             g = g.mul_(shaped) if in_place else g * shaped
-        out[name] = torch.zeros(
+        target = out[name].zero_() if out is not None else torch.zeros(
             (batch.n_nodes, *g.shape[1:]), dtype=g.dtype, device=g.device
-        ).index_add_(0, batch.node, g)
-    return out
+        )
+        sums[name] = target.index_add_(0, batch.node, g)
+    return sums
 
 
 CLIP_METHODS = ("auto", "per-record", "book-keeping")
@@ -300,6 +303,7 @@ def clipped_record_sums(
     loss: str = "cross_entropy",
     buffers: Params | None = None,
     method: str = "auto",
+    out: Params | None = None,
 ) -> Params:
     """Steps 2-3 summed per node: sum_{r in S_i} g_r min(1, C_k / ||g_r||_2), (m, *shape).
 
@@ -309,14 +313,16 @@ def clipped_record_sums(
     gradients with the node's parameters shared by its records (:mod:`dpdl.algorithms.
     per_sample`; same numbers to rounding, no per-record copy of the weights); "auto" takes
     book-keeping where the model's layers allow it (Linear, Conv2d, GroupNorm, LayerNorm), the
-    per-record path otherwise.
+    per-record path otherwise.  ``out`` ({name: (m, *shape)}, overwritten) receives the sums.
     """
     require(method in CLIP_METHODS, f"unknown clipping method {method!r}; choose one of "
             f"{', '.join(CLIP_METHODS)}")  # fmt: skip
     require(math.isfinite(clip) and clip > 0, f"clip bound C_k must be positive, got {clip}")
     loss_fn = _loss_fn(loss)
     if batch.size == 0:
-        return _zeros_like_stacked(params)
+        if out is None:
+            return _zeros_like_stacked(params)
+        return {name: out[name].zero_() for name in params}
     if method != "per-record":
         plan = book_keeping_plan(model, tuple(batch.inputs.shape[1:]), params)
         if not plan.problems and not plan.checked:
@@ -327,14 +333,14 @@ def clipped_record_sums(
         )
         if not plan.problems:
             return clipped_sums_by_node(
-                plan, model, params, batch, clip, loss_fn=loss_fn, buffers=buffers
+                plan, model, params, batch, clip, loss_fn=loss_fn, buffers=buffers, out=out
             )
-    return _per_record_clipped_sums(model, params, batch, clip, loss, buffers)
+    return _per_record_clipped_sums(model, params, batch, clip, loss, buffers, out)
 
 
-def _per_record_clipped_sums(model, params, batch, clip, loss, buffers) -> Params:
+def _per_record_clipped_sums(model, params, batch, clip, loss, buffers, out=None) -> Params:
     grads = per_record_grads(model, params, batch, loss=loss, buffers=buffers)
-    return sum_records(grads, batch, clip_factors(grads, clip), in_place=True)
+    return sum_records(grads, batch, clip_factors(grads, clip), in_place=True, out=out)
 
 
 def _check_book_keeping(plan, model, params, batch, clip, loss, buffers) -> None:
@@ -420,9 +426,19 @@ def add_gaussian_noise(
     }
 
 
-def local_sgd_step(params: Params, update: Params, lr: float, scale: float = 1.0) -> Params:
-    """Step 5: x^{k+1/2} = x^k - lr * update / scale (scale = b for the private sum)."""
-    return {name: torch.add(p, update[name], alpha=-lr / scale) for name, p in params.items()}
+def local_sgd_step(
+    params: Params, update: Params, lr: float, scale: float = 1.0, *, out: Params | None = None
+) -> Params:
+    """Step 5: x^{k+1/2} = x^k - lr * update / scale (scale = b for the private sum).
+
+    ``out`` (may be ``update`` itself) receives x^{k+1/2} instead of fresh tensors.
+    """
+    if out is None:
+        return {name: torch.add(p, update[name], alpha=-lr / scale) for name, p in params.items()}
+    return {
+        name: torch.add(p, update[name], alpha=-lr / scale, out=out[name])
+        for name, p in params.items()
+    }
 
 
 # --------------------------------------------------------------------------- mixing
@@ -442,10 +458,17 @@ def push_sum_mix(
     if circulant is not None:
 
         def apply(t: torch.Tensor) -> torch.Tensor:
-            mixed = None
-            for offset, weight in circulant:
-                shifted = torch.roll(t, shifts=int(offset), dims=0) if offset % len(t) else t
-                mixed = shifted * weight if mixed is None else mixed.add_(shifted, alpha=weight)
+            # mixed[(i + s) mod n] += weight * t[i], written slice by slice: no rolled copy
+            # (the same arithmetic as torch.roll then add, one allocation fewer per offset)
+            mixed = torch.empty_like(t)
+            for k, (offset, weight) in enumerate(circulant):
+                s = int(offset) % len(t)
+                pairs = [(mixed, t)] if s == 0 else [(mixed[s:], t[:-s]), (mixed[:s], t[-s:])]
+                for dst, src in pairs:
+                    if k == 0:
+                        torch.mul(src, weight, out=dst)
+                    else:
+                        dst.add_(src, alpha=weight)
             return mixed
 
         return {name: apply(p) for name, p in params.items()}, apply(weights)
@@ -512,6 +535,7 @@ def local_update(
     noise_buffer: torch.Tensor | None = None,
     unsafe_zero_noise: bool = False,
     clip_method: str = "auto",
+    work: Params | None = None,
 ) -> LocalUpdateResult:
     """Steps 1-5 of Algorithm 1 for a contiguous block of nodes (first index ``first_node``).
 
@@ -523,6 +547,9 @@ def local_update(
     clipped step without noise is only taken with the explicit ``unsafe_zero_noise=True`` (for
     tests of the clipping; it is not private).  ``clip_method`` picks how the clipped
     sums are computed (:func:`clipped_record_sums`; the numbers agree to rounding).
+    ``work`` ({name: (m, *shape)}, optional, overwritten) holds the update and then x^{k+1/2}:
+    the result's parameters are these tensors (no fresh n x d allocations, whose page faults
+    dominate large n on CPU).
     """
     if private:
         check_private_noise(sigma, unsafe_zero_noise)
@@ -546,7 +573,8 @@ def local_update(
         pending = _noise_worker().submit(draw) if first.device.type == "cpu" else None
         try:
             clipped_sum = clipped_record_sums(
-                model, at, batch, clip, loss=loss, buffers=buffers, method=clip_method
+                model, at, batch, clip, loss=loss, buffers=buffers, method=clip_method,
+                out=work,
             )
         except BaseException:
             if pending is not None:
@@ -559,7 +587,7 @@ def local_update(
         update = mean_batch_grads(model, at, batch, loss=loss, buffers=buffers)
         scale = 1.0
     _check_finite(update, step, first_node)
-    return LocalUpdateResult(local_sgd_step(params, update, lr, scale), batch.counts)
+    return LocalUpdateResult(local_sgd_step(params, update, lr, scale, out=work), batch.counts)
 
 
 def check_private_noise(sigma: float | None, unsafe_zero_noise: bool = False) -> None:

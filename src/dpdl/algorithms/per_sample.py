@@ -436,14 +436,19 @@ def plan_chunks(counts: list[int], macs_per_record: float, records_per_chunk: in
     return best[1]
 
 
-def clipped_sums_by_node(plan: _Plan, model, params, batch, clip, *, loss_fn, buffers=None):
+def clipped_sums_by_node(
+    plan: _Plan, model, params, batch, clip, *, loss_fn, buffers=None, out=None
+):
     """sum_{r in S_i} min(1, C / ||g_r||) g_r for every node i of ``batch`` (a
-    :class:`dpdl.algorithms.dyn_d2p.NodeBatch`), {name: (m, *shape)}."""
+    :class:`dpdl.algorithms.dyn_d2p.NodeBatch`), {name: (m, *shape)}, into ``out`` if given."""
     buffers = buffers or {}
     counts = batch.counts.tolist()
     records_per_chunk = max(1, int(CHUNK_BYTES // plan.bytes_per_record))
     d = sum(p[0].numel() for p in params.values())
-    out = {name: torch.zeros_like(p) for name, p in params.items()}
+    if out is None:
+        out = {name: torch.zeros_like(p) for name, p in params.items()}
+    else:
+        out = {name: out[name].zero_() for name in params}
     device = batch.node.device
     last_row = max(batch.size - 1, 0)
     for chunk in plan_chunks(counts, plan.macs_per_record, records_per_chunk, d):

@@ -160,6 +160,7 @@ class Simulator:
         self.iteration = 0
         self._mixing_cache: dict[int, tuple] = {}
         self._noise_buffer: torch.Tensor | None = None  # (n, d) normals, reused every step
+        self._work: Params | None = None  # the step's update, then x^{k+1/2}; never exposed
 
     # ------------------------------------------------------------------ stepping
     def _mixing(self, k: int):
@@ -195,6 +196,8 @@ class Simulator:
             first = next(iter(self.params.values()))
             d = sum(p[0].numel() for p in self.params.values())
             self._noise_buffer = torch.empty((self.n, d), dtype=first.dtype, device=self.device)
+        if self._work is None:
+            self._work = {name: torch.empty_like(p) for name, p in self.params.items()}
         half = local_update(
             self.model, self.params, self.weights,
             self.data.inputs, self.data.targets, self.data.mask, self.generators,
@@ -202,7 +205,7 @@ class Simulator:
             sample_rate=self.sample_rate, private=private, clip=clip, sigma=sigma,
             loss=self.loss, buffers=self.buffers, noise_buffer=self._noise_buffer,
             unsafe_zero_noise=unsafe_zero_noise,
-            clip_method=self.clip_method,
+            clip_method=self.clip_method, work=self._work,
         )  # fmt: skip
         P, circ = self._mixing(k)
         self.params, self.weights = push_sum_mix(half.params, self.weights, P, circulant=circ)
