@@ -142,17 +142,28 @@ def test_book_keeping_equals_per_record_autograd(case):
     assert any(float(t.abs().max()) > 0 for t in got.values())
 
 
-def test_chunks_and_padding_change_no_number(monkeypatch):
-    """Tiny chunks (one node or less each, records padded within each) == one big chunk."""
+@pytest.mark.parametrize(
+    ("records_per_chunk", "overhead", "copy_cost"),
+    [(2, 0.0, 16.0), (2, 0.0, 0.0), (40, 1e12, 0.0), (7, 1e12, 0.0)],
+)
+def test_chunks_and_padding_change_no_number(records_per_chunk, overhead, copy_cost, monkeypatch):
+    """Tiny chunks (one node or less each, records padded within each), or one record per
+    unit with many units of a node in one chunk (summed per node) == one big chunk."""
     model = ConvZoo()
     n, counts = 6, [4, 1, 7, 2, 2, 6]
     batch = _batch(n, counts, (2, 8, 6), seed=3)
     params = _nodes_params(model, n, seed=1)
     one = clipped_record_sums(model, params, batch, 0.05, method="book-keeping")
     plan = per_sample.book_keeping_plan(model, (2, 8, 6), params)
-    monkeypatch.setattr(per_sample, "CHUNK_BYTES", 2 * plan.bytes_per_record)
-    monkeypatch.setattr(per_sample, "CHUNK_OVERHEAD_MACS", 0.0)
+    monkeypatch.setattr(per_sample, "CHUNK_BYTES", records_per_chunk * plan.bytes_per_record)
+    monkeypatch.setattr(per_sample, "CHUNK_OVERHEAD_MACS", overhead)
+    monkeypatch.setattr(per_sample, "COPY_MACS_PER_PARAMETER", copy_cost)
+    regrouped = []
+    real_regroup = per_sample._regroup
+    monkeypatch.setattr(per_sample, "_regroup",
+                        lambda *a: regrouped.append(1) or real_regroup(*a))  # fmt: skip
     many = clipped_record_sums(model, params, batch, 0.05, method="book-keeping")
+    assert bool(regrouped) == (overhead > 0)  # the one-record-per-unit plans sum per node
     want = reference_clipped_sums(model, params, batch, 0.05)
     for name in want:
         torch.testing.assert_close(many[name], one[name], atol=1e-6, rtol=1e-5)

@@ -289,33 +289,69 @@ def _layer_terms(layer: _Layer, a: torch.Tensor, g: torch.Tensor):
     return sq, terms
 
 
-def _weighted_sums(layer: _Layer, terms, factors: torch.Tensor) -> Params:
-    """sum_r factors[i, r] * (record r's gradient) per node, {param name: (m, *shape)}."""
+@dataclass
+class _Regroup:
+    """Where a chunk's records go when several of its units belong to one node: node slot
+    ``unit_node[u]`` of ``n_nodes``, and row ``rows[q]`` of a (n_nodes x most, ...) layout
+    for the q-th real record (units in order, records in order within a unit)."""
+
+    unit_node: torch.Tensor
+    rows: torch.Tensor
+    n_nodes: int
+    most: int
+
+
+def _weighted_sums(layer: _Layer, terms, factors: torch.Tensor, mask, regroup) -> Params:
+    """sum_r factors[u, r] * (record r's gradient) per unit, or per node with ``regroup``."""
     m, B = factors.shape
     out = {}
     if isinstance(terms, tuple):
         _, g2, a2, bias = terms
         gc = g2 * factors.reshape(m * B, 1, 1).to(g2.dtype)
-        # sum over records and positions of c_r g_rt a_rt^T, one product per node
+        groups = m
+        if regroup is not None:  # records of one node side by side: one product per node
+            real = mask.reshape(-1).nonzero().squeeze(1)
+            groups = regroup.n_nodes
+            gc = _scatter_rows(gc.index_select(0, real), regroup)
+            a2 = _scatter_rows(a2.index_select(0, real), regroup)
+            bias = _scatter_rows((bias * factors.reshape(-1, 1)).index_select(0, real), regroup)
+        # sum over records and positions of c_r g_rt a_rt^T, one product per unit / node
         weight = torch.bmm(
-            gc.reshape(m, -1, gc.shape[-1]).transpose(1, 2), a2.reshape(m, -1, a2.shape[-1])
+            gc.reshape(groups, -1, gc.shape[-1]).transpose(1, 2),
+            a2.reshape(groups, -1, a2.shape[-1]),
         )
-        shape = layer.module.weight.shape
-        out[layer.weight] = weight.reshape(m, *shape)
+        out[layer.weight] = weight.reshape(groups, *layer.module.weight.shape)
         if layer.bias is not None:
-            out[layer.bias] = torch.bmm(factors.unsqueeze(1), bias.reshape(m, B, -1)).squeeze(1)
+            if regroup is not None:
+                out[layer.bias] = bias.reshape(groups, -1, bias.shape[-1]).sum(1)
+            else:
+                out[layer.bias] = torch.bmm(
+                    factors.unsqueeze(1), bias.reshape(m, B, -1)
+                ).squeeze(1)
         return out
     for key, per_record in terms.items():
         name = layer.weight if key == "weight" else layer.bias
         flat = per_record.reshape(m, B, -1)
-        out[name] = torch.bmm(factors.unsqueeze(1).to(flat.dtype), flat).reshape(
-            m, *per_record.shape[1:]
-        )
+        total = torch.bmm(factors.unsqueeze(1).to(flat.dtype), flat).squeeze(1)
+        if regroup is not None:
+            total = torch.zeros(
+                (regroup.n_nodes, total.shape[1]), dtype=total.dtype, device=total.device
+            ).index_add_(0, regroup.unit_node, total)
+        out[name] = total.reshape(-1, *per_record.shape[1:])
     return out
 
 
-def _chunk_clipped_sums(plan, model, params, buffers, loss_fn, inputs, targets, mask, clip):
-    """Clipped sums of one chunk of m nodes, inputs (m, B, ...), mask (m, B) of real records."""
+def _scatter_rows(rows: torch.Tensor, regroup: _Regroup) -> torch.Tensor:
+    """(records, ...) -> (n_nodes * most, ...), zero where a node has fewer records."""
+    out = rows.new_zeros((regroup.n_nodes * regroup.most, *rows.shape[1:]))
+    return out.index_copy_(0, regroup.rows, rows)
+
+
+def _chunk_clipped_sums(
+    plan, model, params, buffers, loss_fn, inputs, targets, mask, clip, regroup=None
+):
+    """Clipped sums of one chunk of m units, inputs (m, B, ...), mask (m, B) of real records:
+    per unit, or per node with ``regroup``."""
     m, B = mask.shape
     acts, out_grads = _forward_backward(
         model, plan.layers, params, buffers, loss_fn, inputs, targets, mask.to(inputs.dtype)
@@ -331,7 +367,7 @@ def _chunk_clipped_sums(plan, model, params, buffers, loss_fn, inputs, targets, 
         factors = factors * mask
         sums: Params = {}
         for layer, terms in zip(plan.layers, all_terms, strict=True):
-            sums.update(_weighted_sums(layer, terms, factors))
+            sums.update(_weighted_sums(layer, terms, factors, mask, regroup))
     return sums
 
 
@@ -436,6 +472,22 @@ def plan_chunks(counts: list[int], macs_per_record: float, records_per_chunk: in
     return best[1]
 
 
+def _regroup(chunk: Chunk, device) -> tuple[_Regroup, list[int]]:
+    uniq = sorted(set(chunk.nodes))
+    slot = {node: k for k, node in enumerate(uniq)}
+    per_node = dict.fromkeys(uniq, 0)
+    for node, length in zip(chunk.nodes, chunk.lengths, strict=True):
+        per_node[node] += length
+    most = max(per_node.values())
+    filled = dict.fromkeys(uniq, 0)
+    rows = []
+    for node, length in zip(chunk.nodes, chunk.lengths, strict=True):
+        rows += range(slot[node] * most + filled[node], slot[node] * most + filled[node] + length)
+        filled[node] += length
+    unit_node = torch.tensor([slot[node] for node in chunk.nodes], device=device)
+    return _Regroup(unit_node, torch.tensor(rows, device=device), len(uniq), most), uniq
+
+
 def clipped_sums_by_node(
     plan: _Plan, model, params, batch, clip, *, loss_fn, buffers=None, out=None
 ):
@@ -459,15 +511,19 @@ def clipped_sums_by_node(
             0, last_row
         )
         mask = slot[None, :] < lengths[:, None]
+        regroup = None
         if chunk.view is not None:
             lo, hi = chunk.view
             chunk_params = {name: p[lo:hi] for name, p in params.items()}
         else:
             idx = torch.tensor(chunk.nodes, device=device)
             chunk_params = {name: p.index_select(0, idx) for name, p in params.items()}
+            if len(set(chunk.nodes)) < len(chunk.nodes):
+                regroup, uniq = _regroup(chunk, device)
+                idx = torch.tensor(uniq, device=device)
         sums = _chunk_clipped_sums(
             plan, model, chunk_params, buffers, loss_fn,
-            batch.inputs[rows], batch.targets[rows], mask, clip,
+            batch.inputs[rows], batch.targets[rows], mask, clip, regroup,
         )  # fmt: skip
         for name, total in sums.items():
             if chunk.view is not None:
