@@ -15,9 +15,10 @@ One step, for every node i at once (the numbers are Algorithm 1's steps):
 6. :func:`push_sum_mix`       -- x^{k+1} = P^k x^{k+1/2}, w^{k+1} = P^k w^k.
 
 Steps 1-5 are :func:`local_update` (acts on any block of nodes: the distributed runtime calls
-it on its rank's block), step 6 is the mixing; :func:`dyn_d2p_step` chains both.  Steps 2-4's
-sums are :func:`clipped_record_sums`: book-keeping clipping (:mod:`dpdl.algorithms.per_sample`,
-no per-record gradient or weight copy) where the model allows, else 2-3 literally as above.
+it on its rank's block), step 6 is the mixing; :func:`dyn_d2p_step` chains both.  Steps 2-3,
+summed per node, are :func:`clipped_record_sums`: book-keeping clipping
+(:mod:`dpdl.algorithms.per_sample`: no per-record gradient, no per-record weight copy) where
+the model allows it, else steps 2-3 literally as above.
 SGP (non-private) replaces 3-4 by the mean gradient over the sampled batch (zero when empty).
 
 Randomness is per node: one ``torch.Generator`` per node draws, in this order each step, the
