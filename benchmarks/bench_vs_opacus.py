@@ -201,9 +201,10 @@ def measure_one(spec: dict) -> dict:
     base_kib = _status_kib("VmRSS")
     reset = _high_water_reset()
     step()  # the first step allocates the engine's buffers: part of the peak
-    seconds = timed(step, spec["steps"])
+    seconds, cpu_seconds = timed_both(step, spec["steps"])
     peak_kib = _status_kib("VmHWM")
-    return {"seconds": seconds, "peak_mb": (peak_kib - base_kib) / 1024 if reset else None,
+    return {"seconds": seconds, "cpu_seconds": cpu_seconds,
+            "peak_mb": (peak_kib - base_kib) / 1024 if reset else None,
             "total_mb": peak_kib / 1024}  # fmt: skip
 
 
@@ -219,17 +220,18 @@ def _mb(value) -> str:
     return "n/a" if value is None else f"{value:.0f} MB"
 
 
-def scaling(J: int, threads: int) -> None:
+def scaling(J: int, threads: int, models, batches) -> None:
     print(f"\nsimulator scaling (Dyn-D2P steps, one process each; load {os.getloadavg()[0]:.1f})")
-    print("model   n    b  steps/s  ms/node-step  peak extra memory (total RSS)")
-    for model in ("logreg", "cnn"):
-        for b in (1, 16):
+    print("model   n    b  steps/s  ms/node-step (CPU ms/node-step)  peak extra memory (total RSS)")
+    for model in models:
+        for b in batches:
             for n in (20, 64, 256):
                 steps = max(2, int(200 / (n * b)))
                 r = measure(who="dpdl", model=model, n=n, b=b, J=J, steps=steps, threads=threads)
                 print(f"{model:7s} {n:3d} {b:3d} {1 / r['seconds']:8.2f} "
-                      f"{r['seconds'] / n * 1e3:12.2f}  {_mb(r['peak_mb'])} "
-                      f"({_mb(r['total_mb'])})", flush=True)  # fmt: skip
+                      f"{r['seconds'] / n * 1e3:12.2f} ({r['cpu_seconds'] / n * 1e3:6.2f})"
+                      f"{'':18s}  {_mb(r['peak_mb'])} ({_mb(r['total_mb'])})",
+                      flush=True)  # fmt: skip
 
 
 def memory(J: int, threads: int) -> None:
@@ -249,6 +251,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=0.5, help="per contender per round")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--scaling", action="store_true")
+    parser.add_argument("--scaling-models", nargs="+", default=["logreg", "cnn"])
+    parser.add_argument("--scaling-batches", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--memory", action="store_true")
     parser.add_argument("--skip-compare", action="store_true")
     parser.add_argument("--measure-one", help=argparse.SUPPRESS)
@@ -268,7 +272,7 @@ def main() -> None:
     if args.memory:
         memory(args.records, args.threads)
     if args.scaling:
-        scaling(args.records, args.threads)
+        scaling(args.records, args.threads, args.scaling_models, args.scaling_batches)
 
 
 if __name__ == "__main__":
