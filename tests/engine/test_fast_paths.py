@@ -89,7 +89,7 @@ def test_failed_gradient_leaves_no_draw_in_flight(h, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("gradient failed")
 
-    monkeypatch.setattr(dyn, "per_record_grads", broken)
+    monkeypatch.setattr(dyn, "clipped_record_sums", broken)
     gens = make_node_generators(5, 3)
     with pytest.raises(RuntimeError, match="gradient failed"):
         local_update(

@@ -15,7 +15,10 @@ One step, for every node i at once (the numbers are Algorithm 1's steps):
 6. :func:`push_sum_mix`       -- x^{k+1} = P^k x^{k+1/2}, w^{k+1} = P^k w^k.
 
 Steps 1-5 are :func:`local_update` (acts on any block of nodes: the distributed runtime calls
-it on its rank's block), step 6 is the mixing; :func:`dyn_d2p_step` chains both.
+it on its rank's block), step 6 is the mixing; :func:`dyn_d2p_step` chains both.  Steps 2-3,
+summed per node, are :func:`clipped_record_sums`: book-keeping clipping
+(:mod:`dpdl.algorithms.per_sample`: no per-record gradient, no per-record weight copy) where
+the model allows it, else steps 2-3 literally as above.
 SGP (non-private) replaces 3-4 by the mean gradient over the sampled batch (zero when empty).
 
 Randomness is per node: one ``torch.Generator`` per node draws, in this order each step, the
@@ -40,6 +43,7 @@ import numpy as np
 import torch
 from torch.func import functional_call, grad, vmap
 
+from dpdl.algorithms.per_sample import book_keeping_plan, clipped_sums_by_node
 from dpdl.algorithms.randomness import secure_generators, standard_normals_, uniforms
 from dpdl.errors import DPDLError, require
 
@@ -54,6 +58,7 @@ __all__ = [
     "mean_batch_grads",
     "clip_factors",
     "clip_per_record",
+    "clipped_record_sums",
     "sum_records",
     "draw_node_noise",
     "add_gaussian_noise",
@@ -246,7 +251,7 @@ def mean_batch_grads(
 def _record_norms(grads: Params) -> torch.Tensor:
     """l2 norm of each record's whole gradient (all parameters together), shape (R,)."""
     # vector_norm reads each gradient once, without a squared temporary of its size.
-    per_param = [torch.linalg.vector_norm(g.flatten(start_dim=1), dim=1) for g in grads.values()]
+    per_param = [torch.linalg.vector_norm(g.reshape(len(g), -1), dim=1) for g in grads.values()]
     return torch.linalg.vector_norm(torch.stack(per_param), dim=0)
 
 
@@ -268,22 +273,102 @@ def sum_records(
     factors: torch.Tensor | None = None,
     *,
     in_place: bool = False,
+    out: Params | None = None,
 ) -> Params:
     """sum_{r in S_i} factor_r * g_r for every node i: (R, ...) -> (m, ...).
 
     ``factors`` (R,) folds the clipping into the sum.  ``in_place`` scales ``grads`` in place
     (a temporary the caller owns): one fewer gradient-sized allocation, which on CPU costs
     more than the arithmetic (fresh multi-megabyte blocks are page-faulted in every step).
+    ``out`` ({name: (m, ...)}, overwritten) receives the sums instead of fresh tensors.
     """
-    out = {}
+    sums = {}
     for name, g in grads.items():
         if factors is not None:
             shaped = factors.reshape(-1, *([1] * (g.dim() - 1))).to(g.dtype)
             g = g.mul_(shaped) if in_place else g * shaped
-        out[name] = torch.zeros(
+        target = out[name].zero_() if out is not None else torch.zeros(
             (batch.n_nodes, *g.shape[1:]), dtype=g.dtype, device=g.device
-        ).index_add_(0, batch.node, g)
-    return out
+        )
+        sums[name] = target.index_add_(0, batch.node, g)
+    return sums
+
+
+CLIP_METHODS = ("auto", "per-record", "book-keeping")
+
+
+def clipped_record_sums(
+    model: torch.nn.Module,
+    params: Params,
+    batch: NodeBatch,
+    clip: float,
+    *,
+    loss: str = "cross_entropy",
+    buffers: Params | None = None,
+    method: str = "auto",
+    out: Params | None = None,
+) -> Params:
+    """Steps 2-3 summed per node: sum_{r in S_i} g_r min(1, C_k / ||g_r||_2), (m, *shape).
+
+    ``method``: "per-record" takes every record's gradient at its own copy of its node's
+    parameters (:func:`per_record_grads`, :func:`clip_factors`, :func:`sum_records`);
+    "book-keeping" gets the norms and the clipped sums from each layer's inputs and output
+    gradients with the node's parameters shared by its records (:mod:`dpdl.algorithms.
+    per_sample`; same numbers to rounding, no per-record copy of the weights); "auto" takes
+    book-keeping where the model's layers allow it (Linear, Conv2d, GroupNorm, LayerNorm), the
+    per-record path otherwise.  ``out`` ({name: (m, *shape)}, overwritten) receives the sums.
+    """
+    require(method in CLIP_METHODS, f"unknown clipping method {method!r}; choose one of "
+            f"{', '.join(CLIP_METHODS)}")  # fmt: skip
+    require(math.isfinite(clip) and clip > 0, f"clip bound C_k must be positive, got {clip}")
+    loss_fn = _loss_fn(loss)
+    if batch.size == 0:
+        if out is None:
+            return _zeros_like_stacked(params)
+        return {name: out[name].zero_() for name in params}
+    if method != "per-record":
+        plan = book_keeping_plan(model, tuple(batch.inputs.shape[1:]), params)
+        if not plan.problems and not plan.checked:
+            _check_book_keeping(plan, model, params, batch, clip, loss, buffers)
+        require(
+            method == "auto" or not plan.problems,
+            f"book-keeping clipping cannot handle this model: {'; '.join(plan.problems)}",
+        )
+        if not plan.problems:
+            return clipped_sums_by_node(
+                plan, model, params, batch, clip, loss_fn=loss_fn, buffers=buffers, out=out
+            )
+    return _per_record_clipped_sums(model, params, batch, clip, loss, buffers, out)
+
+
+def _per_record_clipped_sums(model, params, batch, clip, loss, buffers, out=None) -> Params:
+    grads = per_record_grads(model, params, batch, loss=loss, buffers=buffers)
+    return sum_records(grads, batch, clip_factors(grads, clip), in_place=True, out=out)
+
+
+def _check_book_keeping(plan, model, params, batch, clip, loss, buffers) -> None:
+    """Compare book-keeping with the per-record path once per model on a few records; a model
+    it misreads (e.g. a layer's weight also used outside the layer) falls back, never clips
+    with wrong norms."""
+    k = min(batch.size, 6)
+    few = NodeBatch(batch.inputs[:k], batch.targets[:k], batch.node[:k], batch.n_nodes)
+    used = torch.unique(few.node)
+    # a clip bound below every record's norm, so the check also covers the norms
+    norms = _record_norms(per_record_grads(model, params, few, loss=loss, buffers=buffers))
+    bound = min(clip, 0.5 * float(norms.min())) if float(norms.min()) > 0 else clip
+    want = _per_record_clipped_sums(model, params, few, bound, loss, buffers)
+    if not all(bool(t.isfinite().all()) for t in want.values()):
+        return  # nothing to compare on non-finite gradients: check on a later batch
+    got = clipped_sums_by_node(
+        plan, model, params, few, bound, loss_fn=_loss_fn(loss), buffers=buffers
+    )
+    for name in want:
+        a, b = got[name][used], want[name][used]
+        scale = float(b.abs().max()) + 1e-12
+        if not bool(torch.isfinite(a).all()) or float((a - b).abs().max()) > 1e-4 * scale:
+            plan.problems.append(f"disagrees with the per-record path on {name}")
+            break
+    plan.checked = True
 
 
 def draw_node_noise(
@@ -344,9 +429,19 @@ def add_gaussian_noise(
     }
 
 
-def local_sgd_step(params: Params, update: Params, lr: float, scale: float = 1.0) -> Params:
-    """Step 5: x^{k+1/2} = x^k - lr * update / scale (scale = b for the private sum)."""
-    return {name: torch.add(p, update[name], alpha=-lr / scale) for name, p in params.items()}
+def local_sgd_step(
+    params: Params, update: Params, lr: float, scale: float = 1.0, *, out: Params | None = None
+) -> Params:
+    """Step 5: x^{k+1/2} = x^k - lr * update / scale (scale = b for the private sum).
+
+    ``out`` (may be ``update`` itself) receives x^{k+1/2} instead of fresh tensors.
+    """
+    if out is None:
+        return {name: torch.add(p, update[name], alpha=-lr / scale) for name, p in params.items()}
+    return {
+        name: torch.add(p, update[name], alpha=-lr / scale, out=out[name])
+        for name, p in params.items()
+    }
 
 
 # --------------------------------------------------------------------------- mixing
@@ -366,10 +461,17 @@ def push_sum_mix(
     if circulant is not None:
 
         def apply(t: torch.Tensor) -> torch.Tensor:
-            mixed = None
-            for offset, weight in circulant:
-                shifted = torch.roll(t, shifts=int(offset), dims=0) if offset % len(t) else t
-                mixed = shifted * weight if mixed is None else mixed.add_(shifted, alpha=weight)
+            # mixed[(i + s) mod n] += weight * t[i], written slice by slice: no rolled copy
+            # (the same arithmetic as torch.roll then add, one allocation fewer per offset)
+            mixed = torch.empty_like(t)
+            for k, (offset, weight) in enumerate(circulant):
+                s = int(offset) % len(t)
+                pairs = [(mixed, t)] if s == 0 else [(mixed[s:], t[:-s]), (mixed[:s], t[-s:])]
+                for dst, src in pairs:
+                    if k == 0:
+                        torch.mul(src, weight, out=dst)
+                    else:
+                        dst.add_(src, alpha=weight)
             return mixed
 
         return {name: apply(p) for name, p in params.items()}, apply(weights)
@@ -435,6 +537,8 @@ def local_update(
     first_node: int = 0,
     noise_buffer: torch.Tensor | None = None,
     unsafe_zero_noise: bool = False,
+    clip_method: str = "auto",
+    work: Params | None = None,
 ) -> LocalUpdateResult:
     """Steps 1-5 of Algorithm 1 for a contiguous block of nodes (first index ``first_node``).
 
@@ -444,7 +548,11 @@ def local_update(
     when a node's update is not finite.  ``noise_buffer`` (m, d), optional, is reused for the
     standard normals (see :func:`draw_node_noise`).  A private step needs ``sigma`` > 0: a
     clipped step without noise is only taken with the explicit ``unsafe_zero_noise=True`` (for
-    tests of the clipping; it is not private).
+    tests of the clipping; it is not private).  ``clip_method`` picks how the clipped
+    sums are computed (:func:`clipped_record_sums`; the numbers agree to rounding).
+    ``work`` ({name: (m, *shape)}, optional, overwritten) holds the update and then x^{k+1/2}:
+    the result's parameters are these tensors (no fresh n x d allocations, whose page faults
+    dominate large n on CPU).
     """
     if private:
         check_private_noise(sigma, unsafe_zero_noise)
@@ -467,8 +575,10 @@ def local_update(
         # Same numbers either way; torch ops release the GIL.
         pending = _noise_worker().submit(draw) if first.device.type == "cpu" else None
         try:
-            grads = per_record_grads(model, at, batch, loss=loss, buffers=buffers)
-            clipped_sum = sum_records(grads, batch, clip_factors(grads, clip), in_place=True)
+            clipped_sum = clipped_record_sums(
+                model, at, batch, clip, loss=loss, buffers=buffers, method=clip_method,
+                out=work,
+            )
         except BaseException:
             if pending is not None:
                 futures_wait([pending])  # never leave a generator in use after we return
@@ -480,7 +590,7 @@ def local_update(
         update = mean_batch_grads(model, at, batch, loss=loss, buffers=buffers)
         scale = 1.0
     _check_finite(update, step, first_node)
-    return LocalUpdateResult(local_sgd_step(params, update, lr, scale), batch.counts)
+    return LocalUpdateResult(local_sgd_step(params, update, lr, scale, out=work), batch.counts)
 
 
 def check_private_noise(sigma: float | None, unsafe_zero_noise: bool = False) -> None:

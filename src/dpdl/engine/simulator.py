@@ -16,6 +16,7 @@ import torch
 from torch.func import functional_call, vmap
 
 from dpdl.algorithms.dyn_d2p import (
+    CLIP_METHODS,
     LOSSES,
     Params,
     debias,
@@ -104,6 +105,9 @@ class Simulator:
     ``SeedSequence`` makes them reproducible (a research choice, see
     :mod:`dpdl.algorithms.randomness`).  ``secure_noise`` uses CSPRNG generators and the
     hardened Gaussian sampler instead (OS entropy only).
+    ``clip_method`` chooses how per-record clipped sums are computed (``"auto"``,
+    ``"book-keeping"``, ``"per-record"``; see :func:`dpdl.algorithms.dyn_d2p.
+    clipped_record_sums`): the numbers agree to rounding.
     """
 
     def __init__(
@@ -118,6 +122,7 @@ class Simulator:
         device: str | torch.device = "cpu",
         loss: str = "cross_entropy",
         secure_noise: bool = False,
+        clip_method: str = "auto",
     ):
         require(lr > 0 and np.isfinite(lr), f"learning rate must be positive, got {lr}")
         require(
@@ -125,6 +130,11 @@ class Simulator:
             f"expected batch size b must be positive, got {expected_batch_size}",
         )
         require(loss in LOSSES, f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
+        require(
+            clip_method in CLIP_METHODS,
+            f"unknown clipping method {clip_method!r}; choose one of {', '.join(CLIP_METHODS)}",
+        )
+        self.clip_method = clip_method
         self.device = resolve_device(device)
         self.model = model.to(self.device)
         self.data = NodeData(
@@ -156,6 +166,7 @@ class Simulator:
         self.iteration = 0
         self._mixing_cache: dict[int, tuple] = {}
         self._noise_buffer: torch.Tensor | None = None  # (n, d) normals, reused every step
+        self._work: Params | None = None  # the step's update, then x^{k+1/2}; never exposed
 
     # ------------------------------------------------------------------ stepping
     def _mixing(self, k: int):
@@ -191,6 +202,8 @@ class Simulator:
             first = next(iter(self.params.values()))
             d = sum(p[0].numel() for p in self.params.values())
             self._noise_buffer = torch.empty((self.n, d), dtype=first.dtype, device=self.device)
+        if self._work is None:
+            self._work = {name: torch.empty_like(p) for name, p in self.params.items()}
         half = local_update(
             self.model, self.params, self.weights,
             self.data.inputs, self.data.targets, self.data.mask, self.generators,
@@ -198,6 +211,7 @@ class Simulator:
             sample_rate=self.sample_rate, private=private, clip=clip, sigma=sigma,
             loss=self.loss, buffers=self.buffers, noise_buffer=self._noise_buffer,
             unsafe_zero_noise=unsafe_zero_noise,
+            clip_method=self.clip_method, work=self._work,
         )  # fmt: skip
         P, circ = self._mixing(k)
         self.params, self.weights = push_sum_mix(half.params, self.weights, P, circulant=circ)

@@ -1,0 +1,533 @@
+"""Per-node sums of clipped per-record gradients without a copy of the weights per record.
+
+The plain way (:func:`dpdl.algorithms.dyn_d2p.per_record_grads`) gives every sampled record
+its own copy of its node's parameters and ``vmap``-s ``grad`` over (parameters, record); at
+b = 16 that is ~R x d floats copied and as many per-record gradients written, most of them for
+the first fully connected layer.  Here instead (book-keeping clipping, Bu et al. 2023; ghost
+norms, Li et al. 2021):
+
+1. nodes are grouped by batch size and each chunk of nodes runs one ``vmap`` over nodes of an
+   ordinary batched forward with that node's (shared) parameters, records padded to the
+   chunk's largest batch (padded records carry loss weight 0);
+2. one backward gives, for every layer that holds parameters, its input ``a_r`` and the
+   gradient ``g_r`` of record r's loss with respect to its output (zero "probe" tensors added
+   to the outputs are what autograd differentiates);
+3. each layer's per-record gradient norm comes from (a_r, g_r): for a linear layer on a vector
+   ||g_r a_r^T||^2 = ||g_r||^2 ||a_r||^2 (no per-record gradient at all); for a convolution
+   the per-record gradient (O x C k k, small) from the unfolded input, or the Gram-matrix
+   "ghost" norm when that is cheaper; GroupNorm / LayerNorm from the normalised input;
+4. the clip factors c_r = min(1, C / ||g_r||) weight one batched product per layer and node:
+   sum_r c_r g_r a_r^T, the node's clipped sum, with no second backward.
+
+Supported layers: ``nn.Linear``, ``nn.Conv2d`` (zero padding), ``nn.GroupNorm``,
+``nn.LayerNorm``, each called once per forward and owning its own parameters.  Any other
+model (another layer with parameters, a layer called twice, tied weights) -- or one whose
+first check against the plain path disagrees -- uses the plain path: same numbers, slower.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, vmap
+
+Params = dict[str, torch.Tensor]
+Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+log = logging.getLogger(__name__)
+
+# Working memory one chunk of records may use (activations, output gradients, unfolded
+# convolution inputs, per-record conv gradients): bounds the peak whatever n and b are.
+CHUNK_BYTES = 48 * 2**20
+# Fixed cost of one chunk (a vmapped forward + backward + per-layer book-keeping) in units of
+# multiply-adds of per-record work, for the grouping below (measured on one CPU core: ~1.5 ms
+# of dispatch per chunk of the shallow CNN, ~7 records of its per-record work).
+CHUNK_OVERHEAD_MACS = 6.0e7
+# Cost of copying one parameter of a node for a unit of records (an index_select into fresh
+# memory, page faults included), in the same multiply-add units.
+COPY_MACS_PER_PARAMETER = 16.0
+
+
+@dataclass
+class _Layer:
+    kind: str  # "linear" | "conv2d" | "groupnorm" | "layernorm"
+    module: nn.Module
+    weight: str | None  # parameter names in the stacked params dict
+    bias: str | None
+    in_shape: tuple[int, ...] = ()  # one record's input / output shape
+    out_shape: tuple[int, ...] = ()
+    ghost: bool = False  # norm from Gram matrices instead of per-record gradients
+
+    @property
+    def params(self) -> list[str]:
+        return [name for name in (self.weight, self.bias) if name is not None]
+
+
+@dataclass
+class _Plan:
+    layers: list[_Layer]
+    macs_per_record: float
+    bytes_per_record: float
+    checked: bool = False  # agreed with the per-record path on a few records
+    problems: list[str] = field(default_factory=list)
+
+
+_SUPPORTED = {nn.Linear: "linear", nn.Conv2d: "conv2d", nn.GroupNorm: "groupnorm",
+              nn.LayerNorm: "layernorm"}  # fmt: skip
+_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _conv_padding(conv: nn.Conv2d) -> tuple[int, int] | None:
+    """Symmetric integer padding of ``conv`` (None when F.unfold cannot reproduce it)."""
+    if conv.padding_mode != "zeros":
+        return None
+    if isinstance(conv.padding, str):
+        if conv.padding == "valid":
+            return (0, 0)
+        total = [d * (k - 1) for d, k in zip(conv.dilation, conv.kernel_size, strict=True)]
+        if any(t % 2 for t in total):
+            return None
+        return (total[0] // 2, total[1] // 2)
+    return tuple(int(p) for p in conv.padding)
+
+
+def _make_plan(model: nn.Module, record_shape: tuple[int, ...], params: Params) -> _Plan:
+    problems: list[str] = []
+    layers: dict[nn.Module, _Layer] = {}
+    covered: set[str] = set()
+    every_use = list(model.named_parameters(remove_duplicate=False))
+    if len(every_use) != len(dict(model.named_parameters())):
+        problems.append("tied parameters")
+    for prefix, module in model.named_modules():
+        own = [name for name, p in module.named_parameters(recurse=False) if p is not None]
+        if not own:
+            continue
+        kind = _SUPPORTED.get(type(module))
+        if kind is None or not set(own) <= {"weight", "bias"}:
+            problems.append(f"{prefix or 'model'} ({type(module).__name__})")
+            continue
+        if kind == "conv2d" and _conv_padding(module) is None:
+            problems.append(f"{prefix} (padding)")
+            continue
+        full = {name: f"{prefix}.{name}" if prefix else name for name in own}
+        layers[module] = _Layer(kind, module, full.get("weight"), full.get("bias"))
+        covered.update(full.values())
+    if covered != set(params):
+        problems.append("parameters outside the supported layers")
+    calls: dict[nn.Module, int] = {}
+
+    def record(module, args, out):
+        calls[module] = calls.get(module, 0) + 1
+        layers[module].in_shape = tuple(args[0].shape[1:])
+        layers[module].out_shape = tuple(out.shape[1:])
+
+    handles = [m.register_forward_hook(record) for m in layers]
+    try:
+        one = {name: p[0] for name, p in params.items()}
+        with torch.no_grad():
+            dummy = torch.zeros((1, *record_shape), dtype=next(iter(one.values())).dtype,
+                                device=next(iter(one.values())).device)  # fmt: skip
+            functional_call(model, one, (dummy,))
+    finally:
+        for handle in handles:
+            handle.remove()
+    if any(calls.get(m, 0) != 1 for m in layers):
+        problems.append("a layer is not called exactly once per forward")
+    macs = bytes_ = 0.0
+    for layer in layers.values():
+        n_in, n_out = math.prod(layer.in_shape), math.prod(layer.out_shape)
+        bytes_ += 4.0 * (2 * n_in + 3 * n_out)  # saved input, output, probe + its gradient
+        if layer.kind == "linear":
+            width_in, width_out = layer.in_shape[-1] if layer.in_shape else 1, layer.out_shape[-1]
+            positions = n_in // max(width_in, 1)
+            layer.ghost = positions > 1 and positions * (width_in + width_out) < (
+                width_in * width_out
+            )
+            macs += 3.0 * positions * width_in * width_out
+            if positions > 1:
+                bytes_ += 4.0 * (positions**2 * 2 if layer.ghost else width_in * width_out)
+        elif layer.kind == "conv2d":
+            conv = layer.module
+            kk = conv.in_channels // conv.groups * math.prod(conv.kernel_size)
+            positions = math.prod(layer.out_shape[1:])
+            layer.ghost = conv.groups == 1 and positions * (kk + conv.out_channels) < (
+                kk * conv.out_channels
+            )
+            macs += 3.0 * positions * kk * conv.out_channels
+            bytes_ += 4.0 * (positions * kk * conv.groups)  # unfolded input
+            bytes_ += 4.0 * (positions**2 * 2 if layer.ghost else conv.weight.numel())
+        else:
+            macs += 4.0 * n_out
+            bytes_ += 8.0 * n_out
+    itemsize = next(iter(params.values())).element_size() / 4.0
+    return _Plan(list(layers.values()), max(macs, 1.0), itemsize * bytes_, problems=problems)
+
+
+def book_keeping_plan(model: nn.Module, record_shape: tuple[int, ...], params: Params) -> _Plan:
+    """The model's layers as book-keeping sees them (cached per model, record shape and
+    parameter shapes); ``plan.problems`` lists what rules book-keeping out."""
+    per_model = _PLANS.setdefault(model, {})
+    key = (record_shape, tuple((k, tuple(v.shape), v.dtype) for k, v in params.items()))
+    if key not in per_model:
+        per_model[key] = _make_plan(model, record_shape, params)
+        if per_model[key].problems:
+            log.debug("per-record gradient path for %s: %s", type(model).__name__,
+                      "; ".join(per_model[key].problems))  # fmt: skip
+    return per_model[key]
+
+
+# --------------------------------------------------------------------------- one chunk
+def _forward_backward(model, layers, params, buffers, loss_fn, inputs, targets, loss_weights):
+    """Inputs a and output gradients g of every layer, each (m, B, *shape)."""
+    m, B = loss_weights.shape
+    first = next(iter(params.values()))
+    probes = [
+        torch.zeros((m, B, *layer.out_shape), dtype=first.dtype, device=first.device,
+                    requires_grad=True)
+        for layer in layers
+    ]  # fmt: skip
+    index = {layer.module: k for k, layer in enumerate(layers)}
+    state: dict = {}
+
+    def hook(module, args, out):
+        k = index[module]
+        state["acts"][k] = args[0]
+        return out + state["probes"][k]
+
+    def node_loss(p, x, y, w, node_probes):
+        state["acts"], state["probes"] = [None] * len(layers), node_probes
+        out = functional_call(model, (p, buffers), (x,))
+        return (loss_fn(out, y) * w).sum(), tuple(state["acts"])
+
+    handles = [layer.module.register_forward_hook(hook) for layer in layers]
+    try:
+        losses, acts = vmap(node_loss, randomness="different")(
+            params, inputs, targets, loss_weights, probes
+        )
+    finally:
+        for handle in handles:
+            handle.remove()
+    out_grads = torch.autograd.grad(losses.sum(), probes)
+    return [a.detach() for a in acts], list(out_grads)
+
+
+def _unfold(layer: _Layer, a: torch.Tensor) -> torch.Tensor:
+    """F.unfold of a conv layer's input, (N, C k_h k_w, T): a strided view copied once, which
+    on CPU is ~1.5-2x faster than F.unfold's im2col (Opacus's unfold2d does the same)."""
+    conv = layer.module
+    ph, pw = _conv_padding(conv)
+    (kh, kw), (sh, sw), (dh, dw) = conv.kernel_size, conv.stride, conv.dilation
+    padded = F.pad(a, (pw, pw, ph, ph)) if ph or pw else a
+    N, C, H, W = padded.shape
+    out_h, out_w = (H - dh * (kh - 1) - 1) // sh + 1, (W - dw * (kw - 1) - 1) // sw + 1
+    sn, sc, s_h, s_w = padded.stride()
+    windows = padded.as_strided(
+        (N, C, kh, kw, out_h, out_w), (sn, sc, s_h * dh, s_w * dw, s_h * sh, s_w * sw)
+    )
+    return windows.reshape(N, C * kh * kw, out_h * out_w)
+
+
+def _layer_terms(layer: _Layer, a: torch.Tensor, g: torch.Tensor):
+    """Per-record squared gradient norms of the layer's parameters, (N,), and what the clipped
+    sum needs: ("outer", g2, a2) for sum_r c_r g_r^T a_r, or {param: per-record grads}."""
+    N = a.shape[0]
+    if layer.kind == "linear":
+        a2, g2 = a.reshape(N, -1, a.shape[-1]), g.reshape(N, -1, g.shape[-1])
+        bias = g2.sum(dim=1)
+        if a2.shape[1] == 1:
+            sq = a2.square().sum((1, 2)) * g2.square().sum((1, 2))
+        elif layer.ghost:
+            sq = (torch.bmm(a2, a2.transpose(1, 2)) * torch.bmm(g2, g2.transpose(1, 2))).sum((1, 2))
+        else:
+            sq = torch.bmm(g2.transpose(1, 2), a2).square().sum((1, 2))
+        if layer.bias is not None:
+            sq = sq + bias.square().sum(1)
+        return sq, ("outer", g2, a2, bias)
+    if layer.kind == "conv2d":
+        conv = layer.module
+        u = _unfold(layer, a)  # (N, C/groups * k*k * groups, T)
+        g2 = g.reshape(N, conv.out_channels, -1)  # (N, O, T)
+        bias = g2.sum(dim=2)
+        if layer.ghost:
+            sq = (torch.bmm(u.transpose(1, 2), u) * torch.bmm(g2.transpose(1, 2), g2)).sum((1, 2))
+            terms = ("outer", g2.transpose(1, 2), u.transpose(1, 2), bias)
+        else:
+            G = conv.groups
+            T = u.shape[-1]
+            psg = torch.einsum(
+                "ngot,ngkt->ngok",
+                g2.reshape(N, G, conv.out_channels // G, T),
+                u.reshape(N, G, -1, T),
+            ).reshape(N, *conv.weight.shape)
+            sq = psg.flatten(1).square().sum(1)
+            terms = {"weight": psg}
+            if layer.bias is not None:
+                terms["bias"] = bias
+        if layer.bias is not None:
+            sq = sq + bias.square().sum(1)
+        return sq, terms
+    mod = layer.module
+    if layer.kind == "groupnorm":
+        xhat = F.group_norm(a, mod.num_groups, eps=mod.eps)
+        dims = tuple(range(2, a.dim()))
+    else:
+        xhat = F.layer_norm(a, mod.normalized_shape, eps=mod.eps)
+        dims = tuple(range(1, a.dim() - len(mod.normalized_shape)))
+    terms = {}
+    if layer.weight is not None:
+        terms["weight"] = (g * xhat).sum(dims) if dims else g * xhat
+    if layer.bias is not None:
+        terms["bias"] = g.sum(dims) if dims else g
+    sq = sum(t.flatten(1).square().sum(1) for t in terms.values())
+    return sq, terms
+
+
+@dataclass
+class _Regroup:
+    """Where a chunk's records go when several of its units belong to one node: node slot
+    ``unit_node[u]`` of ``n_nodes``, and row ``rows[q]`` of a (n_nodes x most, ...) layout
+    for the q-th real record (units in order, records in order within a unit)."""
+
+    unit_node: torch.Tensor
+    rows: torch.Tensor
+    n_nodes: int
+    most: int
+
+
+def _weighted_sums(layer: _Layer, terms, factors: torch.Tensor, mask, regroup) -> Params:
+    """sum_r factors[u, r] * (record r's gradient) per unit, or per node with ``regroup``."""
+    m, B = factors.shape
+    out = {}
+    if isinstance(terms, tuple):
+        _, g2, a2, bias = terms
+        gc = g2 * factors.reshape(m * B, 1, 1).to(g2.dtype)
+        groups = m
+        if regroup is not None:  # records of one node side by side: one product per node
+            real = mask.reshape(-1).nonzero().squeeze(1)
+            groups = regroup.n_nodes
+            gc = _scatter_rows(gc.index_select(0, real), regroup)
+            a2 = _scatter_rows(a2.index_select(0, real), regroup)
+            bias = _scatter_rows((bias * factors.reshape(-1, 1)).index_select(0, real), regroup)
+        # sum over records and positions of c_r g_rt a_rt^T, one product per unit / node
+        weight = torch.bmm(
+            gc.reshape(groups, -1, gc.shape[-1]).transpose(1, 2),
+            a2.reshape(groups, -1, a2.shape[-1]),
+        )
+        out[layer.weight] = weight.reshape(groups, *layer.module.weight.shape)
+        if layer.bias is not None:
+            if regroup is not None:
+                out[layer.bias] = bias.reshape(groups, -1, bias.shape[-1]).sum(1)
+            else:
+                out[layer.bias] = torch.bmm(
+                    factors.unsqueeze(1), bias.reshape(m, B, -1)
+                ).squeeze(1)
+        return out
+    for key, per_record in terms.items():
+        name = layer.weight if key == "weight" else layer.bias
+        flat = per_record.reshape(m, B, -1)
+        total = torch.bmm(factors.unsqueeze(1).to(flat.dtype), flat).squeeze(1)
+        if regroup is not None:
+            total = torch.zeros(
+                (regroup.n_nodes, total.shape[1]), dtype=total.dtype, device=total.device
+            ).index_add_(0, regroup.unit_node, total)
+        out[name] = total.reshape(-1, *per_record.shape[1:])
+    return out
+
+
+def _scatter_rows(rows: torch.Tensor, regroup: _Regroup) -> torch.Tensor:
+    """(records, ...) -> (n_nodes * most, ...), zero where a node has fewer records."""
+    out = rows.new_zeros((regroup.n_nodes * regroup.most, *rows.shape[1:]))
+    return out.index_copy_(0, regroup.rows, rows)
+
+
+def _chunk_clipped_sums(
+    plan, model, params, buffers, loss_fn, inputs, targets, mask, clip, regroup=None
+):
+    """Clipped sums of one chunk of m units, inputs (m, B, ...), mask (m, B) of real records:
+    per unit, or per node with ``regroup``."""
+    m, B = mask.shape
+    acts, out_grads = _forward_backward(
+        model, plan.layers, params, buffers, loss_fn, inputs, targets, mask.to(inputs.dtype)
+    )
+    with torch.no_grad():
+        sq = torch.zeros(m * B, dtype=out_grads[0].dtype, device=mask.device)
+        all_terms = []
+        for layer, a, g in zip(plan.layers, acts, out_grads, strict=True):
+            layer_sq, terms = _layer_terms(layer, a.flatten(0, 1), g.flatten(0, 1))
+            sq += layer_sq
+            all_terms.append(terms)
+        factors = (clip / sq.sqrt().clamp_min(1e-30)).clamp(max=1.0).reshape(m, B)
+        factors = factors * mask
+        sums: Params = {}
+        for layer, terms in zip(plan.layers, all_terms, strict=True):
+            sums.update(_weighted_sums(layer, terms, factors, mask, regroup))
+    return sums
+
+
+# --------------------------------------------------------------------------- grouping
+@dataclass
+class Chunk:
+    """One vmap over ``len(nodes)`` units: unit u holds ``lengths[u]`` consecutive sampled
+    records of node ``nodes[u]`` starting at flat row ``starts[u]``, padded to ``batch``.
+    ``view`` is (first, last + 1) when the units are nodes first..last in order, each with all
+    its records: their parameters are a slice, not a copy."""
+
+    nodes: list[int]
+    starts: list[int]
+    lengths: list[int]
+    batch: int
+    view: tuple[int, int] | None = None
+
+
+def _split(counts: list[int], unit: int) -> list[tuple[int, int, int]]:
+    """(node, first row, length) of every unit: each node's records in runs of ``unit``."""
+    units, row = [], 0
+    for node, c in enumerate(counts):
+        for first in range(0, c, unit):
+            units.append((node, row + first, min(unit, c - first)))
+        row += c
+    return units
+
+
+def _grouped(units, macs_per_record, records_per_chunk, copy_macs):
+    """Units sorted by length, cut into groups by dynamic programming over the distinct
+    lengths (cost of a group: its chunks' overhead + units x longest x per-record work + the
+    parameter copies), each group cut into chunks of at most ``records_per_chunk`` padded
+    records.  Returns (cost, chunks)."""
+    units = sorted(units, key=lambda u: (u[2], u[0], u[1]))
+    sizes = sorted({u[2] for u in units})
+    up_to = [sum(1 for u in units if u[2] <= s) for s in sizes]
+
+    def cost(lo: int, hi: int) -> float:
+        count = up_to[hi] - (up_to[lo - 1] if lo else 0)
+        chunks = math.ceil(count / max(1, records_per_chunk // sizes[hi]))
+        return chunks * CHUNK_OVERHEAD_MACS + count * (sizes[hi] * macs_per_record + copy_macs)
+
+    best, cut = [0.0] * (len(sizes) + 1), [0] * (len(sizes) + 1)
+    for hi in range(1, len(sizes) + 1):
+        best[hi], cut[hi] = min((best[lo] + cost(lo, hi - 1), lo) for lo in range(hi))
+    chunks, hi = [], len(sizes)
+    while hi > 0:
+        lo = cut[hi]
+        group = units[(up_to[lo - 1] if lo else 0) : up_to[hi - 1]]
+        batch = sizes[hi - 1]
+        per_chunk = max(1, records_per_chunk // batch)
+        for s in range(0, len(group), per_chunk):
+            part = group[s : s + per_chunk]
+            chunks.append(Chunk([u[0] for u in part], [u[1] for u in part],
+                                [u[2] for u in part], batch))  # fmt: skip
+        hi = lo
+    return best[-1], chunks[::-1]
+
+
+def _in_order(counts, macs_per_record, records_per_chunk):
+    """Every node, in order, all its records in one unit: chunks are slices of the stacked
+    parameters (no copy), padded to the chunk's largest batch.  Returns (cost, chunks)."""
+    chunks, cost, node, row, m = [], 0.0, 0, 0, len(counts)
+    while node < m:
+        last, batch = node, max(counts[node], 1)
+        while last + 1 < m and (last + 2 - node) * max(batch, counts[last + 1]) <= (
+            records_per_chunk
+        ):
+            last += 1
+            batch = max(batch, counts[last])
+        rows = counts[node : last + 1]
+        starts = [row + sum(rows[:k]) for k in range(len(rows))]
+        chunks.append(Chunk(list(range(node, last + 1)), starts, rows, batch, (node, last + 1)))
+        cost += CHUNK_OVERHEAD_MACS + len(rows) * batch * macs_per_record
+        row += sum(rows)
+        node = last + 1
+    return cost, chunks
+
+
+def plan_chunks(counts: list[int], macs_per_record: float, records_per_chunk: int,
+                params_per_node: int = 0) -> list[Chunk]:  # fmt: skip
+    """The cheapest way found to cover every sampled record once.
+
+    Candidates: the nodes in order (parameter slices, padded to the largest batch), or each
+    node's records cut into units of U = 1, 2, 4, ... records (U = 1 is the per-record layout:
+    no padding, one parameter copy per record), units grouped by length to pad little.  The
+    cost model counts per-record work in multiply-adds, a chunk's fixed overhead and
+    ``COPY_MACS_PER_PARAMETER`` per parameter copied.
+    """
+    if not any(counts):
+        return []
+    copy_macs = COPY_MACS_PER_PARAMETER * params_per_node
+    best = _in_order(counts, macs_per_record, records_per_chunk)
+    unit = 1
+    while True:
+        candidate = _grouped(_split(counts, unit), macs_per_record, records_per_chunk, copy_macs)
+        if candidate[0] < best[0]:
+            best = candidate
+        if unit >= max(counts):
+            break
+        unit *= 2
+    return best[1]
+
+
+def _regroup(chunk: Chunk, device) -> tuple[_Regroup, list[int]]:
+    uniq = sorted(set(chunk.nodes))
+    slot = {node: k for k, node in enumerate(uniq)}
+    per_node = dict.fromkeys(uniq, 0)
+    for node, length in zip(chunk.nodes, chunk.lengths, strict=True):
+        per_node[node] += length
+    most = max(per_node.values())
+    filled = dict.fromkeys(uniq, 0)
+    rows = []
+    for node, length in zip(chunk.nodes, chunk.lengths, strict=True):
+        rows += range(slot[node] * most + filled[node], slot[node] * most + filled[node] + length)
+        filled[node] += length
+    unit_node = torch.tensor([slot[node] for node in chunk.nodes], device=device)
+    return _Regroup(unit_node, torch.tensor(rows, device=device), len(uniq), most), uniq
+
+
+def clipped_sums_by_node(
+    plan: _Plan, model, params, batch, clip, *, loss_fn, buffers=None, out=None
+):
+    """sum_{r in S_i} min(1, C / ||g_r||) g_r for every node i of ``batch`` (a
+    :class:`dpdl.algorithms.dyn_d2p.NodeBatch`), {name: (m, *shape)}, into ``out`` if given."""
+    buffers = buffers or {}
+    counts = batch.counts.tolist()
+    records_per_chunk = max(1, int(CHUNK_BYTES // plan.bytes_per_record))
+    d = sum(p[0].numel() for p in params.values())
+    if out is None:
+        out = {name: torch.zeros_like(p) for name, p in params.items()}
+    else:
+        out = {name: out[name].zero_() for name in params}
+    device = batch.node.device
+    last_row = max(batch.size - 1, 0)
+    for chunk in plan_chunks(counts, plan.macs_per_record, records_per_chunk, d):
+        slot = torch.arange(chunk.batch, device=device)
+        lengths = torch.tensor(chunk.lengths, device=device)
+        starts = torch.tensor(chunk.starts, device=device)
+        rows = (starts[:, None] + torch.minimum(slot[None, :], lengths[:, None] - 1)).clamp(
+            0, last_row
+        )
+        mask = slot[None, :] < lengths[:, None]
+        regroup = None
+        if chunk.view is not None:
+            lo, hi = chunk.view
+            chunk_params = {name: p[lo:hi] for name, p in params.items()}
+        else:
+            idx = torch.tensor(chunk.nodes, device=device)
+            chunk_params = {name: p.index_select(0, idx) for name, p in params.items()}
+            if len(set(chunk.nodes)) < len(chunk.nodes):
+                regroup, uniq = _regroup(chunk, device)
+                idx = torch.tensor(uniq, device=device)
+        sums = _chunk_clipped_sums(
+            plan, model, chunk_params, buffers, loss_fn,
+            batch.inputs[rows], batch.targets[rows], mask, clip, regroup,
+        )  # fmt: skip
+        for name, total in sums.items():
+            if chunk.view is not None:
+                out[name][chunk.view[0] : chunk.view[1]] += total
+            else:
+                out[name].index_add_(0, idx, total)
+    return out

@@ -1,0 +1,282 @@
+"""Book-keeping clipping (dpdl.algorithms.per_sample) against per-record autograd in float64:
+clipped per-node sums for every supported layer kind, chunking and padding, and the fallback
+to the per-record path for models it cannot read."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import dpdl.algorithms.per_sample as per_sample
+from dpdl.algorithms.dyn_d2p import (
+    LOSSES,
+    NodeBatch,
+    clipped_record_sums,
+    local_update,
+    make_node_generators,
+)
+from dpdl.engine import NodeData, stack_params
+from dpdl.errors import DPDLError
+from dpdl.models import make_model
+
+
+def reference_clipped_sums(model, params, batch, clip, loss="cross_entropy"):
+    """sum_r g_r min(1, C/||g_r||) per node: one record at a time, plain autograd, float64."""
+    out = {name: torch.zeros_like(p, dtype=torch.float64) for name, p in params.items()}
+    for r in range(batch.size):
+        i = int(batch.node[r])
+        z = {name: p[i].double().requires_grad_(True) for name, p in params.items()}
+        pred = torch.func.functional_call(model, z, (batch.inputs[r : r + 1].double(),))
+        target = batch.targets[r : r + 1]
+        value = LOSSES[loss](pred, target if target.is_floating_point() is False
+                             else target.double()).sum()  # fmt: skip
+        grads = torch.autograd.grad(value, list(z.values()))
+        norm = float(torch.sqrt(sum(g.pow(2).sum() for g in grads)))
+        factor = min(1.0, clip / norm)
+        for name, g in zip(z, grads, strict=True):
+            out[name][i] += factor * g
+    return out
+
+
+class ConvZoo(nn.Module):
+    """Every conv variant book-keeping handles, GroupNorm, a max-pool, two linear layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(2, 4, 3, padding="same")
+        self.norm = nn.GroupNorm(2, 4)
+        self.b = nn.Conv2d(4, 6, 3, stride=2, padding=1, groups=2, bias=False)
+        self.c = nn.Conv2d(6, 5, (3, 2), dilation=(2, 1), padding=(2, 0))
+        self.fc1 = nn.Linear(5 * 4 * 2, 7)
+        self.fc2 = nn.Linear(7, 3)
+
+    def forward(self, x):
+        x = torch.tanh(self.norm(self.a(x)))
+        x = nn.functional.max_pool2d(torch.relu(self.b(x)), 1)
+        x = torch.tanh(self.c(x))
+        return self.fc2(torch.tanh(self.fc1(x.flatten(1))))
+
+
+class Sequence(nn.Module):
+    """Linear layers on (T, features) records, LayerNorm, mean over positions: one layer with
+    T(in + out) < in x out (ghost norm) and one without."""
+
+    def __init__(self):
+        super().__init__()
+        self.wide = nn.Linear(12, 16)  # T = 3: 3 * 28 < 192, ghost
+        self.norm = nn.LayerNorm(16)
+        self.narrow = nn.Linear(16, 2)  # 3 * 18 > 32, per-record gradient
+        self.head = nn.Linear(2, 3)
+
+    def forward(self, x):
+        h = self.narrow(torch.tanh(self.norm(self.wide(x))))
+        return self.head(h.mean(dim=1))
+
+
+def _batch(n, counts, record_shape, classes=3, seed=0, float_targets=False):
+    rng = np.random.default_rng(seed)
+    node = torch.as_tensor(np.repeat(np.arange(n), counts))
+    R = int(sum(counts))
+    inputs = torch.as_tensor(rng.normal(size=(R, *record_shape)).astype(np.float32) * 2)
+    if float_targets:
+        targets = torch.as_tensor(rng.normal(size=R).astype(np.float32))
+    else:
+        targets = torch.as_tensor(rng.integers(0, classes, size=R))
+    return NodeBatch(inputs, targets, node, n)
+
+
+def _nodes_params(model, n, seed=0):
+    """Each node's parameters: the model's, moved differently per node."""
+    g = torch.Generator().manual_seed(seed)
+    return {
+        name: p + 0.2 * torch.randn(p.shape, generator=g) * p.abs().mean()
+        for name, p in stack_params(model, n, torch.device("cpu")).items()
+    }
+
+
+def _median_norm_clip(model, params, batch, loss="cross_entropy"):
+    """A clip bound between the records' norms: some are clipped, some are not."""
+    norms = []
+    for r in range(batch.size):
+        i = int(batch.node[r])
+        z = {name: p[i].double().requires_grad_(True) for name, p in params.items()}
+        pred = torch.func.functional_call(model, z, (batch.inputs[r : r + 1].double(),))
+        target = batch.targets[r : r + 1]
+        value = LOSSES[loss](pred, target.double() if target.is_floating_point() else target)
+        grads = torch.autograd.grad(value.sum(), list(z.values()))
+        norms.append(float(torch.sqrt(sum(gr.pow(2).sum() for gr in grads))))
+    return float(np.median(norms))
+
+
+CASES = {
+    "conv-zoo": (lambda: ConvZoo(), (2, 8, 6), "cross_entropy"),
+    "sequence": (lambda: Sequence(), (3, 12), "cross_entropy"),
+    "cnn": (lambda: make_model("cnn", (1, 8, 8), 4, seed=0, channels=(3, 4), hidden=6),
+            (1, 8, 8), "cross_entropy"),
+    "mlp-regression": (lambda: make_model("mlp", (5,), None, seed=0, hidden=6), (5,),
+                       "squared_error"),
+    "resnet18-gn": (lambda: make_model("resnet18-gn", (3, 8, 8), 3, seed=0, width=4, groups=2),
+                    (3, 8, 8), "cross_entropy"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_book_keeping_equals_per_record_autograd(case):
+    build, shape, loss = CASES[case]
+    model = build()
+    n, counts = 4, [3, 0, 5, 1]  # uneven batches and a node that sampled nothing
+    batch = _batch(n, counts, shape, float_targets=loss == "squared_error", seed=1)
+    params = _nodes_params(model, n)
+    plan = per_sample.book_keeping_plan(model, shape, params)
+    assert plan.problems == []
+    clip = _median_norm_clip(model, params, batch, loss)
+    want = reference_clipped_sums(model, params, batch, clip, loss)
+    got = clipped_record_sums(model, params, batch, clip, loss=loss, method="book-keeping")
+    for name in want:
+        torch.testing.assert_close(got[name].double(), want[name], atol=1e-5, rtol=1e-4)
+        assert torch.equal(got[name][1], torch.zeros_like(got[name][1]))
+    assert any(float(t.abs().max()) > 0 for t in got.values())
+
+
+@pytest.mark.parametrize(
+    ("records_per_chunk", "overhead", "copy_cost"),
+    [(2, 0.0, 16.0), (2, 0.0, 0.0), (40, 1e12, 0.0), (7, 1e12, 0.0)],
+)
+def test_chunks_and_padding_change_no_number(records_per_chunk, overhead, copy_cost, monkeypatch):
+    """Tiny chunks (one node or less each, records padded within each), or one record per
+    unit with many units of a node in one chunk (summed per node) == one big chunk."""
+    model = ConvZoo()
+    n, counts = 6, [4, 1, 7, 2, 2, 6]
+    batch = _batch(n, counts, (2, 8, 6), seed=3)
+    params = _nodes_params(model, n, seed=1)
+    one = clipped_record_sums(model, params, batch, 0.05, method="book-keeping")
+    plan = per_sample.book_keeping_plan(model, (2, 8, 6), params)
+    monkeypatch.setattr(per_sample, "CHUNK_BYTES", records_per_chunk * plan.bytes_per_record)
+    monkeypatch.setattr(per_sample, "CHUNK_OVERHEAD_MACS", overhead)
+    monkeypatch.setattr(per_sample, "COPY_MACS_PER_PARAMETER", copy_cost)
+    regrouped = []
+    real_regroup = per_sample._regroup
+    monkeypatch.setattr(per_sample, "_regroup",
+                        lambda *a: regrouped.append(1) or real_regroup(*a))  # fmt: skip
+    many = clipped_record_sums(model, params, batch, 0.05, method="book-keeping")
+    assert bool(regrouped) == (overhead > 0)  # the one-record-per-unit plans sum per node
+    want = reference_clipped_sums(model, params, batch, 0.05)
+    for name in want:
+        torch.testing.assert_close(many[name], one[name], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(many[name].double(), want[name], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("overhead", [0.0, 1e9])
+@pytest.mark.parametrize("copy_cost", [0.0, 1e9])
+def test_plan_chunks_covers_every_sampled_record_once(overhead, copy_cost, monkeypatch):
+    monkeypatch.setattr(per_sample, "CHUNK_OVERHEAD_MACS", overhead)
+    monkeypatch.setattr(per_sample, "COPY_MACS_PER_PARAMETER", copy_cost)
+    counts = [0, 3, 1, 1, 9, 0, 2, 4, 4, 1, 7]
+    first_row = np.concatenate([[0], np.cumsum(counts)])
+    chunks = per_sample.plan_chunks(counts, 1e6, records_per_chunk=10, params_per_node=100)
+    rows = []
+    for chunk in chunks:
+        assert max(chunk.lengths) <= chunk.batch
+        assert len(chunk.nodes) * chunk.batch <= 10 or len(chunk.nodes) == 1
+        if chunk.view is not None:
+            assert chunk.nodes == list(range(*chunk.view))
+        for node, start, length in zip(chunk.nodes, chunk.starts, chunk.lengths, strict=True):
+            assert first_row[node] <= start and start + length <= first_row[node + 1]
+            rows += range(start, start + length)
+    assert sorted(rows) == list(range(sum(counts)))  # every record exactly once
+    if copy_cost and not overhead:  # copies cost, chunks do not: slices of the nodes in order
+        assert all(chunk.view is not None for chunk in chunks)
+    if overhead and not copy_cost:  # few chunks: records no padding (one record per unit)
+        assert len(chunks) == math.ceil(sum(counts) / 10)
+
+
+class BareParameter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(5, 3)
+        self.scale = nn.Parameter(torch.tensor(1.5))  # not in a supported layer
+
+    def forward(self, x):
+        return self.fc(x) * self.scale
+
+
+class CalledTwice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(5, 5)
+        self.out = nn.Linear(5, 3)
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.fc(torch.tanh(self.fc(x)))))
+
+
+class Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(5, 5)
+        self.b = nn.Linear(5, 5)
+        self.b.weight = self.a.weight
+        self.out = nn.Linear(5, 3)
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.b(torch.tanh(self.a(x)))))
+
+
+class WeightAlsoUsedOutside(nn.Module):
+    """Reads fc.weight outside fc's forward: the layer hooks cannot see it, the check can."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(5, 5)
+        self.out = nn.Linear(5, 3)
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.fc(x)) + x @ self.fc.weight)
+
+
+@pytest.mark.parametrize("cls", [BareParameter, CalledTwice, Tied, WeightAlsoUsedOutside])
+def test_models_book_keeping_cannot_read_fall_back(cls):
+    torch.manual_seed(0)
+    model = cls()
+    n = 3
+    batch = _batch(n, [2, 3, 1], (5,), seed=2)
+    params = _nodes_params(model, n)
+    clip = _median_norm_clip(model, params, batch)
+    got = clipped_record_sums(model, params, batch, clip)  # auto: checked, then per-record
+    want = reference_clipped_sums(model, params, batch, clip)
+    for name in want:
+        torch.testing.assert_close(got[name].double(), want[name], atol=1e-5, rtol=1e-4)
+    assert per_sample.book_keeping_plan(model, (5,), params).problems
+    with pytest.raises(DPDLError, match="book-keeping clipping cannot handle this model"):
+        clipped_record_sums(model, params, batch, clip, method="book-keeping")
+    with pytest.raises(DPDLError, match="unknown clipping method 'ghost'"):
+        clipped_record_sums(model, params, batch, clip, method="ghost")
+
+
+def test_local_update_methods_agree_and_draw_the_same_numbers(h):
+    """Book-keeping and per-record clipping: same parameters to 1e-5, same generator states."""
+    n, counts = 5, [9, 6, 8, 7, 10]
+    x, y, mask = h.tiny_data(n, counts, seed=4)
+    data = NodeData.from_arrays(x, y, mask)
+    model = h.tiny_model(seed=2)
+    params = stack_params(model, n, torch.device("cpu"))
+    weights = torch.linspace(0.7, 1.3, n, dtype=torch.float64)
+    out, states = {}, {}
+    for method in ("per-record", "book-keeping"):
+        gens = make_node_generators(n, 8)
+        out[method] = local_update(
+            model, params, weights, data.inputs, data.targets, data.mask, gens,
+            step=0, lr=0.3, expected_batch_size=3.0, sample_rate=0.5, private=True,
+            clip=0.2, sigma=0.6, clip_method=method,
+        )  # fmt: skip
+        states[method] = torch.stack([g.get_state() for g in gens])
+    assert torch.equal(states["per-record"], states["book-keeping"])
+    assert torch.equal(out["per-record"].batch_sizes, out["book-keeping"].batch_sizes)
+    for name in params:
+        torch.testing.assert_close(
+            out["book-keeping"].params[name], out["per-record"].params[name], atol=1e-5, rtol=0
+        )
