@@ -125,8 +125,17 @@ def test_rdp_conversion_sits_between_gdp_and_the_classical_bound():
 
 
 def test_per_hop_mu_forms():
+    t = np.arange(1, 6)
+    # SPEC §7 lemma form: √K·Δ/(σ√(tK+1)); table form: √K·Δ/(σ√t)
     mu = per_hop_mu(5, 2.0, sensitivity=3.0, local_steps=4)
-    np.testing.assert_allclose(mu, 2 * 3 / (2 * np.sqrt(np.arange(2, 7))))
+    np.testing.assert_allclose(mu, 2 * 3 / (2 * np.sqrt(4 * t + 1)))
+    table = per_hop_mu(5, 2.0, sensitivity=3.0, local_steps=4, hop_form="table")
+    np.testing.assert_allclose(table, 2 * 3 / (2 * np.sqrt(t)))
+    assert np.all(table > mu)
+    with pytest.raises(DPDLError, match="hop_form"):
+        per_hop_mu(5, 1.0, hop_form="paper")
+    with pytest.raises(DPDLError, match="contraction"):
+        per_hop_mu(5, 1.0, contraction=0.5, hop_form="table")
     c = 0.9
     strong = per_hop_mu(5, 1.0, contraction=c)
     assert strong[0] == pytest.approx(math.sqrt(c**2 / (1 + c**2)))  # t = 1 closed form
@@ -199,12 +208,15 @@ def test_contraction_only_tightens_the_pair_bound(hypercube):
     plain, _ = pnfdp_epsilon(hypercube, 0, 3, **ORACLE, relative_slack=1e-3)
     strong, _ = pnfdp_epsilon(hypercube, 0, 3, **ORACLE, relative_slack=1e-3, contraction=0.8)
     assert strong < plain
-    # doubling K_loc under the conservative form is the same as dividing σ by √2
-    twice, _ = pnfdp_epsilon(hypercube, 0, 3, steps=275, sigma=1.0, delta=1e-5, local_steps=2,
-                             relative_slack=1e-3)
-    scaled, _ = pnfdp_epsilon(hypercube, 0, 3, steps=275, sigma=1 / math.sqrt(2), delta=1e-5,
-                              relative_slack=1e-3)
+    # doubling K_loc under the table form √K·Δ/(σ√t) is the same as dividing σ by √2
+    table = {"steps": 275, "delta": 1e-5, "relative_slack": 1e-3, "hop_form": "table"}
+    twice, _ = pnfdp_epsilon(hypercube, 0, 3, sigma=1.0, local_steps=2, **table)
+    scaled, _ = pnfdp_epsilon(hypercube, 0, 3, sigma=1 / math.sqrt(2), **table)
     assert twice == pytest.approx(scaled, rel=1e-9)
+    # the lemma form √K·Δ/(σ√(tK+1)) grows with K but stays below the table form
+    lemma_twice, _ = pnfdp_epsilon(hypercube, 0, 3, sigma=1.0, local_steps=2,
+                                   **{**table, "hop_form": "lemma"})
+    assert plain < lemma_twice < twice
 
 
 def test_rdp_baseline_never_reports_zero_epsilon_for_a_negative_rho():
