@@ -66,6 +66,7 @@ __all__ = [
     "rdp_baseline_rho",
     "rdp_baseline_epsilon",
     "rdp_epsilon_from_rho",
+    "rdp_ht_epsilon",
     "rdp_ht_epsilon_from_rho",
     "calibrate_sigma_pnfdp",
     "calibrate_sigma_rdp_baseline",
@@ -500,6 +501,23 @@ def rdp_ht_epsilon_from_rho(rho_ht: ArrayLike, *, steps: int, n: int, sigma: flo
     rho = np.asarray(rho_ht, dtype=float) * (local_steps * sensitivity**2 * steps
                                               / (n * sigma**2))
     return rdp_epsilon_from_rho(rho, delta)
+
+
+def rdp_ht_epsilon(walk: ArrayLike, source: int, target: int, *, steps: int, sigma: float,
+                   delta: float, sensitivity: float = 1.0, local_steps: int = 1,
+                   tolerance: float = DEFAULT_TOLERANCE) -> float:
+    """ε of the RDP (HT) baseline for one pair (see :func:`rdp_ht_epsilon_from_rho`)."""
+    W = walk_matrix(walk)
+    n = W.shape[0]
+    source, target = _check_node(source, n, "source"), _check_node(target, n, "target")
+    require(source != target, f"source and target must differ, got {source} twice")
+    require(math.isfinite(sigma) and sigma > 0, f"sigma must be > 0, got {sigma!r}")
+    T = _check_steps(steps)
+    laws = _hitting_laws(W, np.array([target]), np.array([source]), T, np.ones(T), 1.0,
+                         tolerance, optimistic=False)
+    return float(rdp_ht_epsilon_from_rho(laws.rho_ht, steps=T, n=n, sigma=sigma, delta=delta,
+                                         sensitivity=sensitivity,
+                                         local_steps=local_steps)[0])
 
 
 def _pairs_report(setup: _Setup, targets: np.ndarray, sources: np.ndarray | None,
