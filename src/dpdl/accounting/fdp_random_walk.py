@@ -5,33 +5,38 @@ holding it takes K_loc noisy local steps and passes it on. Node j sees the token
 walk reaches it, so one contribution of node i reaches j after a random number t of hops
 (the first hitting time of j from i) and is then μ_t-GDP, or never within T steps.
 
-* First-hitting weights for *all* pairs at once: with H_1 = W and
-  H_{t+1} = W H_t − W · diag(H_t) (column j of W H_t minus the paths through j, i.e. the
-  product with W̃_j = W whose column j is zeroed), w_t(i, j) = H_t[i, j]; one n×n matrix
-  product per hop, w_{T+1} = 1 − Σ_t w_t.
-* Per-hop μ_t = √K_loc·Δ/σ · g_t, g_t = 1/√(t+1) (non-convex, Lemma 4.3 in the conservative
-  reading of SPEC §7), or for a c-contractive hop map (strongly convex, Lemma 4.2, by the
-  shifted-interpolation argument: the optimal split of the shift over the t+1 noise draws)
-  g_t² = c^{2t}(1 − c²)/(1 − c^{2(t+1)}), which tends to 1/(t+1) as c → 1.
+* First-hitting weights without the (T+1)·n² table: per observer j, h_1 = W e_j and
+  h_{t+1} = W (h_t with entry j zeroed) (the product with W̃_j = W whose column j is
+  zeroed), for a chunk of observers at once (one n×m product per hop, sparse when W is);
+  w_t(i, j) = h_t[i] is added to the bin of μ_t² as soon as it is produced.
+  :func:`first_hitting_weights` still returns the table for small problems.
+* Truncation (``tolerance``): once every pair's not-yet-reached mass is below it, that mass
+  is put on the next hop's μ (the largest any later hop has): a dominating law, so still a
+  certified bound; n = 256, T = 20000 stops after a few thousand hops.
+* Per-hop μ_t (``hop_form``): ``lemma`` = Lemma 4.3's √K_loc·Δ/(σ√(t·K_loc+1)) (default),
+  ``table`` = √K_loc·Δ/(σ√t), what the code behind the paper's Table 3 uses (more
+  conservative; reproduces its σ column); or for a c-contractive hop map (strongly convex,
+  Lemma 4.2, lemma form only) g_t² = c^{2t}(1 − c²)/(1 − c^{2(t+1)}).
 * The single-visit view reveals the hop count, so its f is the revealed mixture
   Σ_t w_t·G_{μ_t} + w_{T+1}·Id (CDF of the privacy loss F(y) = Σ_t w_t Φ(y/μ_t − μ_t/2) +
   w_{T+1}·1{y ≥ 0}); k of them compose to δ(ε) = E[δ_G(ε; √S)], S the sum of k independent
-  copies of μ². The law of S is computed on a grid by one FFT per pair, with μ² rounded *up*
-  (certified upper bound) and, on request, *down* (the optimistic twin, for the bracket).
+  copies of μ². The law of S is computed on a grid by one FFT per pair class, with μ²
+  rounded *up* (certified upper bound) and, on request, *down* (the optimistic twin).
   The grid step is ``relative_slack · μ_1²``, so the total rounding of S is at most
   ``relative_slack · k · μ_1²``: sized by the number of compositions k, not by T.
 * k = ⌊T/n⌋ under a contribution cap, or k = ⌈(1+ζ)T/n⌉ with the Markov-chain (Hoeffding
   for reversible chains) slack δ' = exp(−(1−λ)/(1+λ) · 2ζ²T/n²), λ = max(λ₂(W), 0).
-* The k-fold law is one real FFT per pair; its negative round-off is clipped to 0. FFT
-  round-off (≈1e-16 per point) is not bounded rigorously; it is many orders of magnitude
-  below the δ of interest.
-* Pairs whose weights agree to 1e-12 share one computation: their representative takes the
-  element-wise *largest* cumulative weights Σ_{s≤t} w_s (more mass on short, leakier hops),
-  which dominates every member, so the shared answer is an upper bound for each of them.
+* The k-fold law's negative FFT round-off is clipped to 0. FFT round-off (≈1e-16 per
+  point) is not bounded rigorously; it is many orders of magnitude below the δ of interest.
+* Pairs whose binned laws agree to 1e-12 (e.g. equal Hamming distance on a hypercube) share
+  one computation, also across chunks: the representative's tail sums P(μ² ≥ b) are the
+  group's rounded *up*, which dominates every member, so the shared answer is an upper
+  bound for each of them.
 
 The RDP baseline (Cyffers et al. 2024, SPEC §7) is ρ_ij = Δ²(T·H_T/(σ²n²) +
 T·[log W]_ij/(σ²n)), (α, αρ_ij)-RDP for all α > 1, converted with dp_accounting's RDP
-conversion.
+conversion. "RDP (HT)" (seed 003's Table 1 / Figure 1c) replaces its spectral estimate of
+the hitting times by the exact first-hitting weights: ρ_ij = K_loc·Δ²·(T/n)·Σ_t w_t/(tσ²).
 """
 
 from __future__ import annotations
