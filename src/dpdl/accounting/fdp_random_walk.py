@@ -323,8 +323,9 @@ def _hitting_laws(W: np.ndarray, targets: np.ndarray, sources: np.ndarray | None
     bin_up = np.ceil(mu_squared / grid).astype(np.int64)
     bin_down = np.floor(mu_squared / grid).astype(np.int64)
     bins = int(bin_up.max()) + 2
-    up = np.zeros((m, r, bins))
-    down = np.zeros((m, r, bins)) if optimistic else None
+    # bins first: each hop adds one contiguous (m, r) slab
+    up = np.zeros((bins, m, r))
+    down = np.zeros((bins, m, r)) if optimistic else None
     remaining = np.ones((m, r))
     rho = np.zeros((m, r))
     # pairs i = j never count toward the stopping rule
@@ -339,9 +340,9 @@ def _hitting_laws(W: np.ndarray, targets: np.ndarray, sources: np.ndarray | None
     hops = steps
     for t in range(1, steps + 1):
         step = H[rows].T  # (m, r): w_t for every pair of the chunk
-        up[:, :, bin_up[t - 1]] += step
+        up[bin_up[t - 1]] += step
         if down is not None:
-            down[:, :, bin_down[t - 1]] += step
+            down[bin_down[t - 1]] += step
         remaining -= step
         rho += step / t
         if t == steps:
@@ -355,14 +356,17 @@ def _hitting_laws(W: np.ndarray, targets: np.ndarray, sources: np.ndarray | None
         H = operator @ H
     np.clip(remaining, 0.0, None, out=remaining)
     if hops < steps:  # truncated: the rest may still arrive at hop t+1 or later
-        up[:, :, bin_up[hops]] += remaining
+        up[bin_up[hops]] += remaining
         rho += remaining / (hops + 1)
     else:  # never reached within T hops: μ = 0
-        up[:, :, 0] += remaining
+        up[0] += remaining
     if down is not None:
-        down[:, :, 0] += remaining
-    return _HittingLaws(up.reshape(m * r, bins),
-                        None if down is None else down.reshape(m * r, bins),
+        down[0] += remaining
+
+    def rows_of(laws: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(laws.reshape(bins, m * r).T)
+
+    return _HittingLaws(rows_of(up), None if down is None else rows_of(down),
                         rho.reshape(m * r), hops)
 
 
@@ -375,7 +379,13 @@ def _dominating_rows(laws: np.ndarray, resolution: float = 1e-12
     (representatives, inverse, keys)."""
     tails = np.cumsum(laws[:, ::-1], axis=1)[:, ::-1]
     keys = np.floor(tails / resolution).astype(np.int64)
-    unique, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    # group by the bytes of each key (a hash table: np.unique(axis=0) sorts whole rows)
+    groups: dict[bytes, int] = {}
+    inverse = np.array([groups.setdefault(key.tobytes(), len(groups)) for key in keys],
+                       dtype=np.int64)
+    first = np.zeros(len(groups), dtype=np.int64)
+    first[inverse[::-1]] = np.arange(inverse.size)[::-1]  # first row of each group
+    unique = keys[first]
     rep_tails = np.minimum((unique + 1) * resolution, 1.0)
     rep_tails[:, 0] = 1.0
     rep_tails = np.minimum.accumulate(rep_tails, axis=1)
