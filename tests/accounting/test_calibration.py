@@ -219,3 +219,19 @@ def test_clt_never_exceeds_certified_pld_in_the_b1_regime(log10_p, z, steps):
     pld = epsilon_report("pld", np.full(steps, z), p, 1e-5)
     assert pld.certified and not clt.certified
     assert clt.epsilon <= pld.epsilon
+
+
+def test_long_schedule_calibrates_with_the_binned_bound_by_default():
+    """More than EXACT_MAX_DISTINCT distinct multipliers: PLD calibration uses the binned
+    bound (issue 15), which needs less noise than 100 blocks by count and stays safe for the
+    exact composition (the same construction as dp_accounting's, tested in test_certified)."""
+    needs_certified()
+    kw = {"epsilon": 1.0, "delta": 1e-5, "steps": 600, "sample_rate": 0.01, "rho_mu": 2.0}
+    binned = make_schedule("dyn-mu-d2p", calibrate="pld", **kw)
+    blocked = make_schedule("dyn-mu-d2p", calibrate="pld", blocks=100, **kw)
+    report = binned.epsilon("pld")
+    assert report.method == "pld-binned(bins=500)"
+    assert report.epsilon_lower <= report.epsilon <= 1.0
+    assert binned.noise_multipliers[0] < blocked.noise_multipliers[0]
+    exact = binned.epsilon("pld", mode="exact", value_discretization=3e-4).epsilon
+    assert exact <= report.epsilon <= 1.0

@@ -199,3 +199,20 @@ def test_no_warning_where_the_clt_is_nearly_tight(capsys):
     assert code == 0 and data["sample_rate"] == pytest.approx(0.0256)
     assert data["epsilon"]["pld"] == pytest.approx(1.009, abs=0.005)
     assert data["warnings"] == []
+
+
+def test_pld_report_of_a_long_dyn_schedule_prints_lower_and_upper(capsys):
+    # 400 distinct multipliers: the binned PLD bound with its lower companion (issue 15)
+    argv = ["account", "--algorithm", "dyn-mu-d2p", "--epsilon", "1", "--delta", "1e-5",
+            "--steps", "400", "--sample-rate", "0.02", "--calibrate", "clt"]
+    code, out, err = run_cli(capsys, [*argv, "--report", "pld", "--json"])
+    data = json.loads(out)
+    assert code == 0 and data["method"]["pld"] == "pld-binned(bins=500, exact)"
+    # 400 distinct multipliers fit in 500 bins: the sandwich closes (exact composition)
+    assert data["epsilon_lower"]["pld"] == data["epsilon"]["pld"]
+    code, out, err = run_cli(capsys, [*argv, "--steps", "1200", "--report", "pld"])
+    assert code == 0
+    line = next(line for line in out.splitlines() if line.strip().startswith("pld"))
+    lower, upper = (float(x) for x in line.split("[")[1].split("]")[0].split(","))
+    assert 0 < lower < upper < lower * 1.01
+    assert "pld-binned(bins=500)" in line

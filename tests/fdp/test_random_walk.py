@@ -125,8 +125,17 @@ def test_rdp_conversion_sits_between_gdp_and_the_classical_bound():
 
 
 def test_per_hop_mu_forms():
+    t = np.arange(1, 6)
+    # SPEC §7 lemma form: √K·Δ/(σ√(tK+1)); table form: √K·Δ/(σ√t)
     mu = per_hop_mu(5, 2.0, sensitivity=3.0, local_steps=4)
-    np.testing.assert_allclose(mu, 2 * 3 / (2 * np.sqrt(np.arange(2, 7))))
+    np.testing.assert_allclose(mu, 2 * 3 / (2 * np.sqrt(4 * t + 1)))
+    table = per_hop_mu(5, 2.0, sensitivity=3.0, local_steps=4, hop_form="table")
+    np.testing.assert_allclose(table, 2 * 3 / (2 * np.sqrt(t)))
+    assert np.all(table > mu)
+    with pytest.raises(DPDLError, match="hop_form"):
+        per_hop_mu(5, 1.0, hop_form="paper")
+    with pytest.raises(DPDLError, match="contraction"):
+        per_hop_mu(5, 1.0, contraction=0.5, hop_form="table")
     c = 0.9
     strong = per_hop_mu(5, 1.0, contraction=c)
     assert strong[0] == pytest.approx(math.sqrt(c**2 / (1 + c**2)))  # t = 1 closed form
@@ -199,12 +208,15 @@ def test_contraction_only_tightens_the_pair_bound(hypercube):
     plain, _ = pnfdp_epsilon(hypercube, 0, 3, **ORACLE, relative_slack=1e-3)
     strong, _ = pnfdp_epsilon(hypercube, 0, 3, **ORACLE, relative_slack=1e-3, contraction=0.8)
     assert strong < plain
-    # doubling K_loc under the conservative form is the same as dividing σ by √2
-    twice, _ = pnfdp_epsilon(hypercube, 0, 3, steps=275, sigma=1.0, delta=1e-5, local_steps=2,
-                             relative_slack=1e-3)
-    scaled, _ = pnfdp_epsilon(hypercube, 0, 3, steps=275, sigma=1 / math.sqrt(2), delta=1e-5,
-                              relative_slack=1e-3)
+    # doubling K_loc under the table form √K·Δ/(σ√t) is the same as dividing σ by √2
+    table = {"steps": 275, "delta": 1e-5, "relative_slack": 1e-3, "hop_form": "table"}
+    twice, _ = pnfdp_epsilon(hypercube, 0, 3, sigma=1.0, local_steps=2, **table)
+    scaled, _ = pnfdp_epsilon(hypercube, 0, 3, sigma=1 / math.sqrt(2), **table)
     assert twice == pytest.approx(scaled, rel=1e-9)
+    # the lemma form √K·Δ/(σ√(tK+1)) grows with K but stays below the table form
+    lemma_twice, _ = pnfdp_epsilon(hypercube, 0, 3, sigma=1.0, local_steps=2,
+                                   **{**table, "hop_form": "lemma"})
+    assert plain < lemma_twice < twice
 
 
 def test_rdp_baseline_never_reports_zero_epsilon_for_a_negative_rho():
@@ -214,3 +226,92 @@ def test_rdp_baseline_never_reports_zero_epsilon_for_a_negative_rho():
     assert np.isnan(eps[0]) and np.isnan(eps[4])
     assert eps[1] == 0.0 or eps[1] < 1e-6  # rho = 0 is a real (perfect) guarantee
     assert 0 < eps[2] < np.inf and eps[3] == np.inf
+
+
+# ------------------------------------------------------------- scale (issue 15)
+def hypercube_walk(n):
+    from dpdl.experiments.fdp import walk_matrix_of
+    from dpdl.topology import make_topology
+
+    return walk_matrix_of(make_topology("hypercube", n))
+
+
+def test_column_and_chunks_match_the_full_matrix(hypercube):
+    full = pnfdp_epsilon_matrix(hypercube, **ORACLE, relative_slack=1e-3, chunk=7)
+    column = pnfdp_epsilon_matrix(hypercube, **ORACLE, relative_slack=1e-3, targets=[5])
+    np.testing.assert_allclose(column.epsilon[:, 5], full.epsilon[:, 5], rtol=1e-12)
+    assert np.all(np.isnan(np.delete(column.epsilon, 5, axis=1)))
+    assert column.summary()["pairs"] == 31
+    # the RDP (HT) baseline rides along, per pair
+    assert np.all(column.epsilon_rdp_ht[:, 5][np.arange(32) != 5] > 0)
+    np.testing.assert_allclose(column.epsilon_rdp_ht[:, 5], full.epsilon_rdp_ht[:, 5])
+
+
+def test_truncated_hitting_weights_stay_an_upper_bound():
+    # complete graph: w_t = q(1−q)^{t−1}, q = 1/(n−1); the unreached mass after t hops is
+    # (1−q)^t, so a tolerance of 1e-6 stops long before T and moves that mass to hop t+1
+    n, T = 6, 600
+    W = (np.ones((n, n)) - np.eye(n)) / (n - 1)
+    common = {"steps": T, "sigma": 3.0, "delta": 1e-5, "relative_slack": 1e-3}
+    exact, _ = pnfdp_epsilon(W, 0, 1, tolerance=0.0, **common)
+    loose, _ = pnfdp_epsilon(W, 0, 1, tolerance=1e-6, **common)
+    default, _ = pnfdp_epsilon(W, 0, 1, **common)
+    assert exact < loose < exact + 1e-3  # the moved mass only ever raises ε
+    assert default == pytest.approx(exact, abs=1e-9)  # 1e-12 of mass: round-off level
+    report = pnfdp_epsilon_matrix(W, tolerance=1e-6, **common)
+    assert report.extra["hops"] < T
+
+
+def test_rdp_ht_on_the_complete_graph_by_hand():
+    from dpdl.accounting.fdp import rdp_ht_epsilon
+
+    n, T, sigma, delta, sensitivity, local_steps = 6, 300, 2.0, 1e-5, 0.5, 3
+    W = (np.ones((n, n)) - np.eye(n)) / (n - 1)
+    q = 1 / (n - 1)
+    t = np.arange(1, T + 1)
+    hand = np.sum(q * (1 - q) ** (t - 1) / t)  # Σ_t w_t / t
+    rho = local_steps * sensitivity**2 * T / n * hand / sigma**2
+    expected = rdp_epsilon_from_rho(np.array([rho]), delta)[0]
+    got = rdp_ht_epsilon(W, 2, 4, steps=T, sigma=sigma, delta=delta, sensitivity=sensitivity,
+                         local_steps=local_steps, tolerance=0.0)
+    assert got == pytest.approx(expected, rel=1e-10)
+
+
+def test_pnfdp_beats_rdp_ht_which_beats_cyffers_on_the_oracle_hypercube(hypercube):
+    from dpdl.accounting.fdp import rdp_ht_epsilon
+
+    upper, _ = pnfdp_epsilon(hypercube, 0, 1, **ORACLE)
+    ht = rdp_ht_epsilon(hypercube, 0, 1, **ORACLE)
+    cyffers = rdp_baseline_epsilon(hypercube, **ORACLE).epsilon[0, 1]
+    assert upper < ht < cyffers
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("n", "sigma", "expected"),
+                         [(256, 0.7446875, 9.997), (2048, 0.3246875, 10.008)])
+def test_spec_table_form_oracles(n, sigma, expected):
+    # SPEC §7: hypercube (Metropolis), T = 20000, Δ = 0.4, δ = 1e-5, pair 0 → 1, table form
+    upper, lower = pnfdp_epsilon(hypercube_walk(n), 0, 1, steps=20000, sigma=sigma,
+                                 sensitivity=0.4, delta=1e-5, hop_form="table")
+    assert lower <= upper
+    assert upper == pytest.approx(expected, abs=2e-3)
+
+
+@pytest.mark.slow
+def test_table_form_calibration_reproduces_the_papers_sigma():
+    sigma = calibrate_sigma_pnfdp(hypercube_walk(256), steps=20000, target_epsilon=10.0,
+                                  delta=1e-5, sensitivity=0.4, pair=(0, 1), hop_form="table")
+    assert sigma == pytest.approx(0.7446875, rel=1e-3)  # the paper's Table 3
+
+
+def test_large_n_pair_uses_the_sparse_walk():
+    # n = 256 pair at T = 2000: T sparse products, no (T+1)·n² table (which would be 1.3e8)
+    walk = hypercube_walk(256)
+    upper, lower = pnfdp_epsilon(walk, 0, 1, steps=2000, sigma=0.5, sensitivity=0.4,
+                                 delta=1e-5, hop_form="table", relative_slack=1e-3)
+    assert 0 < lower <= upper
+    column = pnfdp_epsilon_matrix(walk, steps=2000, sigma=0.5, sensitivity=0.4, delta=1e-5,
+                                  hop_form="table", relative_slack=1e-3, targets=[1])
+    assert column.epsilon[0, 1] == pytest.approx(upper, rel=1e-9)
+    # vertex-transitive: sources at equal Hamming distance from the observer share a class
+    assert "8 distinct pair classes" in column.method  # Hamming distances 1..8

@@ -25,6 +25,8 @@ from dpdl.accounting.fdp_decor import (
     honest_laplacian,
 )
 from dpdl.accounting.fdp_random_walk import (
+    DEFAULT_TOLERANCE,
+    HOP_FORMS,
     RDP_ORDERS,
     PairwiseReport,
     calibrate_sigma_pnfdp,
@@ -38,6 +40,8 @@ from dpdl.accounting.fdp_random_walk import (
     rdp_baseline_epsilon,
     rdp_baseline_rho,
     rdp_epsilon_from_rho,
+    rdp_ht_epsilon,
+    rdp_ht_epsilon_from_rho,
     single_visit_tradeoff,
     walk_matrix,
 )
@@ -56,7 +60,11 @@ from dpdl.accounting.fdp_tradeoff import (
 
 __all__ = [
     "DECOR_ACCOUNTANTS",
+    "DEFAULT_TOLERANCE",
+    "HOP_FORMS",
     "RDP_ORDERS",
+    "rdp_ht_epsilon",
+    "rdp_ht_epsilon_from_rho",
     "DecorPrivacy",
     "EpsilonDeltaTradeOff",
     "GaussianTradeOff",

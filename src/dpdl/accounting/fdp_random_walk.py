@@ -5,33 +5,38 @@ holding it takes K_loc noisy local steps and passes it on. Node j sees the token
 walk reaches it, so one contribution of node i reaches j after a random number t of hops
 (the first hitting time of j from i) and is then μ_t-GDP, or never within T steps.
 
-* First-hitting weights for *all* pairs at once: with H_1 = W and
-  H_{t+1} = W H_t − W · diag(H_t) (column j of W H_t minus the paths through j, i.e. the
-  product with W̃_j = W whose column j is zeroed), w_t(i, j) = H_t[i, j]; one n×n matrix
-  product per hop, w_{T+1} = 1 − Σ_t w_t.
-* Per-hop μ_t = √K_loc·Δ/σ · g_t, g_t = 1/√(t+1) (non-convex, Lemma 4.3 in the conservative
-  reading of SPEC §7), or for a c-contractive hop map (strongly convex, Lemma 4.2, by the
-  shifted-interpolation argument: the optimal split of the shift over the t+1 noise draws)
-  g_t² = c^{2t}(1 − c²)/(1 − c^{2(t+1)}), which tends to 1/(t+1) as c → 1.
+* First-hitting weights without the (T+1)·n² table: per observer j, h_1 = W e_j and
+  h_{t+1} = W (h_t with entry j zeroed) (the product with W̃_j = W whose column j is
+  zeroed), for a chunk of observers at once (one n×m product per hop, sparse when W is);
+  w_t(i, j) = h_t[i] is added to the bin of μ_t² as soon as it is produced.
+  :func:`first_hitting_weights` still returns the table for small problems.
+* Truncation (``tolerance``): once every pair's not-yet-reached mass is below it, that mass
+  is put on the next hop's μ (the largest any later hop has): a dominating law, so still a
+  certified bound; n = 256, T = 20000 stops after a few thousand hops.
+* Per-hop μ_t (``hop_form``): ``lemma`` = Lemma 4.3's √K_loc·Δ/(σ√(t·K_loc+1)) (default),
+  ``table`` = √K_loc·Δ/(σ√t), what the code behind the paper's Table 3 uses (more
+  conservative; reproduces its σ column); or for a c-contractive hop map (strongly convex,
+  Lemma 4.2, lemma form only) g_t² = c^{2t}(1 − c²)/(1 − c^{2(t+1)}).
 * The single-visit view reveals the hop count, so its f is the revealed mixture
   Σ_t w_t·G_{μ_t} + w_{T+1}·Id (CDF of the privacy loss F(y) = Σ_t w_t Φ(y/μ_t − μ_t/2) +
   w_{T+1}·1{y ≥ 0}); k of them compose to δ(ε) = E[δ_G(ε; √S)], S the sum of k independent
-  copies of μ². The law of S is computed on a grid by one FFT per pair, with μ² rounded *up*
-  (certified upper bound) and, on request, *down* (the optimistic twin, for the bracket).
+  copies of μ². The law of S is computed on a grid by one FFT per pair class, with μ²
+  rounded *up* (certified upper bound) and, on request, *down* (the optimistic twin).
   The grid step is ``relative_slack · μ_1²``, so the total rounding of S is at most
   ``relative_slack · k · μ_1²``: sized by the number of compositions k, not by T.
 * k = ⌊T/n⌋ under a contribution cap, or k = ⌈(1+ζ)T/n⌉ with the Markov-chain (Hoeffding
   for reversible chains) slack δ' = exp(−(1−λ)/(1+λ) · 2ζ²T/n²), λ = max(λ₂(W), 0).
-* The k-fold law is one real FFT per pair; its negative round-off is clipped to 0. FFT
-  round-off (≈1e-16 per point) is not bounded rigorously; it is many orders of magnitude
-  below the δ of interest.
-* Pairs whose weights agree to 1e-12 share one computation: their representative takes the
-  element-wise *largest* cumulative weights Σ_{s≤t} w_s (more mass on short, leakier hops),
-  which dominates every member, so the shared answer is an upper bound for each of them.
+* The k-fold law's negative FFT round-off is clipped to 0. FFT round-off (≈1e-16 per
+  point) is not bounded rigorously; it is many orders of magnitude below the δ of interest.
+* Pairs whose binned laws agree to 1e-12 (e.g. equal Hamming distance on a hypercube) share
+  one computation, also across chunks: the representative's tail sums P(μ² ≥ b) are the
+  group's rounded *up*, which dominates every member, so the shared answer is an upper
+  bound for each of them.
 
 The RDP baseline (Cyffers et al. 2024, SPEC §7) is ρ_ij = Δ²(T·H_T/(σ²n²) +
 T·[log W]_ij/(σ²n)), (α, αρ_ij)-RDP for all α > 1, converted with dp_accounting's RDP
-conversion.
+conversion. "RDP (HT)" (seed 003's Table 1 / Figure 1c) replaces its spectral estimate of
+the hitting times by the exact first-hitting weights: ρ_ij = K_loc·Δ²·(T/n)·Σ_t w_t/(tσ²).
 """
 
 from __future__ import annotations
@@ -46,13 +51,14 @@ from scipy.special import ndtr
 
 from dpdl.accounting.fdp_tradeoff import (
     RevealedGaussianMixture,
-    bin_mu_squared,
     gaussian_log_delta,
     self_convolve,
 )
 from dpdl.errors import DPDLError, require
 
 __all__ = [
+    "DEFAULT_TOLERANCE",
+    "HOP_FORMS",
     "walk_matrix",
     "first_hitting_weights",
     "per_hop_mu",
@@ -65,11 +71,15 @@ __all__ = [
     "rdp_baseline_rho",
     "rdp_baseline_epsilon",
     "rdp_epsilon_from_rho",
+    "rdp_ht_epsilon",
+    "rdp_ht_epsilon_from_rho",
     "calibrate_sigma_pnfdp",
     "calibrate_sigma_rdp_baseline",
     "RDP_ORDERS",
 ]
 
+HOP_FORMS = ("lemma", "table")
+DEFAULT_TOLERANCE = 1e-12
 RDP_ORDERS = np.concatenate([np.linspace(1.01, 10.0, 300), np.geomspace(10.0, 1e5, 300)[1:]])
 _MAX_WEIGHT_ENTRIES = 2e8
 _CALIBRATION_CANDIDATES = 32
@@ -135,9 +145,14 @@ def first_hitting_weights(walk: ArrayLike, steps: int, *, target: int | None = N
 
 
 def per_hop_mu(steps: int, sigma: float, *, sensitivity: float = 1.0, local_steps: int = 1,
-               contraction: float = 1.0) -> np.ndarray:
-    """μ_t for t = 1..T (SPEC §7): √K_loc·Δ/(σ√(t+1)), or the contractive (strongly convex)
-    form √K_loc·Δ/σ · c^t √((1−c²)/(1−c^{2(t+1)})) when ``contraction`` c < 1.
+               contraction: float = 1.0, hop_form: str = "lemma") -> np.ndarray:
+    """μ_t for t = 1..T (SPEC §7), K = ``local_steps``, Δ = ``sensitivity``:
+
+    * ``hop_form="lemma"`` (default) — Lemma 4.3 of seed 003: √K·Δ/(σ√(tK+1));
+    * ``hop_form="table"`` — what the script behind the paper's Table 3 uses: √K·Δ/(σ√t),
+      larger for every t (more conservative); it reproduces the paper's σ column;
+    * ``contraction`` c < 1 (lemma form only) — a c-contractive hop map (strongly convex,
+      Lemma 4.2): √K·Δ/σ · c^t √((1−c²)/(1−c^{2(t+1)})).
 
     c is the Lipschitz constant of one hop's noiseless update map (for an m-strongly convex,
     L-smooth loss and η ≤ 2/(m+L), c = (1 − ηm)^{K_loc}); the intermediate noise draws of a
@@ -150,9 +165,15 @@ def per_hop_mu(steps: int, sigma: float, *, sensitivity: float = 1.0, local_step
     require(isinstance(local_steps, int | np.integer) and local_steps >= 1,
             f"local_steps must be a positive integer, got {local_steps!r}")
     require(0 < contraction <= 1, f"contraction must lie in (0, 1], got {contraction!r}")
+    require(hop_form in HOP_FORMS, f"hop_form must be one of {HOP_FORMS}, got {hop_form!r}")
+    require(contraction == 1.0 or hop_form == "lemma",
+            f"contraction={contraction!r} needs hop_form='lemma' (the table form has none)")
     t = np.arange(1, T + 1, dtype=float)
-    if contraction == 1.0:
-        shape = 1.0 / np.sqrt(t + 1)
+    if hop_form == "table":
+        shape = 1.0 / np.sqrt(t)
+    elif contraction == 1.0:
+        shape = 1.0 / np.sqrt(t + 1.0 / local_steps)  # √K/√(tK+1) = 1/√(t + 1/K)
+        return sensitivity / sigma * shape
     else:
         c2 = contraction**2
         # c^{2t}(1−c²)/(1−c^{2(t+1)}) in log space (c^{2t} underflows for long walks)
@@ -217,29 +238,21 @@ class PairwiseReport:
     epsilon_optimistic: np.ndarray | None = None
     method: str = ""
     extra: dict = field(default_factory=dict)
+    epsilon_rdp_ht: np.ndarray | None = None  # the RDP (HT) baseline of the same pairs
 
     def summary(self) -> dict:
         off = self.epsilon[~np.isnan(self.epsilon)]
-        return {"accountant": self.accountant, "delta": self.delta, "steps": self.steps,
-                "sigma": self.sigma, "compositions": self.compositions,
-                "delta_slack": self.delta_slack, "method": self.method,
-                "epsilon_max": float(off.max()), "epsilon_mean": float(off.mean()),
-                "epsilon_min": float(off.min()), **self.extra}
-
-
-def _dominating_groups(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Group rows (pairs) of ``weights`` (P, T+1) that agree to 1e-12 and give each group the
-    element-wise maximum of the cumulative weights, which dominates every member."""
-    cumulative = np.cumsum(weights, axis=1)
-    cumulative[:, -1] = 1.0
-    keys = np.round(cumulative, 12)
-    _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
-    inverse = inverse.ravel()
-    representative = np.zeros((first.size, weights.shape[1]))
-    np.maximum.at(representative, inverse, cumulative)
-    representative = np.minimum(np.maximum.accumulate(representative, axis=1), 1.0)
-    rep_weights = np.diff(representative, axis=1, prepend=0.0)
-    return np.clip(rep_weights, 0.0, None), inverse
+        out = {"accountant": self.accountant, "delta": self.delta, "steps": self.steps,
+               "sigma": self.sigma, "compositions": self.compositions,
+               "delta_slack": self.delta_slack, "method": self.method,
+               "pairs": int(off.size), "epsilon_max": float(off.max()),
+               "epsilon_mean": float(off.mean()), "epsilon_min": float(off.min()),
+               **self.extra}
+        if self.epsilon_rdp_ht is not None:
+            ht = self.epsilon_rdp_ht[~np.isnan(self.epsilon_rdp_ht)]
+            out.update({"epsilon_rdp_ht_max": float(ht.max()),
+                        "epsilon_rdp_ht_mean": float(ht.mean())})
+        return out
 
 
 @dataclass(frozen=True)
@@ -255,21 +268,129 @@ class _ComposedLaws:
         return np.array([_epsilon_of_law(p, np.sqrt(s) / sigma, delta)
                          for p, s in zip(self.laws, self.support, strict=True)])
 
+    def means(self) -> np.ndarray:
+        return np.array([float(p @ s) for p, s in zip(self.laws, self.support, strict=True)])
 
-def _compose_laws(weights: np.ndarray, mu_squared: np.ndarray, compositions: int,
-                  relative_slack: float, rounding: str, chunk: int = 64) -> _ComposedLaws:
-    """k-fold laws of Σμ² per row of ``weights`` (P, T+1) over the single-visit support
-    ``mu_squared`` (at σ = 1), grid step ``relative_slack · max μ²`` (SPEC §7 sizing)."""
-    grid = relative_slack * float(mu_squared.max())
-    laws, support = [], []
-    for start in range(0, weights.shape[0], chunk):
-        block = self_convolve(bin_mu_squared(mu_squared, weights[start:start + chunk], grid,
-                                             rounding), compositions)
-        for row in block:
+
+def _compose_binned(laws: np.ndarray, grid: float, compositions: int,
+                    chunk: int = 16) -> _ComposedLaws:
+    """k-fold laws of Σμ² of binned single-visit laws (rows of ``laws``, grid step ``grid``)."""
+    out, support = [], []
+    top = int(np.max(np.flatnonzero(laws.any(axis=0)), initial=0))
+    laws = laws[:, : top + 1]
+    for start in range(0, laws.shape[0], chunk):
+        for row in self_convolve(laws[start:start + chunk], compositions):
             kept = np.flatnonzero(row > 0)
-            laws.append(np.maximum(row[kept], _TINY))  # no subnormals; only adds mass
+            out.append(np.maximum(row[kept], _TINY))  # no subnormals; only adds mass
             support.append(kept * grid)
-    return _ComposedLaws(laws, support)
+    return _ComposedLaws(out, support)
+
+
+@dataclass
+class _HittingLaws:
+    """Single-visit laws of μ² (σ = 1) binned on {0, h, 2h, …}, one row per pair.
+
+    ``up`` rounds every μ² up (certified), ``down`` down (the optimistic twin); ``rho_ht``
+    is Σ_t w_t/t (the RDP-with-hitting-times baseline); ``hops`` is how many hops were
+    iterated before the truncation tolerance was met (T when it never was)."""
+
+    up: np.ndarray
+    down: np.ndarray | None
+    rho_ht: np.ndarray
+    hops: int
+
+
+def _hitting_laws(W: np.ndarray, targets: np.ndarray, sources: np.ndarray | None, steps: int,
+                  mu_squared: np.ndarray, grid: float, tolerance: float, optimistic: bool
+                  ) -> _HittingLaws:
+    """Binned single-visit laws for the pairs (source → target) of a chunk of targets.
+
+    First-hitting recurrence per target column: h_1 = W e_j, h_{t+1} = W (h_t with entry j
+    zeroed) — one n×m product per hop for m targets; the weight of hop t is added to the
+    bin of μ_t² as it is produced, so the (T+1)·n² weight table is never stored. Rows are
+    ordered target-major: row c·r + a is (sources[a] → targets[c]); pairs i = j are
+    meaningless (the caller drops them).
+
+    Truncation: once every pair's not-yet-reached mass r_t = 1 − Σ_{s≤t} w_s is below
+    ``tolerance``, r_t is put on hop t+1's μ² — the largest any later hop has, and larger
+    than "never reached" (μ = 0) — which dominates the true law, so the bound stays
+    certified. The optimistic twin puts it on μ = 0 instead.
+    """
+    n = W.shape[0]
+    targets = np.asarray(targets, dtype=np.int64)
+    rows = np.arange(n) if sources is None else np.asarray(sources, dtype=np.int64)
+    m, r = targets.size, rows.size
+    bin_up = np.ceil(mu_squared / grid).astype(np.int64)
+    bin_down = np.floor(mu_squared / grid).astype(np.int64)
+    bins = int(bin_up.max()) + 2
+    # bins first: each hop adds one contiguous (m, r) slab
+    up = np.zeros((bins, m, r))
+    down = np.zeros((bins, m, r)) if optimistic else None
+    remaining = np.ones((m, r))
+    rho = np.zeros((m, r))
+    # pairs i = j never count toward the stopping rule
+    same = rows[None, :] == targets[:, None]
+    H = np.ascontiguousarray(W[:, targets])
+    columns = np.arange(m)
+    operator = W
+    if np.count_nonzero(W) < 0.1 * n * n:  # sparse graphs (hypercube, torus, ring): O(nnz·m)
+        from scipy.sparse import csr_matrix
+
+        operator = csr_matrix(W)
+    hops = steps
+    for t in range(1, steps + 1):
+        step = H[rows].T  # (m, r): w_t for every pair of the chunk
+        up[bin_up[t - 1]] += step
+        if down is not None:
+            down[bin_down[t - 1]] += step
+        remaining -= step
+        rho += step / t
+        if t == steps:
+            break
+        if tolerance > 0 and t % 32 == 0:
+            left = np.where(same, 0.0, remaining)
+            if float(left.max()) < tolerance:
+                hops = t
+                break
+        H[targets, columns] = 0.0
+        H = operator @ H
+    np.clip(remaining, 0.0, None, out=remaining)
+    if hops < steps:  # truncated: the rest may still arrive at hop t+1 or later
+        up[bin_up[hops]] += remaining
+        rho += remaining / (hops + 1)
+    else:  # never reached within T hops: μ = 0
+        up[0] += remaining
+    if down is not None:
+        down[0] += remaining
+
+    def rows_of(laws: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(laws.reshape(bins, m * r).T)
+
+    return _HittingLaws(rows_of(up), None if down is None else rows_of(down),
+                        rho.reshape(m * r), hops)
+
+
+def _dominating_rows(laws: np.ndarray, resolution: float = 1e-12
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """Group rows (binned laws of μ²) whose upper-tail sums P(μ² ≥ b) agree to
+    ``resolution`` and give each group one representative that dominates every member:
+    its tail sums are the group's key rounded *up* to the next multiple of ``resolution``
+    (so any row with the same key, from any chunk, is dominated by it). Returns
+    (representatives, inverse, keys)."""
+    tails = np.cumsum(laws[:, ::-1], axis=1)[:, ::-1]
+    keys = np.floor(tails / resolution).astype(np.int64)
+    # group by the bytes of each key (a hash table: np.unique(axis=0) sorts whole rows)
+    groups: dict[bytes, int] = {}
+    inverse = np.array([groups.setdefault(key.tobytes(), len(groups)) for key in keys],
+                       dtype=np.int64)
+    first = np.zeros(len(groups), dtype=np.int64)
+    first[inverse[::-1]] = np.arange(inverse.size)[::-1]  # first row of each group
+    unique = keys[first]
+    rep_tails = np.minimum((unique + 1) * resolution, 1.0)
+    rep_tails[:, 0] = 1.0
+    rep_tails = np.minimum.accumulate(rep_tails, axis=1)
+    reps = rep_tails - np.append(rep_tails[:, 1:], np.zeros((unique.shape[0], 1)), axis=1)
+    return np.clip(reps, 0.0, None), inverse.ravel(), unique
 
 
 def _epsilon_of_law(masses: np.ndarray, mus: np.ndarray, delta: float) -> float:
@@ -319,17 +440,6 @@ def _gaussian_epsilon(mu: float, delta: float) -> float:
     return epsilon_from_delta(delta, mu) if mu > 0 else 0.0
 
 
-def _epsilon_from_weights(weights: np.ndarray, mu_squared: np.ndarray, compositions: int,
-                          delta: float, relative_slack: float, rounding: str) -> np.ndarray:
-    """ε per row of ``weights`` (P, T+1) over the single-visit μ² support ``mu_squared``;
-    rows are composed chunk by chunk so that memory stays bounded for large graphs."""
-    chunk = 64
-    return np.concatenate([
-        _compose_laws(weights[start:start + chunk], mu_squared, compositions, relative_slack,
-                      rounding).epsilons(1.0, delta)
-        for start in range(0, weights.shape[0], chunk)])
-
-
 def _mechanism_delta(delta: float, walk: np.ndarray, steps: int, zeta: float | None):
     require(isinstance(delta, int | float | np.floating) and 0 < delta < 1,
             f"delta must lie in (0, 1), got {delta!r}")
@@ -340,68 +450,195 @@ def _mechanism_delta(delta: float, walk: np.ndarray, steps: int, zeta: float | N
     return delta - slack, slack
 
 
+@dataclass(frozen=True)
+class _Setup:
+    W: np.ndarray
+    steps: int
+    compositions: int
+    mechanism_delta: float
+    slack: float
+    mu_squared: np.ndarray  # μ_t² at σ = 1, t = 1..T
+    grid: float
+
+
+def _setup(walk, *, steps, delta, sensitivity, local_steps, contraction, zeta, relative_slack,
+           hop_form, tolerance) -> _Setup:
+    W = walk_matrix(walk)
+    n = W.shape[0]
+    require(0 < relative_slack < 1, f"relative_slack must be in (0, 1), got {relative_slack!r}")
+    require(math.isfinite(tolerance) and 0 <= tolerance < 1e-3,
+            f"tolerance must lie in [0, 1e-3), got {tolerance!r}")
+    k = composition_count(n, steps, zeta=zeta)
+    mech_delta, slack = _mechanism_delta(delta, W, steps, zeta)
+    mu2 = per_hop_mu(steps, 1.0, sensitivity=sensitivity, local_steps=local_steps,
+                     contraction=contraction, hop_form=hop_form) ** 2
+    return _Setup(W, int(steps), k, mech_delta, slack, mu2, relative_slack * float(mu2.max()))
+
+
+def _check_node(node: int, n: int, what: str) -> int:
+    require(isinstance(node, int | np.integer) and 0 <= node < n,
+            f"{what} node must be in [0, {n}), got {node!r}")
+    return int(node)
+
+
 def pnfdp_epsilon(walk: ArrayLike, source: int, target: int, *, steps: int, sigma: float,
                   delta: float, sensitivity: float = 1.0, local_steps: int = 1,
                   contraction: float = 1.0, zeta: float | None = None,
-                  relative_slack: float = 1e-4) -> tuple[float, float]:
-    """(certified upper bound, optimistic value) of ε for the pair source → target (SPEC §7)."""
+                  relative_slack: float = 1e-4, hop_form: str = "lemma",
+                  tolerance: float = DEFAULT_TOLERANCE) -> tuple[float, float]:
+    """(certified upper bound, optimistic value) of ε for the pair source → target (SPEC §7).
+
+    Costs T matrix-vector products (one column of first-hitting weights); never builds the
+    (T+1)·n² table."""
+    setup = _setup(walk, steps=steps, delta=delta, sensitivity=sensitivity,
+                   local_steps=local_steps, contraction=contraction, zeta=zeta,
+                   relative_slack=relative_slack, hop_form=hop_form, tolerance=tolerance)
+    n = setup.W.shape[0]
+    source, target = _check_node(source, n, "source"), _check_node(target, n, "target")
+    require(source != target, f"source and target must differ, got {source} twice")
+    require(math.isfinite(sigma) and sigma > 0, f"sigma must be > 0, got {sigma!r}")
+    laws = _hitting_laws(setup.W, np.array([target]), np.array([source]), setup.steps,
+                         setup.mu_squared, setup.grid, tolerance, optimistic=True)
+    upper = _compose_binned(laws.up, setup.grid, setup.compositions)
+    lower = _compose_binned(laws.down, setup.grid, setup.compositions)
+    return (float(upper.epsilons(sigma, setup.mechanism_delta)[0]),
+            float(lower.epsilons(sigma, setup.mechanism_delta)[0]))
+
+
+def rdp_ht_epsilon_from_rho(rho_ht: ArrayLike, *, steps: int, n: int, sigma: float,
+                            delta: float, sensitivity: float = 1.0,
+                            local_steps: int = 1) -> np.ndarray:
+    """ε of the RDP baseline with exact hitting times ("RDP (HT)" of seed 003's Table 1 and
+    Figure 1c): ρ = K·Δ²·(T/n)·Σ_t w_t/(t σ²), (α, αρ)-RDP, dp_accounting's conversion.
+
+    ``rho_ht`` is Σ_t w_t/t. Like the Cyffers et al. 2024 bound it averages the per-hop RDP
+    linearly over the hitting time. For a mixture whose hop count is revealed the Rényi
+    divergence is (1/(α−1))·ln Σ_t w_t e^{(α−1)·D_t} ≥ Σ_t w_t D_t (Jensen), so this
+    average is *not* certified here: it is reported as the paper's baseline, beside
+    PN-f-DP. (At n = 2048, k = 9 it falls below the certified PN-f-DP ε: bench_fdp.py.)"""
+    rho = np.asarray(rho_ht, dtype=float) * (local_steps * sensitivity**2 * steps
+                                              / (n * sigma**2))
+    return rdp_epsilon_from_rho(rho, delta)
+
+
+def rdp_ht_epsilon(walk: ArrayLike, source: int, target: int, *, steps: int, sigma: float,
+                   delta: float, sensitivity: float = 1.0, local_steps: int = 1,
+                   tolerance: float = DEFAULT_TOLERANCE) -> float:
+    """ε of the RDP (HT) baseline for one pair (see :func:`rdp_ht_epsilon_from_rho`)."""
     W = walk_matrix(walk)
     n = W.shape[0]
+    source, target = _check_node(source, n, "source"), _check_node(target, n, "target")
     require(source != target, f"source and target must differ, got {source} twice")
-    require(0 <= source < n, f"source node must be in [0, {n}), got {source!r}")
-    require(0 < relative_slack < 1, f"relative_slack must be in (0, 1), got {relative_slack!r}")
-    k = composition_count(n, steps, zeta=zeta)
-    mech_delta, _ = _mechanism_delta(delta, W, steps, zeta)
-    weights = first_hitting_weights(W, steps, target=target)[:, source][None, :]
-    mu2 = np.append(per_hop_mu(steps, sigma, sensitivity=sensitivity, local_steps=local_steps,
-                               contraction=contraction), 0.0) ** 2
-    upper = _epsilon_from_weights(weights, mu2, k, mech_delta, relative_slack, "up")[0]
-    lower = _epsilon_from_weights(weights, mu2, k, mech_delta, relative_slack, "down")[0]
-    return float(upper), float(lower)
+    require(math.isfinite(sigma) and sigma > 0, f"sigma must be > 0, got {sigma!r}")
+    T = _check_steps(steps)
+    laws = _hitting_laws(W, np.array([target]), np.array([source]), T, np.ones(T), 1.0,
+                         tolerance, optimistic=False)
+    return float(rdp_ht_epsilon_from_rho(laws.rho_ht, steps=T, n=n, sigma=sigma, delta=delta,
+                                         sensitivity=sensitivity,
+                                         local_steps=local_steps)[0])
 
 
-def _pair_weights(W: np.ndarray, steps: int):
-    n = W.shape[0]
-    weights = first_hitting_weights(W, steps)  # (T+1, n, n)
-    off_diagonal = ~np.eye(n, dtype=bool)
-    return weights[:, off_diagonal].T, off_diagonal  # (P, T+1)
+def _pairs_report(setup: _Setup, targets: np.ndarray, sources: np.ndarray | None,
+                  sigma: float, tolerance: float, bracket: bool, chunk: int,
+                  progress: bool, sensitivity: float, local_steps: int):
+    """(upper, optimistic or None, rho_ht, hops, classes) for targets × sources, computed in
+    chunks of ``chunk`` targets; identical laws (any chunk) are composed once."""
+    n = setup.W.shape[0]
+    rows = np.arange(n) if sources is None else np.asarray(sources, dtype=np.int64)
+    shape = (targets.size, rows.size)
+    upper = np.full(shape, np.nan)
+    optimistic = np.full(shape, np.nan) if bracket else None
+    rho_ht = np.full(shape, np.nan)
+    cache: dict[bytes, float] = {}
+    hops = 0
+    starts = range(0, targets.size, chunk)
+    if progress:
+        from tqdm.auto import tqdm
+
+        starts = tqdm(starts, desc="PN-f-DP targets", unit="chunk", leave=False)
+    for start in starts:
+        block = targets[start:start + chunk]
+        laws = _hitting_laws(setup.W, block, rows, setup.steps, setup.mu_squared, setup.grid,
+                             tolerance, optimistic=bracket)
+        hops = max(hops, laws.hops)
+        valid = (rows[None, :] != block[:, None]).ravel()
+        index = np.flatnonzero(valid)
+        reps, inverse, keys = _dominating_rows(laws.up[index])
+        eps = np.empty(reps.shape[0])
+        todo = [g for g in range(reps.shape[0]) if keys[g].tobytes() not in cache]
+        if todo:
+            computed = _compose_binned(reps[todo], setup.grid, setup.compositions).epsilons(
+                sigma, setup.mechanism_delta)
+            for g, value in zip(todo, computed, strict=True):
+                cache[keys[g].tobytes()] = float(value)
+        eps[:] = [cache[keys[g].tobytes()] for g in range(reps.shape[0])]
+        out = np.full(block.size * rows.size, np.nan)
+        out[index] = eps[inverse]
+        upper[start:start + block.size] = out.reshape(block.size, rows.size)
+        if bracket:
+            # the optimistic twin needs each pair's own law, not a dominating one
+            low = np.full(block.size * rows.size, np.nan)
+            low[index] = _compose_binned(laws.down[index], setup.grid,
+                                         setup.compositions).epsilons(
+                sigma, setup.mechanism_delta)
+            optimistic[start:start + block.size] = low.reshape(block.size, rows.size)
+        rho = np.where(valid, laws.rho_ht, np.nan)
+        rho_ht[start:start + block.size] = rho.reshape(block.size, rows.size)
+    rdp_ht = rdp_ht_epsilon_from_rho(rho_ht, steps=setup.steps, n=n, sigma=sigma,
+                                     delta=setup.mechanism_delta + setup.slack,
+                                     sensitivity=sensitivity, local_steps=local_steps)
+    return upper, optimistic, rdp_ht, hops, len(cache)
 
 
 def pnfdp_epsilon_matrix(walk: ArrayLike, *, steps: int, sigma: float, delta: float,
                          sensitivity: float = 1.0, local_steps: int = 1,
                          contraction: float = 1.0, zeta: float | None = None,
-                         relative_slack: float = 1e-4, bracket: bool = False) -> PairwiseReport:
-    """The PN-f-DP ε of every ordered pair (i → j), certified upper bounds (SPEC §7)."""
-    W = walk_matrix(walk)
-    n = W.shape[0]
-    require(0 < relative_slack < 1, f"relative_slack must be in (0, 1), got {relative_slack!r}")
-    k = composition_count(n, steps, zeta=zeta)
-    mech_delta, slack = _mechanism_delta(delta, W, steps, zeta)
-    pair_weights, off_diagonal = _pair_weights(W, steps)
-    rep_weights, inverse = _dominating_groups(pair_weights)
-    mu2 = np.append(per_hop_mu(steps, sigma, sensitivity=sensitivity, local_steps=local_steps,
-                               contraction=contraction), 0.0) ** 2
+                         relative_slack: float = 1e-4, bracket: bool = False,
+                         hop_form: str = "lemma", tolerance: float = DEFAULT_TOLERANCE,
+                         targets: ArrayLike | None = None, chunk: int | None = None,
+                         progress: bool = False) -> PairwiseReport:
+    """The PN-f-DP ε of every ordered pair (i → j), certified upper bounds (SPEC §7).
 
-    def matrix(rounding: str, weights: np.ndarray) -> np.ndarray:
-        eps = _epsilon_from_weights(weights, mu2, k, mech_delta, relative_slack, rounding)
+    Entry [i, j] is the leak of i's data to j. The first-hitting weights are produced in
+    chunks of ``chunk`` targets (one n×chunk product per hop; memory ~ chunk·n·(1/slack)
+    floats) and truncated once every pair's unreached mass is below ``tolerance`` (see
+    :func:`_hitting_laws`: sound). ``targets`` restricts the columns computed (``[j]`` is
+    one column: every source against observer j); the others stay NaN. ``progress`` shows
+    a tqdm bar over the chunks. ``extra["epsilon_rdp_ht"]`` holds the RDP (HT) baseline of
+    the same pairs.
+    """
+    setup = _setup(walk, steps=steps, delta=delta, sensitivity=sensitivity,
+                   local_steps=local_steps, contraction=contraction, zeta=zeta,
+                   relative_slack=relative_slack, hop_form=hop_form, tolerance=tolerance)
+    require(math.isfinite(sigma) and sigma > 0, f"sigma must be > 0, got {sigma!r}")
+    n = setup.W.shape[0]
+    columns = np.arange(n) if targets is None else np.array(
+        [_check_node(j, n, "target") for j in np.atleast_1d(targets)], dtype=np.int64)
+    if chunk is None:  # keep a chunk's laws near 100 MB
+        bins = 1.0 / relative_slack + 2
+        chunk = max(1, min(64, int(1.2e7 / (n * bins))))
+    require(isinstance(chunk, int | np.integer) and chunk >= 1,
+            f"chunk must be a positive integer, got {chunk!r}")
+    upper_t, optimistic_t, rdp_ht_t, hops, classes = _pairs_report(
+        setup, columns, None, sigma, tolerance, bracket, int(chunk), progress, sensitivity,
+        local_steps)
+
+    def full(block: np.ndarray | None) -> np.ndarray | None:
+        if block is None:
+            return None
         out = np.full((n, n), np.nan)
-        out[off_diagonal] = eps[inverse]
+        out[:, columns] = block.T  # rows of the block are targets
         return out
 
-    upper = matrix("up", rep_weights)
-    optimistic = None
-    if bracket:  # the optimistic twin must not use dominated representatives
-        groups_exact = np.zeros_like(rep_weights)
-        np.add.at(groups_exact, inverse, pair_weights)
-        counts = np.bincount(inverse)[:, None]
-        optimistic = matrix("down", groups_exact / counts)
     return PairwiseReport(
-        accountant="pn-fdp", epsilon=upper, delta=float(delta), steps=int(steps),
-        sigma=float(sigma), compositions=k, delta_slack=slack, epsilon_optimistic=optimistic,
-        method=f"revealed-mixture FFT (relative_slack={relative_slack:g}, "
-               f"{rep_weights.shape[0]} distinct pair classes)",
+        accountant="pn-fdp", epsilon=full(upper_t), delta=float(delta), steps=int(steps),
+        sigma=float(sigma), compositions=setup.compositions, delta_slack=setup.slack,
+        epsilon_optimistic=full(optimistic_t),
+        method=f"revealed-mixture FFT (relative_slack={relative_slack:g}, hop_form={hop_form}, "
+               f"{classes} distinct pair classes, {hops} hops, tolerance={tolerance:g})",
         extra={"zeta": zeta, "local_steps": local_steps, "contraction": contraction,
-               "sensitivity": sensitivity},
+               "sensitivity": sensitivity, "hop_form": hop_form, "hops": hops},
+        epsilon_rdp_ht=full(rdp_ht_t),
     )
 
 
@@ -461,38 +698,63 @@ def calibrate_sigma_pnfdp(walk: ArrayLike, *, steps: int, target_epsilon: float,
                           sensitivity: float = 1.0, local_steps: int = 1,
                           contraction: float = 1.0, zeta: float | None = None,
                           pair: tuple[int, int] | None = None,
-                          relative_slack: float = 1e-4) -> float:
-    """The smallest σ (to 1e-4 relative) whose certified PN-f-DP ε ≤ target for the worst
-    ordered pair (or for ``pair``). The returned σ is checked against the target."""
-    W = walk_matrix(walk)
+                          relative_slack: float = 1e-4, hop_form: str = "lemma",
+                          tolerance: float = DEFAULT_TOLERANCE,
+                          targets: ArrayLike | None = None, progress: bool = False) -> float:
+    """The smallest σ (to 1e-5 relative) whose certified PN-f-DP ε ≤ target for the worst
+    ordered pair (or for ``pair``, or the worst source of the ``targets`` columns).
+
+    The single-visit laws do not depend on σ (μ_t ∝ 1/σ): they are computed and composed
+    once at σ = 1 and only the support is rescaled during the root find. The returned σ is
+    checked against the target."""
+    setup = _setup(walk, steps=steps, delta=delta, sensitivity=sensitivity,
+                   local_steps=local_steps, contraction=contraction, zeta=zeta,
+                   relative_slack=relative_slack, hop_form=hop_form, tolerance=tolerance)
     target_epsilon = _check_target(target_epsilon)
-    n = W.shape[0]
-    k = composition_count(n, steps, zeta=zeta)
-    mech_delta, _ = _mechanism_delta(delta, W, steps, zeta)
-    if pair is None:
-        weights, _ = _dominating_groups(_pair_weights(W, steps)[0])
-    else:
+    n = setup.W.shape[0]
+    if pair is not None:
         i, j = pair
-        require(i != j and 0 <= i < n and 0 <= j < n, f"invalid pair {pair!r} for n={n}")
-        weights = first_hitting_weights(W, steps, target=j)[:, i][None, :]
-    shape = np.append(per_hop_mu(steps, 1.0, sensitivity=sensitivity, local_steps=local_steps,
-                                 contraction=contraction), 0.0) ** 2
-    # Calibrate on a few candidate pairs (most mass on short hops, largest mean μ²), then
-    # check every pair at the σ found and add any pair that still exceeds the target.
-    candidates = np.arange(weights.shape[0])
-    if weights.shape[0] > _CALIBRATION_CANDIDATES:
-        half = _CALIBRATION_CANDIDATES // 2
-        candidates = np.union1d(np.argsort(weights @ shape)[-half:],
-                                np.argsort(weights[:, 0])[-half:])
+        i, j = _check_node(i, n, "source"), _check_node(j, n, "target")
+        require(i != j, f"invalid pair {pair!r}: source and target must differ")
+        laws = _hitting_laws(setup.W, np.array([j]), np.array([i]), setup.steps,
+                             setup.mu_squared, setup.grid, tolerance, optimistic=False).up
+    else:
+        columns = np.arange(n) if targets is None else np.array(
+            [_check_node(j, n, "target") for j in np.atleast_1d(targets)], dtype=np.int64)
+        chunk = max(1, min(64, int(1.2e7 / (n * (1.0 / relative_slack + 2)))))
+        groups, seen = [], set()
+        starts = range(0, columns.size, chunk)
+        if progress:
+            from tqdm.auto import tqdm
+
+            starts = tqdm(starts, desc="PN-f-DP laws", unit="chunk", leave=False)
+        for start in starts:
+            block = columns[start:start + chunk]
+            chunk_laws = _hitting_laws(setup.W, block, None, setup.steps, setup.mu_squared,
+                                       setup.grid, tolerance, optimistic=False)
+            valid = (np.arange(n)[None, :] != block[:, None]).ravel()
+            reps, _, keys = _dominating_rows(chunk_laws.up[valid])
+            for g in range(reps.shape[0]):
+                if keys[g].tobytes() not in seen:
+                    seen.add(keys[g].tobytes())
+                    groups.append(reps[g])
+        width = max(g.size for g in groups)
+        laws = np.array([np.pad(g, (0, width - g.size)) for g in groups])
+    composed = _compose_binned(laws, setup.grid, setup.compositions)
+    # Calibrate on a few candidate classes (largest mean Σμ²), then check every class at
+    # the σ found and add any that still exceeds the target.
+    everyone = np.arange(len(composed.laws))
+    candidates = everyone[np.argsort(composed.means())[-_CALIBRATION_CANDIDATES:]]
     while True:
-        laws = _compose_laws(weights[candidates], shape, k, relative_slack, "up")
+        subset = _ComposedLaws([composed.laws[c] for c in candidates],
+                               [composed.support[c] for c in candidates])
         sigma = _calibrate_decreasing(
-            lambda s, laws=laws: float(laws.epsilons(s, mech_delta).max()), target_epsilon)
-        if candidates.size == weights.shape[0]:
+            lambda s, laws=subset: float(laws.epsilons(s, setup.mechanism_delta).max()),
+            target_epsilon)
+        if candidates.size == everyone.size:
             return sigma
-        everyone = _epsilon_from_weights(weights, shape / sigma**2, k, mech_delta,
-                                         relative_slack, "up")
-        violators = np.flatnonzero(everyone > target_epsilon)
+        violators = np.flatnonzero(composed.epsilons(sigma, setup.mechanism_delta)
+                                   > target_epsilon)
         if violators.size == 0:
             return sigma
         candidates = np.union1d(candidates, violators)

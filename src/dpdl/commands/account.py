@@ -202,6 +202,12 @@ def run(args: argparse.Namespace) -> int:
             "epsilon": {n: _finite_or_none(result.reports[n].epsilon) for n in report_names},
             "certified": {n: result.reports[n].certified for n in report_names},
             "method": {n: result.reports[n].method for n in report_names},
+            # the binned PLD's lower companion: the exact ε lies in [epsilon_lower, epsilon]
+            "epsilon_lower": {
+                n: _finite_or_none(result.reports[n].epsilon_lower)
+                for n in report_names
+                if result.reports[n].epsilon_lower is not None
+            },
             "warnings": warnings,
         }
     )
@@ -245,4 +251,9 @@ def _print_summary(summary, schedule, reports, report_names) -> None:
     for name in report_names:
         report = reports[name]
         kind = f"certified ({report.method})" if report.certified else "approximate (CLT)"
-        print(f"    {name:<4} {report.epsilon:10.6g}   {kind}")
+        if report.epsilon_lower is not None and report.epsilon_lower != report.epsilon:
+            # the exact composition lies in between: the report shows how tight it is
+            bracket = f"[{report.epsilon_lower:.6g}, {report.epsilon:.6g}]"
+            print(f"    {name:<4} {bracket}   {kind}, upper bound certified")
+        else:
+            print(f"    {name:<4} {report.epsilon:10.6g}   {kind}")
