@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dpdl.accounting.calibration import accountant_options
 from dpdl.accounting.ledger import PrivacyLedger
 from dpdl.accounting.schedules import PrivacySchedule, make_schedule
 from dpdl.algorithms.dyn_d2p import NonFiniteUpdate
@@ -213,7 +214,9 @@ def _epsilons(config: RunConfig, schedule: PrivacySchedule, steps_done: int, fin
     p = config.privacy
     accountant = p.certified_accountant
     if accountant == "pld":
-        if final and p.final_mode == "exact":
+        if final and p.final_mode == "auto":
+            options = accountant_options("pld", schedule.noise_multipliers[:steps_done])
+        elif final and p.final_mode == "exact":
             options = {"mode": "exact"}
         else:
             options = {"mode": "blocked", "blocks": p.final_blocks if final else p.eval_blocks}
