@@ -87,7 +87,10 @@ LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
 }
 
 
-def _loss_fn(loss: str):
+def _loss_fn(loss):
+    """A named loss of LOSSES, or a user's per-record callable (validated by dpdl.trainer)."""
+    if callable(loss):
+        return loss
     if loss not in LOSSES:
         raise DPDLError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
     return LOSSES[loss]

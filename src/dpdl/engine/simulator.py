@@ -9,6 +9,7 @@ per-node loop is the draw from each node's own generator).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -120,7 +121,7 @@ class Simulator:
         expected_batch_size: float = 1.0,
         seed: int | np.random.SeedSequence | None = None,
         device: str | torch.device = "cpu",
-        loss: str = "cross_entropy",
+        loss: str | Callable = "cross_entropy",
         secure_noise: bool = False,
         clip_method: str = "auto",
     ):
@@ -129,7 +130,10 @@ class Simulator:
             expected_batch_size > 0,
             f"expected batch size b must be positive, got {expected_batch_size}",
         )
-        require(loss in LOSSES, f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
+        require(
+            callable(loss) or loss in LOSSES,
+            f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)} or a per-record callable",
+        )
         require(
             clip_method in CLIP_METHODS,
             f"unknown clipping method {clip_method!r}; choose one of {', '.join(CLIP_METHODS)}",
@@ -263,7 +267,8 @@ class Simulator:
 
     def average_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
         out = self.predict_average(inputs)
-        return float(LOSSES[self.loss](out, targets).mean())
+        loss = self.loss if callable(self.loss) else LOSSES[self.loss]
+        return float(loss(out, targets).mean())
 
 
 def accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

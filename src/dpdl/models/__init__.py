@@ -16,6 +16,7 @@ from dpdl.errors import DPDLError
 from dpdl.models.cnn import ShallowCNN
 from dpdl.models.resnet import ResNet18GN
 from dpdl.models.simple import MLP, LogisticRegression
+from dpdl.models.validation import validate_model
 
 _REGISTRY: dict[str, type[nn.Module]] = {
     "cnn": ShallowCNN,
@@ -76,4 +77,4 @@ def num_params(model: nn.Module, trainable_only: bool = True) -> int:
 
 
 __all__ = ["MLP", "MODELS", "LogisticRegression", "ResNet18GN", "ShallowCNN", "make_model",
-           "num_params"]
+           "num_params", "validate_model"]

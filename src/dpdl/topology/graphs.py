@@ -321,6 +321,59 @@ def from_edgelist(n: int, path=None, *, directed: bool = False) -> Topology:
     return _undirected("edgelist", A | A.T, params=params)
 
 
+# --- user graphs and schedules -----------------------------------------------------------
+
+
+def from_networkx(graph: nx.Graph, *, name: str = "networkx") -> Topology:
+    """A user's networkx graph as a validated topology (SPEC §3 weights).
+
+    Node ``i`` of the topology is the ``i``-th node of ``graph.nodes`` (its iteration order),
+    so the i-th local data set belongs to it. A directed graph (``u -> v``: u sends to v) gets
+    uniform sender weights ``1/(outdeg+1)`` (column-stochastic); an undirected one
+    Metropolis–Hastings weights (doubly stochastic). Edge attributes and self-loops are
+    ignored; a graph that is not strongly connected is refused.
+    """
+    if not isinstance(graph, nx.Graph):
+        raise DPDLError(f"expected a networkx graph, got {type(graph).__name__}")
+    n = graph.number_of_nodes()
+    if n < 2:
+        raise DPDLError(f"networkx graph {name!r} needs at least 2 nodes, got {n}")
+    # to_numpy_array reads multigraph edges as counts; only their presence matters here.
+    A = nx.to_numpy_array(graph, nodelist=list(graph.nodes), weight=None).T > 0
+    params = {"directed": graph.is_directed(), "edges": graph.number_of_edges()}
+    if graph.is_directed():
+        return MatrixTopology(name, [uniform_sender_weights(A)], directed=True, params=params)
+    return _undirected(name, A, params=params)
+
+
+def from_mixing_function(
+    function: Callable[[int], np.ndarray], n: int, *, period: int = 1, name: str = "function"
+) -> Topology:
+    """The schedule ``P^k = function(k)``, ``k = 0 .. period-1``, repeating with ``period``.
+
+    Every matrix is validated (Assumption 1: non-negative, column-stochastic, self-loops) and
+    the schedule B-strongly connected with ``B = period`` (Assumption 2); a schedule that does
+    not repeat can be given whole with ``period = steps``.
+    """
+    n = _int_param("the number of nodes n", n, minimum=2)
+    period = _int_param("period", period, minimum=1)
+    matrices = []
+    for k in range(period):
+        try:
+            matrices.append(np.asarray(function(k), dtype=np.float64))
+        except Exception as err:  # the user's code: report where it failed, in one line
+            raise DPDLError(
+                f"mixing-matrix function {name!r} failed at k={k}: {type(err).__name__}: {err}"
+            ) from None
+        if matrices[-1].shape != (n, n):
+            raise DPDLError(
+                f"mixing-matrix function {name!r} returned shape {matrices[-1].shape} at k={k}, "
+                f"expected {(n, n)} (one row and column per node)"
+            )
+    symmetric = all(np.allclose(P, P.T, rtol=0.0, atol=1e-12) for P in matrices)
+    return MatrixTopology(name, matrices, directed=not symmetric, params={"period": period})
+
+
 # --- the factory -----------------------------------------------------------------------------
 
 _BUILDERS: dict[str, tuple[Callable[..., Topology], frozenset[str], bool]] = {
