@@ -11,9 +11,22 @@ Architecture (data flows one way)::
 * ``dpdl.engine``      the stacked-tensor simulator and the torch.distributed runtime.
 * ``dpdl.data`` / ``dpdl.models``  loaders and models.
 * ``dpdl.experiments`` configs, runs, sweeps and reports.
+* ``dpdl.trainer``     the one training entry point (``dpdl.train`` /
+  ``dpdl.DecentralizedTrainer``) that ``dpdl run``, sweeps and users' own code go through.
 """
 
 from dpdl.errors import DPDLError
 
 __version__ = "0.1.0"
-__all__ = ["DPDLError", "__version__"]
+__all__ = ["DPDLError", "DecentralizedTrainer", "TrainingResult", "__version__", "train"]
+
+_TRAINER_EXPORTS = ("DecentralizedTrainer", "TrainingResult", "train")
+
+
+def __getattr__(name: str):
+    # Imported on first use: `import dpdl` (and the accounting) stays free of torch.
+    if name in _TRAINER_EXPORTS:
+        from dpdl import trainer
+
+        return getattr(trainer, name)
+    raise AttributeError(f"module 'dpdl' has no attribute {name!r}")

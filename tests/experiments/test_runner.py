@@ -10,6 +10,7 @@ import tomllib
 
 import pytest
 
+from dpdl import trainer
 from dpdl.accounting.gdp import mu_from_epsilon_delta
 from dpdl.errors import DPDLError, PrivacyBudgetExceeded
 from dpdl.experiments import runner
@@ -109,13 +110,13 @@ def test_same_seed_same_metrics_and_seed_matters(tmp_path):
 
 
 def test_refuses_a_schedule_over_budget(tmp_path, monkeypatch):
-    real = runner.build_schedule
+    real = trainer.build_schedule
 
-    def too_generous(config, spec, epsilon, steps, sample_rate):
-        schedule = real(config, spec, 3 * epsilon, steps, sample_rate)
+    def too_generous(privacy, spec, epsilon, steps, sample_rate):
+        schedule = real(privacy, spec, 3 * epsilon, steps, sample_rate)
         return dataclasses.replace(schedule, epsilon_target=epsilon)  # claims the smaller eps
 
-    monkeypatch.setattr(runner, "build_schedule", too_generous)
+    monkeypatch.setattr(trainer, "build_schedule", too_generous)
     cfg = tiny_config()
     cfg["experiment"]["algorithms"] = ["const-d2p@clt"]
     with pytest.raises(PrivacyBudgetExceeded):

@@ -17,6 +17,7 @@ import pytest
 import torch
 from scipy import stats
 
+from dpdl import trainer
 from dpdl.algorithms import randomness
 from dpdl.algorithms.dyn_d2p import draw_node_noise, local_update, make_node_generators
 from dpdl.algorithms.randomness import SecureGenerator, cell_noise_root
@@ -192,8 +193,9 @@ def test_kill_9_then_resume_uses_the_checkpointed_streams(tmp_path, monkeypatch)
     assert all(torch.equal(a, b) for a, b in zip(restored["states"], saved_states, strict=True))
     (cell,) = results["cells"]
     assert cell["status"] == "ok" and cell["steps_done"] == 300
-    fresh = runner.build_schedule(parse_config(cfg), cfg_spec(), 2.0, 300, cell["sample_rate"])
-    want = runner._ledger_for(parse_config(cfg), fresh)
+    privacy = parse_config(cfg).privacy
+    fresh = trainer.build_schedule(privacy, cfg_spec(), 2.0, 300, cell["sample_rate"])
+    want = trainer.approve_schedule(privacy, fresh)
     for z in fresh.noise_multipliers:
         want.record_step(float(z))
     assert cell["ledger_epsilon_spent"] == pytest.approx(want.epsilon_spent(), rel=1e-9)

@@ -41,8 +41,9 @@ def local_arrays(data, what: str = "node data") -> tuple[np.ndarray, np.ndarray]
         try:
             size = len(data)
         except TypeError:
-            raise DPDLError(f"{what}: a Dataset needs a length (iterable datasets are not "
-                            "supported)") from None
+            raise DPDLError(
+                f"{what}: a Dataset needs a length (iterable datasets are not supported)"
+            ) from None
         items = [data[i] for i in range(size)]
         if any(not isinstance(item, tuple | list) or len(item) != 2 for item in items[:1]):
             raise DPDLError(f"{what}: a Dataset's items must be (input, target) pairs")

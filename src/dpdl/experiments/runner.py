@@ -8,24 +8,17 @@ once per seed) of a config and writes one run folder::
     results.json               final numbers per cell, and the mean over seeds per algorithm
     curves.png                 accuracy and training loss against iteration, every algorithm
 
-:func:`run_cell` runs one (algorithm, seed, epsilon) cell and is what a sweep may call.
-
-Privacy is fail-closed: before a private cell trains, a :class:`PrivacyLedger` under the
-schedule's calibrating accountant must approve the whole schedule (else
-``PrivacyBudgetExceeded`` and nothing trains), and every step is recorded in it before it
-runs.  The epsilon reported at each evaluation is the CLT approximation (the paper's
-accountant; it may understate epsilon, SPEC §2) and a certified PLD (or RDP) upper bound;
-at evaluation points the PLD bound is the cheap blocked one, for the final row the exact
-composition (``privacy.final_mode``).
+:func:`run_cell` runs one (algorithm, seed, epsilon) cell and is what a sweep may call: it
+builds a :class:`dpdl.trainer.DecentralizedTrainer` from the config and the cell's
+:class:`Workload` (the Python API's entry point), which owns the schedule, the ledger's
+approval, the engine, the step loop, evaluation and checkpoints.  Nothing is written before
+the config, the (first seed's) data, topology and model have been validated.
 """
 
 from __future__ import annotations
 
-import csv
 import json
-import math
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,39 +26,27 @@ from typing import Any
 import numpy as np
 import torch
 
-from dpdl.accounting.calibration import accountant_options
-from dpdl.accounting.ledger import PrivacyLedger
-from dpdl.accounting.schedules import PrivacySchedule, make_schedule
-from dpdl.algorithms.dyn_d2p import NonFiniteUpdate
-from dpdl.algorithms.randomness import cell_noise_root
 from dpdl.engine import checkpoint as checkpoints
-from dpdl.engine.simulator import NodeData, Simulator, accuracy, resolve_device
+from dpdl.engine.simulator import NodeData, Simulator, resolve_device
 from dpdl.errors import DPDLError, require
 from dpdl.experiments.config import AlgorithmSpec, RunConfig, parse_config
 from dpdl.experiments.registry import make_run_dir
-
-ROUNDOFF_TOLERANCE = 1e-12
-
-METRIC_COLUMNS = (
-    "iteration",
-    "algorithm",
-    "seed",
-    "epsilon_target",
-    "train_loss",
-    "test_loss",
-    "test_accuracy",
-    "node_accuracy_mean",
-    "node_accuracy_worst",
-    "val_loss",
-    "val_accuracy",
-    "epsilon_clt",
-    "epsilon_certified",
+from dpdl.experiments.results import write_results
+from dpdl.trainer import (
+    METRIC_COLUMNS,
+    CellCheckpointer,
+    CSVLogger,
+    DecentralizedTrainer,
+    build_schedule,
+    resolve_steps,
 )
 
 __all__ = [
     "METRIC_COLUMNS",
+    "CellCheckpointer",
     "Workload",
     "apply_overrides",
+    "build_schedule",
     "prepare_workload",
     "run_cell",
     "run_experiment",
@@ -88,7 +69,6 @@ class Workload:
     y_test: torch.Tensor
     x_train_eval: torch.Tensor
     y_train_eval: torch.Tensor
-    node_eval: slice
     x_val: torch.Tensor | None
     y_val: torch.Tensor | None
     device: torch.device
@@ -136,10 +116,7 @@ def prepare_workload(config: RunConfig, seed: int, device: torch.device | None =
             f"training.batch_size = {b} exceeds the smallest local data set ({min(counts)})"
         )
     sample_rate = b / min(counts)
-    if cfg.training.steps is not None:
-        steps = cfg.training.steps
-    else:  # one epoch = J_min / b steps: each record is sampled once per epoch on average
-        steps = max(1, math.ceil(cfg.training.epochs * min(counts) / b))
+    steps = resolve_steps(cfg.training.steps, cfg.training.epochs, min(counts), b)
 
     classification = dataset.task == "classification"
     y_dtype = torch.int64 if classification else torch.float32
@@ -162,7 +139,6 @@ def prepare_workload(config: RunConfig, seed: int, device: torch.device | None =
         y_test=y_test,
         x_train_eval=torch.as_tensor(x_train[pick], dtype=torch.float32, device=device),
         y_train_eval=torch.as_tensor(y_train[pick], dtype=y_dtype, device=device),
-        node_eval=slice(0, min(cfg.training.eval_node_samples, len(x_test))),
         x_val=None if x_val is None else torch.as_tensor(x_val, dtype=torch.float32, device=device),
         y_val=None if y_val is None else torch.as_tensor(y_val, dtype=y_dtype, device=device),
         device=device,
@@ -172,120 +148,12 @@ def prepare_workload(config: RunConfig, seed: int, device: torch.device | None =
     )
 
 
-def build_schedule(
-    config: RunConfig, spec: AlgorithmSpec, epsilon: float | None, steps: int, sample_rate: float
-) -> PrivacySchedule:
-    """The calibrated privacy schedule of one cell (SPEC §2)."""
-    p = config.privacy
-    calibrate = spec.calibrate or p.calibrate
-    return make_schedule(
-        spec.name,
-        epsilon=None if spec.name == "sgp" else epsilon,
-        delta=p.delta,
-        steps=steps,
-        sample_rate=sample_rate,
-        clip=p.clip,
-        clip0=p.clip0,
-        rho_c=p.rho_c,
-        rho_mu=p.rho_mu,
-        calibrate=calibrate,
-        blocks=p.calibration_blocks if calibrate == "pld" else None,
-    )
+def build_model(work: Workload) -> torch.nn.Module:
+    """The cell's initial model x^0: the same for every algorithm of a seed (a fair comparison)."""
+    from dpdl.models import make_model
 
-
-def _ledger_for(config: RunConfig, schedule: PrivacySchedule) -> PrivacyLedger:
-    accountant = schedule.calibrated_with or config.privacy.calibrate
-    blocks = config.privacy.calibration_blocks if accountant == "pld" else None
-    # A closed-form (CLT) calibration lands on the target up to float round-off (~1e-16
-    # relative); allow 1e-12 of it so an exact calibration is not refused.  Anything larger is.
-    budget = schedule.epsilon_target * (1 + ROUNDOFF_TOLERANCE)
-    ledger = PrivacyLedger(schedule.sample_rate, schedule.delta, budget, accountant, blocks=blocks)
-    ledger.plan(schedule.noise_multipliers)  # raises PrivacyBudgetExceeded: nothing trains
-    return ledger
-
-
-# --------------------------------------------------------------------------- evaluation
-def _epsilons(config: RunConfig, schedule: PrivacySchedule, steps_done: int, final: bool):
-    if not schedule.private:
-        return math.inf, math.inf, "none"
-    if steps_done == 0:
-        return 0.0, 0.0, "no-steps"
-    clt = schedule.epsilon("clt", steps=steps_done).epsilon
-    p = config.privacy
-    accountant = p.certified_accountant
-    if accountant == "pld":
-        if final and p.final_mode == "auto":
-            options = accountant_options("pld", schedule.noise_multipliers[:steps_done])
-        elif final and p.final_mode == "exact":
-            options = {"mode": "exact"}
-        else:
-            options = {"mode": "blocked", "blocks": p.final_blocks if final else p.eval_blocks}
-    else:
-        options = {}
-    report = schedule.epsilon(accountant, steps=steps_done, **options)
-    return float(clt), float(report.epsilon), report.method
-
-
-def _held_out_loss(out: torch.Tensor, y: torch.Tensor, loss: str) -> float:
-    if loss == "cross_entropy":
-        return float(torch.nn.functional.cross_entropy(out, y))
-    return float(0.5 * (out.reshape(y.shape) - y).pow(2).mean())
-
-
-def _evaluate(sim: Simulator, work: Workload) -> dict[str, float]:
-    out = sim.predict_average(work.x_test)
-    row = {
-        "train_loss": sim.average_loss(work.x_train_eval, work.y_train_eval),
-        "test_loss": _held_out_loss(out, work.y_test, work.loss),
-        "val_loss": math.nan,
-        "val_accuracy": math.nan,
-    }
-    if work.x_val is not None:
-        val_out = sim.predict_average(work.x_val)
-        row["val_loss"] = _held_out_loss(val_out, work.y_val, work.loss)
-        if work.loss == "cross_entropy":
-            row["val_accuracy"] = float(accuracy(val_out, work.y_val))
-    if work.loss == "cross_entropy":
-        node_out = sim.predict_nodes(work.x_test[work.node_eval])
-        node_acc = accuracy(node_out, work.y_test[work.node_eval])
-        row |= {
-            "test_accuracy": float(accuracy(out, work.y_test)),
-            "node_accuracy_mean": float(node_acc.mean()),
-            "node_accuracy_worst": float(node_acc.min()),
-        }
-    else:
-        row |= {
-            "test_accuracy": math.nan,
-            "node_accuracy_mean": math.nan,
-            "node_accuracy_worst": math.nan,
-        }
-    return row
-
-
-# --------------------------------------------------------------------------- one cell
-@dataclass
-class CellCheckpointer:
-    """Where and how often a cell saves its state, and the state to resume from (if any)."""
-
-    path: Path
-    every: int | None
-    write: bool  # the main process writes; the other ranks only join the gather
-    resume: dict[str, Any] | None = None
-
-    def save(self, sim, ledger: PrivacyLedger | None, rows: list[dict[str, Any]]) -> None:
-        state = checkpoints.capture(sim)  # collective in the distributed runtime
-        shard = state.pop("rank_generators", None)
-        if shard is not None:  # every rank keeps its own nodes' secret streams, locally
-            checkpoints.save_atomic(checkpoints.shard_path(self.path, shard["rank"]), shard)
-        if self.write:
-            checkpoints.save_atomic(
-                self.path,
-                {
-                    "engine": state,
-                    "ledger": None if ledger is None else ledger.to_json(),
-                    "rows": json.dumps(rows),
-                },
-            )
+    cfg = work.config
+    return make_model(cfg.model.name, work.input_shape, work.num_classes, seed=work.seed)
 
 
 def run_cell(
@@ -307,150 +175,20 @@ def run_cell(
     and, when it carries a saved state, continues from it: the models, weights, generator
     states and the privacy ledger (the privacy already spent) come back exactly.
     """
-    from dpdl.models import make_model
-
     cfg = work.config
     spec = algorithm if isinstance(algorithm, AlgorithmSpec) else AlgorithmSpec.parse(algorithm)
-    schedule = build_schedule(cfg, spec, epsilon, work.steps, work.sample_rate)
-    ledger = _ledger_for(cfg, schedule) if schedule.private else None
-    # The same initial model x^0 for every algorithm of a seed (a fair comparison): public.
-    model = make_model(cfg.model.name, work.input_shape, work.num_classes, seed=work.seed)
-    # The sampling and noise streams are secret and the cell's own (dpdl.algorithms.randomness).
-    secure = cfg.privacy.secure_noise
-    noise_root = None if secure else cell_noise_root(
-        cfg.experiment.entropy, work.seed, f"{spec.label}|{epsilon!r}"
-    )
-    sim = simulator_factory(
-        model, work.node_data, work.topology, lr=cfg.training.lr,
-        expected_batch_size=cfg.training.batch_size, seed=noise_root, device=work.device,
-        loss=work.loss, secure_noise=secure,
+    trainer = DecentralizedTrainer(
+        build_model(work), work.node_data, topology=work.topology, algorithm=spec,
+        epsilon=epsilon, **cfg.privacy.model_dump(exclude={"epsilon"}),
+        **cfg.training.model_dump(exclude={"checkpoint_every"}), loss=work.loss,
+        eval_data=(work.x_test, work.y_test),
+        train_eval_data=(work.x_train_eval, work.y_train_eval),
+        callbacks=[] if on_row is None else [lambda evaluation: on_row(evaluation.row)],
+        device=work.device, runtime=cfg.experiment.runtime, entropy=cfg.experiment.entropy,
+        seed=work.seed, progress=progress, engine_factory=simulator_factory,
+        checkpoint=checkpoint,
     )  # fmt: skip
-    del noise_root  # the generators hold the secret now; nothing else should
-    require(
-        math.isclose(sim.sample_rate, schedule.sample_rate),
-        f"engine samples at p = {sim.sample_rate} but the schedule is accounted at "
-        f"p = {schedule.sample_rate}",
-    )
-    rows: list[dict[str, Any]] = []
-    eps_target = None if spec.name == "sgp" else epsilon
-
-    def record(iteration: int, final: bool = False) -> dict[str, Any]:
-        eps_clt, eps_cert, method = _epsilons(cfg, schedule, iteration, final)
-        row = {
-            "iteration": iteration, "algorithm": spec.label, "seed": work.seed,
-            "epsilon_target": math.nan if eps_target is None else eps_target,
-            **_evaluate(sim, work), "epsilon_clt": eps_clt, "epsilon_certified": eps_cert,
-            "epsilon_certified_method": method,
-        }  # fmt: skip
-        rows.append(row)
-        if on_row is not None:
-            on_row(row)
-        return row
-
-    from tqdm.auto import tqdm
-
-    label = spec.label + ("" if eps_target is None else f" eps={eps_target:g}")
-    bar = tqdm(
-        total=work.steps,
-        desc=f"{label} seed={work.seed}",
-        disable=None if progress else True,
-        leave=False,
-        dynamic_ncols=True,
-    )
-    status, message = "ok", ""
-    started = time.perf_counter()
-    first_step = 0
-    if checkpoint is not None and checkpoint.resume is not None:
-        saved = checkpoint.resume
-        checkpoints.restore(sim, saved["engine"])
-        if ledger is not None:
-            # The saved ledger, not a fresh one: the steps already spent stay spent.  It must
-            # describe this very cell (same p, δ, budget, accountant) and this very iteration.
-            restored = PrivacyLedger.from_json(saved["ledger"])
-            same = (
-                (restored.sample_rate, restored.delta, restored.accountant)
-                == (ledger.sample_rate, ledger.delta, ledger.accountant)
-                and restored.epsilon_budget <= ledger.epsilon_budget
-                and restored.steps_taken == sim.iteration
-            )
-            require(same, f"checkpoint {checkpoint.path} does not belong to this cell")
-            ledger = restored
-        first_step = sim.iteration
-        for row in json.loads(saved["rows"]):
-            rows.append(row)
-            if on_row is not None:
-                on_row(row)
-        bar.update(first_step)
-    else:
-        record(0)
-        if checkpoint is not None and checkpoint.every:
-            # Before the first step: a resume after a crash at any later step replays the very
-            # noise already sent, never fresh noise for steps whose messages left the node.
-            checkpoint.save(sim, ledger, rows)
-    every = cfg.training.eval_every
-    save_every = checkpoint.every if checkpoint is not None else None
-    try:
-        z = schedule.noise_multipliers
-        for k in range(first_step, work.steps):
-            if schedule.private:
-                ledger.record_step(float(z[k]))
-                sim.step(private=True, clip=float(schedule.clip[k]), sigma=float(schedule.sigma[k]))
-            else:
-                sim.step(private=False)
-            bar.update(1)
-            done = k + 1
-            if done % every == 0 and done < work.steps:
-                row = record(done)
-                bar.set_postfix(
-                    loss=f"{row['train_loss']:.3f}",
-                    acc=f"{row['test_accuracy']:.3f}",
-                    eps=f"{row['epsilon_clt']:.3g}",
-                )
-            if save_every and done % save_every == 0 and done < work.steps:
-                checkpoint.save(sim, ledger, rows)
-    except NonFiniteUpdate as err:
-        status, message = "diverged", str(err)
-    finally:
-        bar.close()
-    seconds = time.perf_counter() - started
-    if status == "ok":
-        if not sim.all_finite():
-            status, message = "diverged", f"non-finite parameters after step {work.steps - 1}"
-        else:
-            record(work.steps, final=True)
-    final_row = rows[-1]
-    return {
-        "algorithm": spec.label,
-        "base_algorithm": spec.name,
-        "seed": work.seed,
-        "epsilon_target": eps_target,
-        "delta": cfg.privacy.delta if schedule.private else None,
-        "calibrated_with": schedule.calibrated_with,
-        "noise_entropy": cfg.experiment.entropy,
-        "secure_noise": secure,
-        "status": status,
-        "message": message,
-        "steps": work.steps,
-        "steps_done": sim.iteration,
-        "sample_rate": work.sample_rate,
-        "train_seconds": seconds,
-        "final": {
-            k: _json_number(v)
-            for k, v in final_row.items()
-            if k not in ("algorithm", "seed", "epsilon_target", "epsilon_certified_method")
-        },
-        "certified_method": final_row["epsilon_certified_method"],
-        "ledger_epsilon_spent": None if ledger is None else ledger.epsilon_spent(),
-        "ledger_accountant": None if ledger is None else ledger.accountant,
-        "schedule": schedule.to_dict(),
-        "rows": rows,
-    }
-
-
-def _json_number(v):
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return v
+    return trainer.fit().record
 
 
 # --------------------------------------------------------------------------- whole run
@@ -482,7 +220,6 @@ def apply_overrides(
         training.pop("epochs", None)
         training["steps"] = steps
     return out
-
 
 
 def _write_config(run_dir: Path, cfg: RunConfig) -> None:
@@ -517,36 +254,6 @@ def to_toml(data: dict[str, Any]) -> str:
             lines += [f"{k} = {value(v)}" for k, v in table.items() if v is not None]
             lines.append("")
     return "\n".join(lines)
-
-
-def _summary(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mean and std over seeds of the final numbers, per (algorithm, epsilon target)."""
-    groups: dict[tuple, list[dict[str, Any]]] = {}
-    for cell in cells:
-        groups.setdefault((cell["algorithm"], cell["epsilon_target"]), []).append(cell)
-    summary = []
-    for (algorithm, eps), members in groups.items():
-        entry: dict[str, Any] = {
-            "algorithm": algorithm,
-            "epsilon_target": eps,
-            "seeds": [c["seed"] for c in members],
-            "status": sorted({c["status"] for c in members}),
-        }
-        for key in (
-            "test_accuracy",
-            "node_accuracy_mean",
-            "node_accuracy_worst",
-            "val_accuracy",
-            "train_loss",
-            "epsilon_clt",
-            "epsilon_certified",
-        ):
-            vals = [c["final"].get(key) for c in members if c["status"] == "ok"]
-            vals = [v for v in vals if v is not None]
-            entry[key] = float(np.mean(vals)) if vals else None
-            entry[f"{key}_std"] = float(np.std(vals)) if len(vals) > 1 else None
-        summary.append(entry)
-    return summary
 
 
 def run_experiment(
@@ -590,6 +297,12 @@ def run_experiment(
             run_name = name if main_process else None
         output_dir = distributed.worker_output_dir(Path(output_dir))
         progress = progress and main_process
+    # Nothing is written until validated: the config (above), the first seed's data set,
+    # split and topology, and the model (a missing data set leaves no empty run folder).
+    from dpdl.models import validate_model
+
+    workloads = {cfg.experiment.seeds[0]: prepare_workload(cfg, cfg.experiment.seeds[0], device)}
+    validate_model(build_model(workloads[cfg.experiment.seeds[0]]))
     run_dir = make_run_dir(output_dir, cfg.experiment.name, run_name, exist_ok=resume)
     state_dir = state_dir or run_dir / "checkpoints"
     if not resume:
@@ -599,18 +312,10 @@ def run_experiment(
             (state_dir / CONFIG_DIGEST).write_text(_digest(run_dir / "config.json"))
     finished = _load_finished(state_dir) if resume else {}
     cells: list[dict[str, Any]] = []
-    metrics_path = run_dir / "metrics.csv"
-    with metrics_path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=METRIC_COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-
-        def on_row(row):
-            writer.writerow({k: _csv_value(row[k]) for k in METRIC_COLUMNS})
-            fh.flush()
-
+    with CSVLogger(run_dir / "metrics.csv", columns=METRIC_COLUMNS) as metrics:
         try:
             for seed in cfg.experiment.seeds:
-                work = None
+                work = workloads.pop(seed, None)
                 for spec in cfg.experiment.specs:
                     epsilons = [None] if spec.name == "sgp" else cfg.privacy.epsilons
                     for eps in epsilons:
@@ -618,7 +323,7 @@ def run_experiment(
                         if key in finished:
                             cell = finished[key]
                             for row in cell["rows"]:
-                                on_row(row)
+                                metrics.write_row(row)
                         else:
                             work = work or prepare_workload(cfg, seed, device)
                             ckpt = CellCheckpointer(
@@ -628,7 +333,7 @@ def run_experiment(
                             if resume and ckpt.path.is_file():
                                 ckpt.resume = checkpoints.load_for_resume(ckpt.path, factory)
                             cell = run_cell(
-                                work, spec, eps, progress=progress, on_row=on_row,
+                                work, spec, eps, progress=progress, on_row=metrics.write_row,
                                 simulator_factory=factory, checkpoint=ckpt,
                             )  # fmt: skip
                             if cfg.training.checkpoint_every:
@@ -638,14 +343,8 @@ def run_experiment(
                                 checkpoints.remove(ckpt.path)
                         cells.append({k: v for k, v in cell.items() if k != "rows"})
         finally:
-            results = {"run_dir": str(run_dir), "cells": cells, "summary": _summary(cells)}
-            (run_dir / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
-    from dpdl.experiments.plots import plot_curves
-
-    plot_curves(metrics_path, run_dir / "curves.png", title=cfg.experiment.name)
-    results["plot"] = str(run_dir / "curves.png")
-    (run_dir / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
-    return results
+            write_results(run_dir, cells)
+    return write_results(run_dir, cells, plot_title=cfg.experiment.name)
 
 
 def _cell_key(spec: AlgorithmSpec, seed: int, epsilon: float | None) -> str:
@@ -708,9 +407,3 @@ def resume_run(run_dir: str | Path, *, progress: bool = True, **overrides) -> di
     return run_experiment(
         config, run_dir.parent, progress=progress, run_name=run_dir.name, resume=True
     )
-
-
-def _csv_value(v):
-    if isinstance(v, float):
-        return repr(v)
-    return v

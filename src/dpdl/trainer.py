@@ -1,0 +1,968 @@
+"""One entry point for private decentralized training: :class:`DecentralizedTrainer`, :func:`train`.
+
+Bring any ``torch.nn.Module`` and one local data set per node; the trainer validates
+everything (model, data, topology, loss, settings, privacy budget) before it writes or trains
+anything, then runs the Dyn-D2P family (or SGP) on the simulator or the distributed runtime::
+
+    import dpdl
+    result = dpdl.train(model, [(x0, y0), (x1, y1), ...], topology=graph,
+                        algorithm="dyn-d2p", epsilon=1.0, delta=1e-5, steps=500, lr=0.1,
+                        batch_size=8, eval_data=(x_test, y_test), entropy="os")
+    result.model          # the network-average model (an nn.Module)
+    result.epsilon        # certified epsilon spent (PLD/RDP), result.epsilon_clt beside it
+
+``dpdl run`` goes through the same class (:func:`dpdl.experiments.runner.run_cell` builds a
+trainer from a config), so the schedule, the ledger's approval of the whole schedule
+(``PrivacyBudgetExceeded`` before any step), the step loop, evaluation, checkpoints/resume and
+both runtimes are one code path.
+
+Privacy is fail-closed: before a private run trains, a :class:`PrivacyLedger` under the
+schedule's calibrating accountant must approve the whole schedule, and every step is recorded
+in it before it runs.  The epsilon reported at each evaluation is the CLT approximation (the
+paper's accountant; it may understate epsilon, SPEC §2) and a certified PLD (or RDP) upper
+bound; at evaluation points the PLD bound is the cheap blocked one, for the final row the
+exact composition (``final_mode``).
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from dpdl.accounting.ledger import PrivacyLedger
+from dpdl.accounting.schedules import (
+    DEFAULT_CLIP,
+    DEFAULT_RHO_C,
+    DEFAULT_RHO_MU,
+    PrivacySchedule,
+    make_schedule,
+)
+from dpdl.algorithms.dyn_d2p import LOSSES, NodeBatch, NonFiniteUpdate, per_record_grads
+from dpdl.algorithms.randomness import DEFAULT_ENTROPY, ENTROPY_MODES, cell_noise_root
+from dpdl.engine import checkpoint as checkpoints
+from dpdl.engine.simulator import NodeData, Simulator, accuracy, resolve_device, stack_params
+from dpdl.errors import DPDLError, require
+from dpdl.experiments.config import (
+    AlgorithmSpec,
+    PrivacySection,
+    TrainingSection,
+    validate_config,
+)
+
+RUNTIMES = ("simulator", "distributed")
+ROUNDOFF_TOLERANCE = 1e-12
+
+METRIC_COLUMNS = (
+    "iteration",
+    "algorithm",
+    "seed",
+    "epsilon_target",
+    "train_loss",
+    "test_loss",
+    "test_accuracy",
+    "node_accuracy_mean",
+    "node_accuracy_worst",
+    "epsilon_clt",
+    "epsilon_certified",
+)
+# Row entries that describe the evaluation rather than measure the model.
+_ROW_LABELS = ("iteration", "algorithm", "seed", "epsilon_target", "epsilon_certified_method")
+
+__all__ = [
+    "METRIC_COLUMNS",
+    "CSVLogger",
+    "CellCheckpointer",
+    "DecentralizedTrainer",
+    "Evaluation",
+    "TensorBoardLogger",
+    "TrainingResult",
+    "approve_schedule",
+    "build_schedule",
+    "noise_root",
+    "resolve_steps",
+    "train",
+]
+
+
+# --------------------------------------------------------------------------- randomness
+def noise_root(
+    entropy: str, seed: int, algorithm: str, epsilon: float | None, *, secure: bool = False
+) -> np.random.SeedSequence | None:
+    """The root of one run's secret per-node streams (Poisson sampling and noise).
+
+    The one place where it is decided, for ``dpdl run`` and the Python API alike
+    (:mod:`dpdl.algorithms.randomness`): ``entropy="os"`` (the default) draws it from the
+    operating system; ``"seed"`` derives it from ``seed`` (reproducible noise, a research
+    choice).  Every (``algorithm`` label, ``epsilon``) run has its own streams.  With
+    ``secure`` the engine keys CSPRNGs from the OS itself (None).
+    """
+    if secure:
+        return None
+    return cell_noise_root(entropy, seed, f"{algorithm}|{epsilon!r}")
+
+
+# --------------------------------------------------------------------------- schedule, ledger
+def resolve_steps(steps: int | None, epochs: float | None, j_min: int, batch_size: float) -> int:
+    """``steps``, or ``epochs`` in steps: one epoch = J_min / b steps (each record is sampled
+    once per epoch on average)."""
+    if steps is not None:
+        return steps
+    return max(1, math.ceil(epochs * j_min / batch_size))
+
+
+def build_schedule(
+    privacy: PrivacySection,
+    spec: AlgorithmSpec,
+    epsilon: float | None,
+    steps: int,
+    sample_rate: float,
+) -> PrivacySchedule:
+    """The calibrated privacy schedule of one run (SPEC §2)."""
+    calibrate = spec.calibrate or privacy.calibrate
+    return make_schedule(
+        spec.name,
+        epsilon=None if spec.name == "sgp" else epsilon,
+        delta=privacy.delta,
+        steps=steps,
+        sample_rate=sample_rate,
+        clip=privacy.clip,
+        clip0=privacy.clip0,
+        rho_c=privacy.rho_c,
+        rho_mu=privacy.rho_mu,
+        calibrate=calibrate,
+        blocks=privacy.calibration_blocks if calibrate == "pld" else None,
+    )
+
+
+def approve_schedule(privacy: PrivacySection, schedule: PrivacySchedule) -> PrivacyLedger:
+    """A ledger that has approved the whole schedule (else ``PrivacyBudgetExceeded``)."""
+    accountant = schedule.calibrated_with or privacy.calibrate
+    blocks = privacy.calibration_blocks if accountant == "pld" else None
+    # A closed-form (CLT) calibration lands on the target up to float round-off (~1e-16
+    # relative); allow 1e-12 of it so an exact calibration is not refused.  Anything larger is.
+    budget = schedule.epsilon_target * (1 + ROUNDOFF_TOLERANCE)
+    ledger = PrivacyLedger(schedule.sample_rate, schedule.delta, budget, accountant, blocks=blocks)
+    ledger.plan(schedule.noise_multipliers)  # raises PrivacyBudgetExceeded: nothing trains
+    return ledger
+
+
+def _epsilons(privacy: PrivacySection, schedule: PrivacySchedule, steps_done: int, final: bool):
+    if not schedule.private:
+        return math.inf, math.inf, "none"
+    if steps_done == 0:
+        return 0.0, 0.0, "no-steps"
+    clt = schedule.epsilon("clt", steps=steps_done).epsilon
+    accountant = privacy.certified_accountant
+    if accountant == "pld":
+        if final and privacy.final_mode == "exact":
+            options = {"mode": "exact"}
+        else:
+            options = {
+                "mode": "blocked",
+                "blocks": privacy.final_blocks if final else privacy.eval_blocks,
+            }
+    else:
+        options = {}
+    report = schedule.epsilon(accountant, steps=steps_done, **options)
+    return float(clt), float(report.epsilon), report.method
+
+
+# --------------------------------------------------------------------------- callbacks
+@dataclass(frozen=True)
+class Evaluation:
+    """What every callback receives at each evaluation (iteration 0, every ``eval_every``
+    steps, and the end): the metrics of the network-average model and the epsilon spent."""
+
+    iteration: int
+    metrics: dict[str, float]
+    epsilon_certified: float
+    epsilon_clt: float
+    row: dict[str, Any]  # the whole metrics row (as in metrics.csv)
+
+
+class CSVLogger:
+    """Writes one row per evaluation to a CSV file (``metrics.csv`` of a run folder).
+
+    ``columns`` default: :data:`METRIC_COLUMNS` followed by the user's metrics.
+    """
+
+    def __init__(self, path: str | Path, columns: Sequence[str] | None = None):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = self.path.open("w", newline="")
+        self._writer: csv.DictWriter | None = None
+        if columns is not None:
+            self._start(tuple(columns))
+
+    def _start(self, columns: tuple[str, ...]) -> None:
+        self._writer = csv.DictWriter(self._fh, fieldnames=columns, extrasaction="ignore")
+        self._writer.writeheader()
+        self._fh.flush()
+
+    def write_row(self, row: dict[str, Any]) -> None:
+        if self._writer is None:
+            extra = tuple(k for k in row if k not in METRIC_COLUMNS and k not in _ROW_LABELS)
+            self._start(METRIC_COLUMNS + extra)
+        self._writer.writerow({k: _csv_value(row.get(k)) for k in self._writer.fieldnames})
+        self._fh.flush()
+
+    def __call__(self, evaluation: Evaluation) -> None:
+        self.write_row(evaluation.row)
+
+    def close(self) -> None:
+        self._fh.close()
+
+    def __enter__(self) -> CSVLogger:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class TensorBoardLogger:
+    """Writes every evaluation's metrics and epsilons as TensorBoard scalars.
+
+    Needs the optional ``tensorboard`` package (``pip install tensorboard``).
+    """
+
+    def __init__(self, log_dir: str | Path):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise DPDLError(
+                "TensorBoardLogger needs the tensorboard package: pip install tensorboard"
+            ) from None
+        self.writer = SummaryWriter(log_dir=str(log_dir))
+
+    def __call__(self, evaluation: Evaluation) -> None:
+        scalars = evaluation.metrics | {
+            "epsilon_certified": evaluation.epsilon_certified,
+            "epsilon_clt": evaluation.epsilon_clt,
+        }
+        for name, value in scalars.items():
+            if math.isfinite(value):
+                self.writer.add_scalar(name, value, evaluation.iteration)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def _csv_value(v):
+    if isinstance(v, float):
+        return repr(v)
+    return v
+
+
+# --------------------------------------------------------------------------- checkpoints
+@dataclass
+class CellCheckpointer:
+    """Where and how often a run saves its state, and the state to resume from (if any)."""
+
+    path: Path
+    every: int | None
+    write: bool  # the main process writes; the other ranks only join the gather
+    resume: dict[str, Any] | None = None
+
+    def save(self, sim, ledger: PrivacyLedger | None, rows: list[dict[str, Any]]) -> None:
+        state = checkpoints.capture(sim)  # collective in the distributed runtime
+        shard = state.pop("rank_generators", None)
+        if shard is not None:  # every rank keeps its own nodes' secret streams, locally
+            checkpoints.save_atomic(checkpoints.shard_path(self.path, shard["rank"]), shard)
+        if self.write:
+            checkpoints.save_atomic(
+                self.path,
+                {
+                    "engine": state,
+                    "ledger": None if ledger is None else ledger.to_json(),
+                    "rows": json.dumps(rows),
+                },
+            )
+
+
+# --------------------------------------------------------------------------- result
+@dataclass
+class TrainingResult:
+    """The outcome of :meth:`DecentralizedTrainer.fit`.
+
+    ``model``: the network-average model x̄ = Σ x_i / Σ w_i as an ``nn.Module``;
+    ``node_models``: every node's de-biased model z_i = x_i / w_i; ``ledger``: the privacy
+    ledger of the steps taken (None for SGP); ``epsilon``: the certified epsilon spent
+    (PLD/RDP, ``inf`` for SGP) and ``epsilon_clt`` the CLT approximation beside it;
+    ``history``: one metrics row per evaluation; ``record``: the run's entry of
+    ``results.json``; ``status`` "ok" or "diverged" (``message`` says where).
+    """
+
+    model: nn.Module
+    ledger: PrivacyLedger | None
+    epsilon: float
+    epsilon_clt: float
+    delta: float | None
+    history: list[dict[str, Any]]
+    schedule: PrivacySchedule
+    status: str
+    message: str
+    record: dict[str, Any]
+    run_dir: Path | None = None
+    _template: nn.Module | None = field(default=None, repr=False)
+    _node_params: dict[str, torch.Tensor] | None = field(default=None, repr=False)
+
+    @property
+    def node_models(self) -> list[nn.Module]:
+        n = next(iter(self._node_params.values())).shape[0]
+        return [self.node_model(i) for i in range(n)]
+
+    def node_model(self, i: int) -> nn.Module:
+        return _module_with(self._template, {k: v[i] for k, v in self._node_params.items()})
+
+
+def _module_with(template: nn.Module, params: dict[str, torch.Tensor]) -> nn.Module:
+    module = copy.deepcopy(template)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            p.copy_(params[name])
+    return module
+
+
+def _json_number(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+# --------------------------------------------------------------------------- the trainer
+class DecentralizedTrainer:
+    """Private decentralized training of any model on the nodes' own data (see the module doc).
+
+    Parameters (keyword-only after ``model`` and ``data``):
+
+    * ``model``: an ``nn.Module`` (refused: BatchNorm and other layers that mix records);
+      every node starts from its parameters.
+    * ``data``: one local data set per node: ``(inputs, targets)`` tensors/arrays or a
+      ``torch.utils.data.Dataset`` of ``(input, target)`` items; sizes may differ.
+    * ``topology``: a name of :data:`dpdl.topology.TOPOLOGIES` (with ``topology_params``), a
+      :class:`dpdl.topology.Topology`, a ``networkx`` graph (node i = the i-th of
+      ``graph.nodes``) or a function ``k -> P^k`` (``topology_params={"period": m}``).
+    * ``algorithm`` (a name of ``dpdl.accounting.schedules.ALGORITHMS``, optionally
+      ``"name@clt|pld|rdp"``), ``epsilon``, ``delta``, ``calibrate``, ``clip``, ``clip0``,
+      ``rho_c``, ``rho_mu``; accounting: ``certified_accountant``, ``eval_blocks``,
+      ``final_mode``, ``final_blocks``, ``calibration_blocks`` (as in a config's [privacy]).
+    * ``batch_size`` (expected b), ``lr`` (γ), ``steps`` or ``epochs``, ``loss``: a name of
+      ``LOSSES`` or a callable ``(outputs, targets) -> (batch,)`` per-record losses.
+    * ``eval_data`` ``(inputs, targets)``, ``metric`` ``(outputs, targets) -> float | dict``,
+      ``eval_every``, ``train_eval_data`` (default: a sample of the nodes' records),
+      ``eval_train_samples``/``eval_test_samples``/``eval_node_samples``, ``callbacks``:
+      callables receiving an :class:`Evaluation`.
+    * ``device``, ``runtime`` ("simulator" | "distributed": started by torchrun),
+      ``entropy`` ("os", the default: secret noise; "seed": reproducible from ``seed``),
+      ``secure_noise`` (CSPRNG streams and the hardened Gaussian sampler; entropy "os").
+    * ``output_dir``: write a run folder there (``metrics.csv``, ``results.json``,
+      ``curves.png``, ``trainer.json``), ``run_name``, ``checkpoint_every``, ``resume``.
+
+    Everything is validated on construction and nothing is written before :meth:`fit`.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        data: Sequence | NodeData,
+        *,
+        topology: Any = "exp",
+        topology_params: dict[str, Any] | None = None,
+        algorithm: str | AlgorithmSpec = "dyn-d2p",
+        epsilon: float | None = 1.0,
+        delta: float = 1e-4,
+        calibrate: str = "pld",
+        clip: float = DEFAULT_CLIP,
+        clip0: float | None = None,
+        rho_c: float = DEFAULT_RHO_C,
+        rho_mu: float = DEFAULT_RHO_MU,
+        certified_accountant: str = "pld",
+        eval_blocks: int = 20,
+        final_mode: str = "exact",
+        final_blocks: int = 1000,
+        calibration_blocks: int | None = 100,
+        secure_noise: bool = False,
+        batch_size: float = 1.0,
+        lr: float = 0.03,
+        steps: int | None = None,
+        epochs: float | None = None,
+        loss: str | Callable = "cross_entropy",
+        eval_data: Any = None,
+        train_eval_data: Any = None,
+        metric: Callable | None = None,
+        eval_every: int = 50,
+        eval_train_samples: int = 1000,
+        eval_test_samples: int | None = None,
+        eval_node_samples: int = 1000,
+        callbacks: Sequence[Callable[[Evaluation], Any]] = (),
+        device: str | torch.device = "cpu",
+        runtime: str = "simulator",
+        entropy: str = DEFAULT_ENTROPY,
+        seed: int = 0,
+        output_dir: str | Path | None = None,
+        run_name: str | None = None,
+        name: str = "train",
+        checkpoint_every: int | None = None,
+        resume: bool = False,
+        progress: bool = False,
+        engine_factory: Callable[..., Simulator] | None = None,
+        checkpoint: CellCheckpointer | None = None,
+    ):
+        # --- settings (the same validators as a config's [privacy] and [training] tables)
+        try:
+            self.spec = (
+                algorithm
+                if isinstance(algorithm, AlgorithmSpec)
+                else AlgorithmSpec.parse(algorithm)
+            )
+        except ValueError as err:
+            raise DPDLError(str(err)) from None
+        private = self.spec.name != "sgp"
+        require(
+            not private or epsilon is not None,
+            f"algorithm {self.spec.label!r} is private and needs a target epsilon",
+        )
+        self.privacy = validate_config(
+            PrivacySection,
+            dict(
+                epsilon=epsilon if private else 1.0, delta=delta, calibrate=calibrate, clip=clip,
+                clip0=clip0, rho_c=rho_c, rho_mu=rho_mu, certified_accountant=certified_accountant,
+                eval_blocks=eval_blocks, final_mode=final_mode, final_blocks=final_blocks,
+                calibration_blocks=calibration_blocks, secure_noise=secure_noise,
+            ),
+            "privacy settings",
+        )  # fmt: skip
+        self.training = validate_config(
+            TrainingSection,
+            dict(
+                steps=steps, epochs=epochs, batch_size=batch_size, lr=lr, eval_every=eval_every,
+                eval_train_samples=eval_train_samples, eval_test_samples=eval_test_samples,
+                eval_node_samples=eval_node_samples, checkpoint_every=checkpoint_every,
+            ),
+            "training settings",
+        )  # fmt: skip
+        self.epsilon = float(epsilon) if private else None
+        require(
+            entropy in ENTROPY_MODES,
+            f"unknown entropy {entropy!r}; use 'os' (secret, default) or 'seed'",
+        )
+        require(
+            not (self.privacy.secure_noise and entropy != "os"),
+            f"secure_noise draws its keys from the OS: it needs entropy 'os', got {entropy!r}",
+        )
+        require(runtime in RUNTIMES, f"runtime must be one of {RUNTIMES}, got {runtime!r}")
+        require(
+            isinstance(seed, int | np.integer) and not isinstance(seed, bool) and seed >= 0,
+            f"seed must be a non-negative integer, got {seed!r}",
+        )
+        self.entropy, self.runtime, self.seed = entropy, runtime, int(seed)
+        require(
+            not resume or (output_dir is not None and run_name is not None),
+            "resume needs output_dir and the run_name of the run folder to continue",
+        )
+        self.device = resolve_device(device)
+        if runtime == "distributed":
+            from dpdl.engine import distributed
+
+            self.device = distributed.local_device(self.device)
+        self.callbacks = list(callbacks)
+        require(all(callable(c) for c in self.callbacks), "every callback must be a callable")
+        self.output_dir = None if output_dir is None else Path(output_dir)
+        self.run_name, self.name, self.resume = run_name, name, bool(resume)
+        self.progress, self.checkpoint = progress, checkpoint
+        self.engine_factory = engine_factory
+
+        # --- model, data, topology, loss
+        from dpdl.models import validate_model
+
+        self.model = validate_model(model)
+        self.node_data = self._node_data(data)
+        counts = [int(c) for c in self.node_data.counts]
+        self.records_per_node = counts
+        self.topology = _as_topology(
+            topology, self.node_data.n_nodes, topology_params or {}, self.seed
+        )
+        self.loss = _check_loss(loss)
+        self._probe_model()
+
+        # --- steps, sampling, schedule, and the ledger's approval of all of it
+        b = self.training.batch_size
+        require(
+            b <= min(counts),
+            f"batch_size = {b:g} exceeds the smallest local data set (node "
+            f"{int(np.argmin(counts))} has {min(counts)} records)",
+        )
+        self.sample_rate = b / min(counts)
+        self.steps = resolve_steps(self.training.steps, self.training.epochs, min(counts), b)
+        self.schedule = build_schedule(
+            self.privacy, self.spec, self.epsilon, self.steps, self.sample_rate
+        )
+        self.ledger = (
+            approve_schedule(self.privacy, self.schedule) if self.schedule.private else None
+        )
+
+        # --- evaluation
+        self.metric = metric
+        self._eval = self._evaluation_sets(eval_data, train_eval_data)
+        self._probe_metric()
+
+    # ------------------------------------------------------------------ validation
+    def _node_data(self, data) -> NodeData:
+        if isinstance(data, NodeData):
+            return data
+        from dpdl.data import stack_local_datasets
+
+        X, Y, mask = stack_local_datasets(data)
+        return NodeData.from_arrays(X, Y, mask, device=self.device)
+
+    def _probe_model(self) -> None:
+        """Run the model and the loss on a few of node 0's records, one record at a time."""
+        count = min(3, int(self.node_data.counts[0]))
+        x = self.node_data.inputs[0, :count].to(self.device)
+        y = self.node_data.targets[0, :count].to(self.device)
+        self.model.to(self.device)
+        try:
+            with torch.no_grad():
+                out = self.model(x)
+        except Exception as err:
+            raise DPDLError(
+                f"the model cannot take node 0's records of shape {tuple(x.shape[1:])}: "
+                f"{type(err).__name__}: {_first_line(err)}"
+            ) from None
+        try:
+            values = _per_record_loss(self.loss)(out, y)
+        except Exception as err:
+            raise DPDLError(
+                f"loss {_loss_name(self.loss)!r} fails on the model's outputs {tuple(out.shape)} "
+                f"and targets {tuple(y.shape)}: {type(err).__name__}: {_first_line(err)}"
+            ) from None
+        if not isinstance(values, torch.Tensor) or tuple(values.shape) != (count,):
+            shape = tuple(values.shape) if isinstance(values, torch.Tensor) else type(values)
+            raise DPDLError(
+                f"loss {_loss_name(self.loss)!r} must return one value per record (shape "
+                f"({count},) for {count} records), got {shape}; use reduction='none'"
+            )
+        params = stack_params(self.model, 1, self.device)
+        batch = NodeBatch(x, y, torch.zeros(count, dtype=torch.int64, device=self.device), 1)
+        buffers = {k: b.to(self.device) for k, b in self.model.named_buffers()}
+        try:
+            per_record_grads(self.model, params, batch, loss=self.loss, buffers=buffers)
+        except Exception as err:
+            raise DPDLError(
+                "per-record gradients of this model cannot be computed with torch.func "
+                f"(vmap over records): {type(err).__name__}: {_first_line(err)}"
+            ) from None
+
+    def _evaluation_sets(self, eval_data, train_eval_data) -> dict[str, Any]:
+        rng = np.random.default_rng(self.seed)
+        record_shape = tuple(self.node_data.inputs.shape[2:])
+        target_dtype = self.node_data.targets.dtype
+
+        def tensors(pair, what, limit):
+            from dpdl.data import local_arrays
+
+            x, y = (
+                (pair[0], pair[1])
+                if all(isinstance(t, torch.Tensor) for t in pair[:2])
+                else (torch.as_tensor(a) for a in local_arrays(pair, what))
+            )
+            require(len(x) == len(y), f"{what} has {len(x)} inputs but {len(y)} targets")
+            require(len(x) > 0, f"{what} has no records")
+            require(
+                tuple(x.shape[1:]) == record_shape,
+                f"{what} has record shape {tuple(x.shape[1:])} but the nodes' records have "
+                f"{record_shape}",
+            )
+            if limit is not None and limit < len(x):
+                pick = torch.as_tensor(np.sort(rng.choice(len(x), limit, replace=False)))
+                x, y = x[pick.to(x.device)], y[pick.to(y.device)]
+            x = x.to(device=self.device, dtype=torch.float32)
+            return x, y.to(device=self.device, dtype=target_dtype)
+
+        if train_eval_data is None:  # a sample of the nodes' own records
+            mask = self.node_data.mask
+            train_eval_data = (self.node_data.inputs[mask], self.node_data.targets[mask])
+        x_train, y_train = tensors(
+            train_eval_data, "train_eval_data", self.training.eval_train_samples
+        )
+        sets = {"x_train": x_train, "y_train": y_train, "x_test": None, "y_test": None}
+        if eval_data is not None:
+            sets["x_test"], sets["y_test"] = tensors(
+                eval_data, "eval_data", self.training.eval_test_samples
+            )
+        return sets
+
+    def _probe_metric(self) -> None:
+        if self.metric is None:
+            return
+        require(callable(self.metric), "metric must be a callable (outputs, targets) -> float")
+        require(self._eval["x_test"] is not None, "a metric needs eval_data to evaluate on")
+        with torch.no_grad():
+            out = self.model(self._eval["x_test"][:4])
+        self._metric_values(out, self._eval["y_test"][:4])
+
+    def _metric_values(self, outputs, targets) -> dict[str, float]:
+        try:
+            value = self.metric(outputs, targets)
+        except Exception as err:
+            raise DPDLError(f"the metric function failed: {type(err).__name__}: {err}") from None
+        values = value if isinstance(value, dict) else {"metric": value}
+        try:
+            return {str(k): float(v) for k, v in values.items()}
+        except (TypeError, ValueError):
+            raise DPDLError(
+                f"the metric function must return a number or a dict of numbers, got {value!r}"
+            ) from None
+
+    # ------------------------------------------------------------------ evaluation
+    def _evaluate(self, sim: Simulator) -> dict[str, float]:
+        sets = self._eval
+        row = {"train_loss": sim.average_loss(sets["x_train"], sets["y_train"])}
+        nan = math.nan
+        if sets["x_test"] is None:
+            return row | dict.fromkeys(METRIC_COLUMNS[5:9], nan)
+        out = sim.predict_average(sets["x_test"])
+        row["test_loss"] = float(
+            # the fused mean of cross_entropy: the same bits as runs before the trainer existed
+            torch.nn.functional.cross_entropy(out, sets["y_test"])
+            if self.loss == "cross_entropy"
+            else _per_record_loss(self.loss)(out, sets["y_test"]).mean()
+        )
+        if self.loss == "cross_entropy":
+            nodes = slice(0, min(self.training.eval_node_samples, len(sets["x_test"])))
+            node_acc = accuracy(sim.predict_nodes(sets["x_test"][nodes]), sets["y_test"][nodes])
+            row |= {
+                "test_accuracy": float(accuracy(out, sets["y_test"])),
+                "node_accuracy_mean": float(node_acc.mean()),
+                "node_accuracy_worst": float(node_acc.min()),
+            }
+        else:
+            row |= dict.fromkeys(METRIC_COLUMNS[6:9], nan)
+        if self.metric is not None:
+            row |= self._metric_values(out, sets["y_test"])
+        return row
+
+    # ------------------------------------------------------------------ training
+    def _factory(self) -> Callable[..., Simulator]:
+        if self.engine_factory is not None:
+            return self.engine_factory
+        if self.runtime == "distributed":
+            from dpdl.engine.distributed import DistributedSimulator
+
+            return DistributedSimulator
+        return Simulator
+
+    def _engine(self) -> tuple[Simulator, bool]:
+        main_process = True
+        if self.runtime == "distributed":
+            from dpdl.engine import distributed
+
+            distributed.init_from_environment(self.device)
+            main_process = distributed.is_main_process()
+        secure = self.privacy.secure_noise
+        # The sampling and noise streams are secret and the run's own (dpdl.algorithms.randomness).
+        root = noise_root(self.entropy, self.seed, self.spec.label, self.epsilon, secure=secure)
+        sim = self._factory()(
+            self.model, self.node_data, self.topology, lr=self.training.lr,
+            expected_batch_size=self.training.batch_size, seed=root, device=self.device,
+            loss=self.loss, secure_noise=secure,
+        )  # fmt: skip
+        del root  # the generators hold the secret now; nothing else should
+        require(
+            math.isclose(sim.sample_rate, self.schedule.sample_rate),
+            f"engine samples at p = {sim.sample_rate} but the schedule is accounted at "
+            f"p = {self.schedule.sample_rate}",
+        )
+        return sim, main_process
+
+    def _open_run_folder(self, main_process: bool):
+        """The run folder of a standalone run (``output_dir``): its CSV logger, checkpointer."""
+        from dpdl.experiments.registry import make_run_dir
+
+        output_dir = self.output_dir
+        if self.runtime == "distributed":
+            from dpdl.engine import distributed
+
+            output_dir = distributed.worker_output_dir(output_dir)
+        run_dir = make_run_dir(output_dir, self.name, self.run_name, exist_ok=self.resume)
+        settings = json.dumps(self.describe(), indent=2, default=str) + "\n"
+        settings_path = run_dir / "trainer.json"
+        state_path = run_dir / "checkpoints" / "run.pt"
+        if self.resume:
+            require(
+                settings_path.is_file() and settings_path.read_text() == settings,
+                f"{run_dir} was started with other settings (trainer.json): refusing to resume",
+            )
+            require(state_path.is_file(), f"{run_dir} has no checkpoint to resume from")
+        elif state_path.exists():
+            raise DPDLError(f"{run_dir} holds a checkpoint: resume it or choose another run_name")
+        settings_path.write_text(settings)
+        checkpoint = self.checkpoint or CellCheckpointer(
+            state_path, self.training.checkpoint_every, write=main_process
+        )
+        if self.resume and checkpoint.resume is None:
+            checkpoint.resume = checkpoints.load_for_resume(state_path, self._factory())
+        return run_dir, CSVLogger(run_dir / "metrics.csv"), checkpoint
+
+    def describe(self) -> dict[str, Any]:
+        """The run's settings, JSON-friendly (written to ``trainer.json``; no data, no secret)."""
+        from dpdl.models import num_params
+
+        return {
+            "algorithm": self.spec.label,
+            "epsilon": self.epsilon,
+            "privacy": self.privacy.model_dump(mode="json", exclude={"epsilon"}),
+            "training": self.training.model_dump(mode="json"),
+            "steps": self.steps,
+            "sample_rate": self.sample_rate,
+            "topology": self.topology.describe(),
+            "records_per_node": self.records_per_node,
+            "model": {"class": type(self.model).__name__, "parameters": num_params(self.model)},
+            "loss": _loss_name(self.loss),
+            "entropy": self.entropy,
+            "seed": self.seed if self.entropy == "seed" else None,
+            "runtime": self.runtime,
+        }
+
+    def fit(self) -> TrainingResult:
+        """Train; returns a :class:`TrainingResult` (see there).  With ``output_dir``, the run
+        folder is written as it goes (metrics.csv row by row, results.json at the end)."""
+        sim, main_process = self._engine()
+        callbacks = list(self.callbacks)
+        run_dir, logger, checkpoint = None, None, self.checkpoint
+        if self.output_dir is not None:
+            run_dir, logger, checkpoint = self._open_run_folder(main_process)
+            callbacks.insert(0, logger)
+        try:
+            result = self._train(sim, callbacks, checkpoint)
+        finally:
+            if logger is not None:
+                logger.close()
+        if run_dir is not None:
+            from dpdl.experiments.results import write_results
+
+            cell = {k: v for k, v in result.record.items() if k != "rows"}
+            write_results(run_dir, [cell], plot_title=self.name)
+            if result.status == "ok" and checkpoint is not None:
+                checkpoints.remove(checkpoint.path)  # finished: nothing left to resume
+            result.run_dir = run_dir
+        return result
+
+    def _train(self, sim: Simulator, callbacks, checkpoint: CellCheckpointer | None):
+        spec, schedule, ledger, privacy = self.spec, self.schedule, self.ledger, self.privacy
+        rows: list[dict[str, Any]] = []
+        eps_target = self.epsilon
+
+        def emit(row: dict[str, Any]) -> None:
+            rows.append(row)
+            evaluation = Evaluation(
+                iteration=row["iteration"],
+                metrics={k: v for k, v in row.items() if k not in _ROW_LABELS
+                         and k not in ("epsilon_clt", "epsilon_certified")},
+                epsilon_certified=row["epsilon_certified"],
+                epsilon_clt=row["epsilon_clt"],
+                row=row,
+            )  # fmt: skip
+            for callback in callbacks:
+                callback(evaluation)
+
+        def record(iteration: int, final: bool = False) -> dict[str, Any]:
+            eps_clt, eps_cert, method = _epsilons(privacy, schedule, iteration, final)
+            row = {
+                "iteration": iteration, "algorithm": spec.label, "seed": self.seed,
+                "epsilon_target": math.nan if eps_target is None else eps_target,
+                **self._evaluate(sim), "epsilon_clt": eps_clt, "epsilon_certified": eps_cert,
+                "epsilon_certified_method": method,
+            }  # fmt: skip
+            emit(row)
+            return row
+
+        from tqdm.auto import tqdm
+
+        label = spec.label + ("" if eps_target is None else f" eps={eps_target:g}")
+        bar = tqdm(
+            total=self.steps,
+            desc=f"{label} seed={self.seed}",
+            disable=None if self.progress else True,
+            leave=False,
+            dynamic_ncols=True,
+        )
+        status, message = "ok", ""
+        started = time.perf_counter()
+        first_step = 0
+        if checkpoint is not None and checkpoint.resume is not None:
+            saved = checkpoint.resume
+            checkpoints.restore(sim, saved["engine"])
+            if ledger is not None:
+                # The saved ledger, not a fresh one: the steps already spent stay spent.  It must
+                # describe this very run (same p, δ, budget, accountant) and this very iteration.
+                restored = PrivacyLedger.from_json(saved["ledger"])
+                same = (
+                    (restored.sample_rate, restored.delta, restored.accountant)
+                    == (ledger.sample_rate, ledger.delta, ledger.accountant)
+                    and restored.epsilon_budget <= ledger.epsilon_budget
+                    and restored.steps_taken == sim.iteration
+                )
+                require(same, f"checkpoint {checkpoint.path} does not belong to this cell")
+                ledger = restored
+            first_step = sim.iteration
+            for row in json.loads(saved["rows"]):
+                emit(row)
+            bar.update(first_step)
+        else:
+            record(0)
+            if checkpoint is not None and checkpoint.every:
+                # Before the first step: a resume after a crash at any later step replays the very
+                # noise already sent, never fresh noise for steps whose messages left the node.
+                checkpoint.save(sim, ledger, rows)
+        every = self.training.eval_every
+        save_every = checkpoint.every if checkpoint is not None else None
+        try:
+            z = schedule.noise_multipliers
+            for k in range(first_step, self.steps):
+                if schedule.private:
+                    ledger.record_step(float(z[k]))
+                    sim.step(
+                        private=True, clip=float(schedule.clip[k]), sigma=float(schedule.sigma[k])
+                    )
+                else:
+                    sim.step(private=False)
+                bar.update(1)
+                done = k + 1
+                if done % every == 0 and done < self.steps:
+                    row = record(done)
+                    bar.set_postfix(
+                        loss=f"{row['train_loss']:.3f}",
+                        acc=f"{row['test_accuracy']:.3f}",
+                        eps=f"{row['epsilon_clt']:.3g}",
+                    )
+                if save_every and done % save_every == 0 and done < self.steps:
+                    checkpoint.save(sim, ledger, rows)
+        except NonFiniteUpdate as err:
+            status, message = "diverged", str(err)
+        finally:
+            bar.close()
+        seconds = time.perf_counter() - started
+        if status == "ok":
+            if not sim.all_finite():
+                status, message = "diverged", f"non-finite parameters after step {self.steps - 1}"
+            else:
+                record(self.steps, final=True)
+        final_row = rows[-1]
+        cell = {
+            "algorithm": spec.label,
+            "base_algorithm": spec.name,
+            "seed": self.seed,
+            "epsilon_target": eps_target,
+            "delta": privacy.delta if schedule.private else None,
+            "calibrated_with": schedule.calibrated_with,
+            "noise_entropy": self.entropy,
+            "secure_noise": privacy.secure_noise,
+            "status": status,
+            "message": message,
+            "steps": self.steps,
+            "steps_done": sim.iteration,
+            "sample_rate": self.sample_rate,
+            "train_seconds": seconds,
+            "final": {
+                k: _json_number(v)
+                for k, v in final_row.items()
+                if k not in ("algorithm", "seed", "epsilon_target", "epsilon_certified_method")
+            },
+            "certified_method": final_row["epsilon_certified_method"],
+            "ledger_epsilon_spent": None if ledger is None else ledger.epsilon_spent(),
+            "ledger_accountant": None if ledger is None else ledger.accountant,
+            "schedule": schedule.to_dict(),
+            "rows": rows,
+        }
+        return TrainingResult(
+            model=_module_with(self.model, sim.average_params()),
+            ledger=ledger,
+            epsilon=final_row["epsilon_certified"],
+            epsilon_clt=final_row["epsilon_clt"],
+            delta=privacy.delta if schedule.private else None,
+            history=rows,
+            schedule=schedule,
+            status=status,
+            message=message,
+            record=cell,
+            _template=self.model,
+            _node_params=sim.debiased_params(),
+        )
+
+
+def train(model: nn.Module, data: Sequence | NodeData, **options: Any) -> TrainingResult:
+    """``DecentralizedTrainer(model, data, **options).fit()``."""
+    return DecentralizedTrainer(model, data, **options).fit()
+
+
+# --------------------------------------------------------------------------- helpers
+def _as_topology(topology, n: int, params: dict[str, Any], seed: int):
+    from dpdl.topology import Topology, from_mixing_function, from_networkx, make_topology
+
+    if isinstance(topology, str):
+        return make_topology(topology, n, seed=seed, **params)
+    if isinstance(topology, Topology):
+        require(not params, "topology_params apply to a topology given by name or function only")
+        require(
+            topology.n == n,
+            f"topology {topology.name!r} has {topology.n} nodes but the data is split over {n}",
+        )
+        return topology
+    try:
+        import networkx as nx
+    except ImportError:  # pragma: no cover - networkx is a dependency
+        nx = None
+    if nx is not None and isinstance(topology, nx.Graph):
+        require(not params, "topology_params do not apply to a networkx graph")
+        require(
+            topology.number_of_nodes() == n,
+            f"the networkx graph has {topology.number_of_nodes()} nodes but the data is split "
+            f"over {n}",
+        )
+        return from_networkx(topology)
+    if callable(topology):
+        unknown = sorted(set(params) - {"period"})
+        require(not unknown, f"a mixing-matrix function takes only topology_params 'period', "
+                             f"not {unknown}")  # fmt: skip
+        return from_mixing_function(topology, n, period=params.get("period", 1))
+    raise DPDLError(
+        "topology must be a name, a dpdl Topology, a networkx graph or a function k -> P^k; "
+        f"got {type(topology).__name__}"
+    )
+
+
+def _check_loss(loss):
+    if callable(loss):
+        return loss
+    require(
+        isinstance(loss, str) and loss in LOSSES,
+        f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)} or give a callable "
+        "(outputs, targets) -> per-record losses",
+    )
+    return loss
+
+
+def _per_record_loss(loss):
+    return loss if callable(loss) else LOSSES[loss]
+
+
+def _loss_name(loss) -> str:
+    return loss if isinstance(loss, str) else getattr(loss, "__qualname__", repr(loss))
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else ""
