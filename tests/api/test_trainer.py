@@ -194,6 +194,15 @@ def test_batchnorm_is_refused_naming_the_layer_and_the_fix(digits):
         dpdl.DecentralizedTrainer(tracked, uneven_split(x_train, y_train, nodes=3), steps=2)
 
 
+def test_frozen_parameters_are_refused(digits):
+    x_train, _, y_train, _ = digits
+    model = mlp()
+    model[0].weight.requires_grad_(False)
+    with pytest.raises(DPDLError, match="'0.weight' is frozen") as excinfo:
+        dpdl.DecentralizedTrainer(model, uneven_split(x_train, y_train, nodes=3), steps=2)
+    one_line_error(excinfo)
+
+
 def test_a_graph_that_is_not_strongly_connected_is_refused(digits):
     x_train, _, y_train, _ = digits
     path = nx.DiGraph(nx.path_graph(NODES, create_using=nx.DiGraph))  # 0 -> 1 -> ... -> 11

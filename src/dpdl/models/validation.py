@@ -29,8 +29,8 @@ def _cross_record_reason(module: nn.Module) -> str | None:
 def validate_model(model: nn.Module) -> nn.Module:
     """Return ``model`` when private per-record training can use it, else raise DPDLError.
 
-    Checks: a ``torch.nn.Module`` with at least one trainable parameter and no layer that
-    mixes records (see the module docstring).
+    Checks: a ``torch.nn.Module`` with at least one parameter, none of them frozen (the
+    engine trains every parameter), and no layer that mixes records (see the module docstring).
     """
     if not isinstance(model, nn.Module):
         raise DPDLError(f"the model must be a torch.nn.Module, got {type(model).__name__}")
@@ -42,6 +42,13 @@ def validate_model(model: nn.Module) -> nn.Module:
                 "per-record gradient clipping cannot allow; replace it with nn.GroupNorm "
                 "(or nn.LayerNorm, or InstanceNorm without track_running_stats)"
             )
-    if not any(p.requires_grad for p in model.parameters()):
-        raise DPDLError(f"model {type(model).__name__} has no trainable parameters")
+    frozen = [name for name, p in model.named_parameters() if not p.requires_grad]
+    if frozen:
+        # The engine trains (and adds noise to) every parameter: a frozen one would move.
+        raise DPDLError(
+            f"model parameter {frozen[0]!r} is frozen (requires_grad=False) but every parameter "
+            "is trained; register fixed tensors as buffers (module.register_buffer) instead"
+        )
+    if not any(True for _ in model.parameters()):
+        raise DPDLError(f"model {type(model).__name__} has no parameters to train")
     return model
