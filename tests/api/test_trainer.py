@@ -254,7 +254,8 @@ def test_a_loss_that_is_not_per_record_is_refused(digits):
         ({"topology": "ring", "topology_params": {"degree": 3}}, "no parameter .degree."),
         ({"loss": "hinge"}, "unknown loss"),
         ({"eval_data": (np.zeros((3, 8)), np.zeros(3))}, "record shape"),
-        ({"resume": True}, "OS entropy cannot be resumed"),
+        ({"resume": True}, "resume needs output_dir"),
+        ({"secure_noise": True, "entropy": "seed"}, "needs entropy 'os'"),
     ],
 )
 def test_bad_settings_are_one_line_errors(digits, options, match):
@@ -356,3 +357,26 @@ def test_resume_continues_an_interrupted_api_run_exactly(tmp_path, digits):
     ).read_text()
     with pytest.raises(DPDLError, match="other settings"):
         dpdl.train(mlp(), nodes, output_dir=tmp_path / "cut", resume=True, **settings | {"lr": 0.1})
+
+
+def test_an_os_entropy_api_run_resumes_from_its_checkpointed_streams(tmp_path, digits):
+    x_train, _, y_train, _ = digits
+    nodes = uneven_split(x_train, y_train, nodes=4)
+    settings = dict(
+        algorithm="const-d2p", epsilon=2.0, calibrate="clt", certified_accountant="rdp",
+        batch_size=4, lr=0.3, steps=8, eval_every=4, checkpoint_every=2, run_name="r",
+        output_dir=tmp_path,
+    )  # fmt: skip
+
+    def crash_at_4(evaluation):
+        if evaluation.iteration == 4:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        dpdl.train(mlp(), nodes, callbacks=[crash_at_4], **settings)
+    first = list(csv.DictReader((tmp_path / "r" / "metrics.csv").open()))
+    resumed = dpdl.train(mlp(), nodes, resume=True, **settings)  # entropy "os" by default
+    assert resumed.record["noise_entropy"] == "os"
+    assert [row["iteration"] for row in resumed.history] == [0, 4, 8]
+    assert resumed.ledger.steps_taken == 8
+    assert float(first[1]["train_loss"]) == resumed.history[1]["train_loss"]  # step 4 replayed
