@@ -73,6 +73,8 @@ METRIC_COLUMNS = (
     "test_accuracy",
     "node_accuracy_mean",
     "node_accuracy_worst",
+    "val_loss",
+    "val_accuracy",
     "epsilon_clt",
     "epsilon_certified",
 )
@@ -360,8 +362,10 @@ class DecentralizedTrainer:
       ``final_mode``, ``final_blocks``, ``calibration_blocks`` (as in a config's [privacy]).
     * ``batch_size`` (expected b), ``lr`` (γ), ``steps`` or ``epochs``, ``loss``: a name of
       ``LOSSES`` or a callable ``(outputs, targets) -> (batch,)`` per-record losses.
-    * ``eval_data`` ``(inputs, targets)``, ``metric`` ``(outputs, targets) -> float | dict``,
-      ``eval_every``, ``train_eval_data`` (default: a sample of the nodes' records),
+    * ``eval_data`` ``(inputs, targets)``, ``validation_data`` (held-out records to choose
+      parameters on: ``val_loss``, ``val_accuracy``), ``metric``
+      ``(outputs, targets) -> float | dict``, ``eval_every``, ``train_eval_data`` (default: a
+      sample of the nodes' records),
       ``eval_train_samples``/``eval_test_samples``/``eval_node_samples``, ``callbacks``:
       callables receiving an :class:`Evaluation`.
     * ``device``, ``runtime`` ("simulator" | "distributed": started by torchrun),
@@ -401,6 +405,7 @@ class DecentralizedTrainer:
         loss: str | Callable = "cross_entropy",
         eval_data: Any = None,
         train_eval_data: Any = None,
+        validation_data: Any = None,
         metric: Callable | None = None,
         eval_every: int = 50,
         eval_train_samples: int = 1000,
@@ -515,7 +520,7 @@ class DecentralizedTrainer:
 
         # --- evaluation
         self.metric = metric
-        self._eval = self._evaluation_sets(eval_data, train_eval_data)
+        self._eval = self._evaluation_sets(eval_data, train_eval_data, validation_data)
         self._probe_metric()
 
     # ------------------------------------------------------------------ validation
@@ -565,7 +570,7 @@ class DecentralizedTrainer:
                 f"(vmap over records): {type(err).__name__}: {_first_line(err)}"
             ) from None
 
-    def _evaluation_sets(self, eval_data, train_eval_data) -> dict[str, Any]:
+    def _evaluation_sets(self, eval_data, train_eval_data, validation_data) -> dict[str, Any]:
         rng = np.random.default_rng(self.seed)
         record_shape = tuple(self.node_data.inputs.shape[2:])
         target_dtype = self.node_data.targets.dtype
@@ -602,6 +607,11 @@ class DecentralizedTrainer:
             sets["x_test"], sets["y_test"] = tensors(
                 eval_data, "eval_data", self.training.eval_test_samples
             )
+        sets["x_val"], sets["y_val"] = (
+            (None, None)
+            if validation_data is None
+            else tensors(validation_data, "validation_data", None)
+        )
         return sets
 
     def _probe_metric(self) -> None:
@@ -627,20 +637,30 @@ class DecentralizedTrainer:
             ) from None
 
     # ------------------------------------------------------------------ evaluation
-    def _evaluate(self, sim: Simulator) -> dict[str, float]:
-        sets = self._eval
-        row = {"train_loss": sim.average_loss(sets["x_train"], sets["y_train"])}
-        nan = math.nan
-        if sets["x_test"] is None:
-            return row | dict.fromkeys(METRIC_COLUMNS[5:9], nan)
-        out = sim.predict_average(sets["x_test"])
-        row["test_loss"] = float(
-            # the fused mean of cross_entropy: the same bits as runs before the trainer existed
-            torch.nn.functional.cross_entropy(out, sets["y_test"])
-            if self.loss == "cross_entropy"
-            else _per_record_loss(self.loss)(out, sets["y_test"]).mean()
-        )
+    def _held_out_loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> float:
         if self.loss == "cross_entropy":
+            # the fused mean: the same bits as runs before the trainer existed
+            return float(torch.nn.functional.cross_entropy(outputs, targets))
+        return float(_per_record_loss(self.loss)(outputs, targets).mean())
+
+    def _evaluate(self, sim: Simulator) -> dict[str, float]:
+        sets, nan = self._eval, math.nan
+        classification = self.loss == "cross_entropy"
+        row = {"train_loss": sim.average_loss(sets["x_train"], sets["y_train"])}
+        row |= dict.fromkeys(
+            ("test_loss", "test_accuracy", "node_accuracy_mean", "node_accuracy_worst",
+             "val_loss", "val_accuracy"), nan,
+        )  # fmt: skip
+        if sets["x_val"] is not None:
+            val_out = sim.predict_average(sets["x_val"])
+            row["val_loss"] = self._held_out_loss(val_out, sets["y_val"])
+            if classification:
+                row["val_accuracy"] = float(accuracy(val_out, sets["y_val"]))
+        if sets["x_test"] is None:
+            return row
+        out = sim.predict_average(sets["x_test"])
+        row["test_loss"] = self._held_out_loss(out, sets["y_test"])
+        if classification:
             nodes = slice(0, min(self.training.eval_node_samples, len(sets["x_test"])))
             node_acc = accuracy(sim.predict_nodes(sets["x_test"][nodes]), sets["y_test"][nodes])
             row |= {
@@ -648,8 +668,6 @@ class DecentralizedTrainer:
                 "node_accuracy_mean": float(node_acc.mean()),
                 "node_accuracy_worst": float(node_acc.min()),
             }
-        else:
-            row |= dict.fromkeys(METRIC_COLUMNS[6:9], nan)
         if self.metric is not None:
             row |= self._metric_values(out, sets["y_test"])
         return row

@@ -13,6 +13,7 @@ SUMMARY_METRICS = (
     "test_accuracy",
     "node_accuracy_mean",
     "node_accuracy_worst",
+    "val_accuracy",
     "train_loss",
     "epsilon_clt",
     "epsilon_certified",

@@ -183,6 +183,7 @@ def run_cell(
         **cfg.training.model_dump(exclude={"checkpoint_every"}), loss=work.loss,
         eval_data=(work.x_test, work.y_test),
         train_eval_data=(work.x_train_eval, work.y_train_eval),
+        validation_data=None if work.x_val is None else (work.x_val, work.y_val),
         callbacks=[] if on_row is None else [lambda evaluation: on_row(evaluation.row)],
         device=work.device, runtime=cfg.experiment.runtime, entropy=cfg.experiment.entropy,
         seed=work.seed, progress=progress, engine_factory=simulator_factory,
