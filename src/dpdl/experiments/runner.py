@@ -289,6 +289,13 @@ def run_experiment(
         distributed.init_from_environment(device)
         factory = distributed.DistributedSimulator
         main_process = distributed.is_main_process()
+    # Nothing is written until validated: the config (above), the first seed's data set,
+    # split and topology, and the model (a missing data set leaves no empty run folder).
+    from dpdl.models import validate_model
+
+    workloads = {cfg.experiment.seeds[0]: prepare_workload(cfg, cfg.experiment.seeds[0], device)}
+    validate_model(build_model(workloads[cfg.experiment.seeds[0]]))
+    if cfg.experiment.runtime == "distributed":
         if state_dir is None:
             # Every rank checkpoints its secret shard beside rank 0's checkpoint (the folder a
             # resume reads), not in its own scratch folder: rank 0 names the run folder.
@@ -298,12 +305,6 @@ def run_experiment(
             run_name = name if main_process else None
         output_dir = distributed.worker_output_dir(Path(output_dir))
         progress = progress and main_process
-    # Nothing is written until validated: the config (above), the first seed's data set,
-    # split and topology, and the model (a missing data set leaves no empty run folder).
-    from dpdl.models import validate_model
-
-    workloads = {cfg.experiment.seeds[0]: prepare_workload(cfg, cfg.experiment.seeds[0], device)}
-    validate_model(build_model(workloads[cfg.experiment.seeds[0]]))
     run_dir = make_run_dir(output_dir, cfg.experiment.name, run_name, exist_ok=resume)
     state_dir = state_dir or run_dir / "checkpoints"
     if not resume:
