@@ -40,11 +40,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from dpdl.accounting.calibration import accountant_options
 from dpdl.accounting.ledger import PrivacyLedger
 from dpdl.accounting.schedules import (
-    DEFAULT_CLIP,
-    DEFAULT_RHO_C,
-    DEFAULT_RHO_MU,
     PrivacySchedule,
     make_schedule,
 )
@@ -78,6 +76,10 @@ METRIC_COLUMNS = (
     "epsilon_clt",
     "epsilon_certified",
 )
+# The defaults of a config's [privacy] and [training] tables: one source for both entry points.
+_PRIVACY = {name: f.default for name, f in PrivacySection.model_fields.items()}
+_TRAINING = {name: f.default for name, f in TrainingSection.model_fields.items()}
+
 # Row entries that describe the evaluation rather than measure the model.
 _ROW_LABELS = ("iteration", "algorithm", "seed", "epsilon_target", "epsilon_certified_method")
 
@@ -167,7 +169,9 @@ def _epsilons(privacy: PrivacySection, schedule: PrivacySchedule, steps_done: in
     clt = schedule.epsilon("clt", steps=steps_done).epsilon
     accountant = privacy.certified_accountant
     if accountant == "pld":
-        if final and privacy.final_mode == "exact":
+        if final and privacy.final_mode == "auto":
+            options = accountant_options("pld", schedule.noise_multipliers[:steps_done])
+        elif final and privacy.final_mode == "exact":
             options = {"mode": "exact"}
         else:
             options = {
@@ -386,20 +390,20 @@ class DecentralizedTrainer:
         topology_params: dict[str, Any] | None = None,
         algorithm: str | AlgorithmSpec = "dyn-d2p",
         epsilon: float | None = 1.0,
-        delta: float = 1e-4,
-        calibrate: str = "pld",
-        clip: float = DEFAULT_CLIP,
-        clip0: float | None = None,
-        rho_c: float = DEFAULT_RHO_C,
-        rho_mu: float = DEFAULT_RHO_MU,
-        certified_accountant: str = "pld",
-        eval_blocks: int = 20,
-        final_mode: str = "exact",
-        final_blocks: int = 1000,
-        calibration_blocks: int | None = 100,
-        secure_noise: bool = False,
-        batch_size: float = 1.0,
-        lr: float = 0.03,
+        delta: float = _PRIVACY["delta"],
+        calibrate: str = _PRIVACY["calibrate"],
+        clip: float = _PRIVACY["clip"],
+        clip0: float | None = _PRIVACY["clip0"],
+        rho_c: float = _PRIVACY["rho_c"],
+        rho_mu: float = _PRIVACY["rho_mu"],
+        certified_accountant: str = _PRIVACY["certified_accountant"],
+        eval_blocks: int = _PRIVACY["eval_blocks"],
+        final_mode: str = _PRIVACY["final_mode"],
+        final_blocks: int = _PRIVACY["final_blocks"],
+        calibration_blocks: int | None = _PRIVACY["calibration_blocks"],
+        secure_noise: bool = _PRIVACY["secure_noise"],
+        batch_size: float = _TRAINING["batch_size"],
+        lr: float = _TRAINING["lr"],
         steps: int | None = None,
         epochs: float | None = None,
         loss: str | Callable = "cross_entropy",
@@ -407,10 +411,10 @@ class DecentralizedTrainer:
         train_eval_data: Any = None,
         validation_data: Any = None,
         metric: Callable | None = None,
-        eval_every: int = 50,
-        eval_train_samples: int = 1000,
-        eval_test_samples: int | None = None,
-        eval_node_samples: int = 1000,
+        eval_every: int = _TRAINING["eval_every"],
+        eval_train_samples: int = _TRAINING["eval_train_samples"],
+        eval_test_samples: int | None = _TRAINING["eval_test_samples"],
+        eval_node_samples: int = _TRAINING["eval_node_samples"],
         callbacks: Sequence[Callable[[Evaluation], Any]] = (),
         device: str | torch.device = "cpu",
         runtime: str = "simulator",
