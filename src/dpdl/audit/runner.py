@@ -77,6 +77,27 @@ class AuditResult:
         return out
 
 
+def _check_scale_and_confidence(noise_scale: float, confidence: float) -> None:
+    require(
+        math.isfinite(noise_scale) and noise_scale > 0,
+        f"--noise-scale must be positive, got {noise_scale}",
+    )
+    require(0 < confidence < 1, f"confidence must lie in (0, 1), got {confidence}")
+
+
+def _result(schedule, design: AuditDesign, *, algorithm, epsilon, calibrate, epsilon_clt,
+            epsilon_certified, seed, elapsed, runs, **specific) -> AuditResult:
+    """The fields every audit reports; ``specific`` holds the rest (trials, bounds, scores)."""
+    return AuditResult(
+        algorithm=algorithm, threat=design.threat, delta=schedule.delta, steps=schedule.steps,
+        sample_rate=schedule.sample_rate, calibrated_with=calibrate,
+        epsilon_claimed=float(epsilon), epsilon_clt=epsilon_clt,
+        epsilon_certified=epsilon_certified, claim_refuted=specific["epsilon_lower"] > epsilon,
+        trials_per_second=runs / elapsed if elapsed > 0 else math.inf,
+        seeded=seed is not None, design=asdict(design), **specific,
+    )  # fmt: skip
+
+
 def _calibrated(algorithm, epsilon, delta, steps, sample_rate, calibrate, schedule_options):
     """The schedule `dpdl run` would train with, its approved ledger, and its CLT/PLD ε."""
     schedule = make_schedule(
@@ -128,11 +149,7 @@ def run_audit(
     require(
         isinstance(trials, int) and trials >= 2, f"trials must be an integer >= 2, got {trials}"
     )
-    require(
-        math.isfinite(noise_scale) and noise_scale > 0,
-        f"--noise-scale must be positive, got {noise_scale}",
-    )
-    require(0 < confidence < 1, f"confidence must lie in (0, 1), got {confidence}")
+    _check_scale_and_confidence(noise_scale, confidence)
     require(chunk >= 1, f"chunk must be >= 1, got {chunk}")
     schedule, ledger, epsilon_clt, epsilon_certified = _calibrated(
         algorithm, epsilon, delta, steps, sample_rate, calibrate, schedule_options
@@ -171,31 +188,14 @@ def run_audit(
             mu_gdp, eps_gdp = gdp_epsilon_lower_bound(bounds, delta)
     elif exact_gaussian:
         mu_gdp, eps_gdp = 0.0, 0.0
-    return AuditResult(
-        algorithm=algorithm,
-        threat=design.threat,
-        canary=design.canary,
-        trials=trials,
-        confidence=confidence,
-        delta=delta,
-        steps=steps,
-        sample_rate=schedule.sample_rate,
-        calibrated_with=calibrate,
-        noise_scale=noise_scale,
-        epsilon_claimed=float(epsilon),
-        epsilon_clt=epsilon_clt,
-        epsilon_certified=epsilon_certified,
-        epsilon_lower=eps_lower,
-        epsilon_lower_gdp=eps_gdp,
-        mu_lower_gdp=mu_gdp,
-        claim_refuted=eps_lower > epsilon,
-        trials_per_second=trials / elapsed if elapsed > 0 else math.inf,
-        seeded=seed is not None,
-        secure_noise=secure_noise,
-        design=asdict(design),
-        scores=scores,
-        members=members,
-    )
+    return _result(
+        schedule, design, algorithm=algorithm, epsilon=epsilon, calibrate=calibrate,
+        epsilon_clt=epsilon_clt, epsilon_certified=epsilon_certified, seed=seed,
+        elapsed=elapsed, runs=trials, canary=design.canary, trials=trials,
+        confidence=confidence, noise_scale=noise_scale, epsilon_lower=eps_lower,
+        epsilon_lower_gdp=eps_gdp, mu_lower_gdp=mu_gdp, secure_noise=secure_noise,
+        scores=scores, members=members,
+    )  # fmt: skip
 
 
 # Guess counts r (as fractions of m) tried by the one-run audit; Bonferroni over them.
@@ -232,11 +232,7 @@ def run_one_run_audit(
         isinstance(canaries, int) and canaries >= 2,
         f"a one-run audit needs >= 2 canaries, got {canaries}",
     )
-    require(
-        math.isfinite(noise_scale) and noise_scale > 0,
-        f"--noise-scale must be positive, got {noise_scale}",
-    )
-    require(0 < confidence < 1, f"confidence must lie in (0, 1), got {confidence}")
+    _check_scale_and_confidence(noise_scale, confidence)
     schedule, ledger, epsilon_clt, epsilon_certified = _calibrated(
         algorithm, epsilon, delta, steps, sample_rate, calibrate, schedule_options
     )
@@ -270,29 +266,11 @@ def run_one_run_audit(
         if bound > best[0] or best[1] == 0:
             best = (bound, 2 * k, correct)
     eps_lower, guesses, correct = best
-    return AuditResult(
-        algorithm=algorithm,
-        threat=design.threat,
-        canary="gradient",
-        trials=1,
-        confidence=confidence,
-        delta=delta,
-        steps=steps,
-        sample_rate=schedule.sample_rate,
-        calibrated_with=calibrate,
-        noise_scale=noise_scale,
-        epsilon_claimed=float(epsilon),
-        epsilon_clt=epsilon_clt,
-        epsilon_certified=epsilon_certified,
-        epsilon_lower=eps_lower,
-        epsilon_lower_gdp=None,
-        mu_lower_gdp=None,
-        claim_refuted=eps_lower > epsilon,
-        trials_per_second=1 / elapsed if elapsed > 0 else math.inf,
-        seeded=seed is not None,
-        secure_noise=secure_noise,
-        design=asdict(design),
+    return _result(
+        schedule, design, algorithm=algorithm, epsilon=epsilon, calibrate=calibrate,
+        epsilon_clt=epsilon_clt, epsilon_certified=epsilon_certified, seed=seed,
+        elapsed=elapsed, runs=1, canary="gradient", trials=1, confidence=confidence,
+        noise_scale=noise_scale, epsilon_lower=eps_lower, epsilon_lower_gdp=None,
+        mu_lower_gdp=None, secure_noise=secure_noise, scores=scores, members=included,
         one_run={"canaries": canaries, "guesses": guesses, "correct": correct},
-        scores=scores,
-        members=included,
-    )
+    )  # fmt: skip
