@@ -61,3 +61,11 @@ def test_run_rows_of_a_real_sweep(tmp_path):
     assert c.seeds == ("0", "1") and c.epsilon == 2.0
     text = write_csv(rows, tmp_path / "runs.csv").read_text()
     assert text.splitlines()[0].startswith("algorithm,seed,epsilon_target")
+
+
+def test_pairing_two_settings_of_one_algorithm():
+    rows = [row("dyn", s, 0.6 + 0.01 * s, setting="rho=2") for s in range(3)]
+    rows += [row("dyn", s, 0.5 + 0.01 * s + 0.001 * s * s, setting="rho=1") for s in range(3)]
+    (c,) = paired(rows, "rho=2", "rho=1", by="setting")
+    assert c.setting == "dyn" and c.verdict == "held"
+    assert c.differences == pytest.approx((0.1, 0.099, 0.096))

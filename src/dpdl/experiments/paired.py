@@ -6,6 +6,7 @@ mean and a two-sided 95 % Student-t interval.  A claim *held* when the interval 
 zero, *did not hold* when it lies below, and is *inconclusive* otherwise (or with one seed).
 
     python -m dpdl.experiments.paired SWEEP_DIR --csv OUT.csv [--pair A B] [--metric M]
+        [--by algorithm|setting]
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
+from dpdl.errors import require
 from dpdl.experiments.report import CellRun, collect_runs, read_metrics
 
 RUN_COLUMNS = (
@@ -135,17 +137,26 @@ def t_interval(values: list[float], confidence: float = 0.95) -> tuple[float, fl
 
 
 def paired(
-    rows: list[dict], a: str, b: str, *, metric: str = "test_accuracy", confidence: float = 0.95
+    rows: list[dict],
+    a: str,
+    b: str,
+    *,
+    metric: str = "test_accuracy",
+    by: str = "algorithm",
+    confidence: float = 0.95,
 ) -> list[PairedComparison]:
-    """Algorithm ``a`` against ``b``, paired by seed, for every (setting, epsilon) with both."""
+    """``a`` against ``b`` (two values of the column ``by``: algorithms, or settings of one
+    algorithm), paired by seed, for every (other column, epsilon) holding both."""
+    require(by in ("algorithm", "setting"), f"pair by 'algorithm' or 'setting', not {by!r}")
+    other = "setting" if by == "algorithm" else "algorithm"
     table: dict[tuple, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
     for row in rows:
-        if row["status"] != "ok" or row["algorithm"] not in (a, b):
+        if row["status"] != "ok" or row[by] not in (a, b):
             continue
         eps = row["epsilon_target"]
-        table[(row["setting"], eps)][row["seed"]][row["algorithm"]] = float(row[metric])
+        table[(row[other], eps)][row["seed"]][row[by]] = float(row[metric])
     out = []
-    for (setting, eps), seeds in sorted(table.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+    for (group, eps), seeds in sorted(table.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         both = sorted(s for s, v in seeds.items() if a in v and b in v and
                       all(math.isfinite(x) for x in v.values()))  # fmt: skip
         if not both:
@@ -154,7 +165,7 @@ def paired(
         rel = [seeds[s][a] / seeds[s][b] - 1 if seeds[s][b] > 0 else math.nan for s in both]
         mean, low, high = t_interval(diffs, confidence)
         out.append(
-            PairedComparison(a, b, eps, setting, tuple(both), tuple(diffs), tuple(rel),
+            PairedComparison(a, b, eps, group, tuple(both), tuple(diffs), tuple(rel),
                              mean, low, high, float(np.nanmean(rel)))  # fmt: skip
         )
     return out
@@ -166,12 +177,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--csv", type=Path, help="write one row per run here")
     parser.add_argument("--pair", nargs=2, action="append", default=[], metavar=("A", "B"))
     parser.add_argument("--metric", default="test_accuracy")
+    parser.add_argument("--by", default="algorithm", choices=("algorithm", "setting"),
+                        help="what A and B name: two algorithms, or two settings")
     args = parser.parse_args(argv)
     rows = run_rows(args.sweep_dir)
     if args.csv:
         print(f"wrote {write_csv(rows, args.csv)} ({len(rows)} runs)")
     for a, b in args.pair:
-        for c in paired(rows, a, b, metric=args.metric):
+        for c in paired(rows, a, b, metric=args.metric, by=args.by):
             print(
                 f"{a} - {b} [{c.setting or 'base'}] eps={c.epsilon:g}: {100 * c.mean:+.2f} points "
                 f"[{100 * c.low:+.2f}, {100 * c.high:+.2f}] (95 % t, {len(c.seeds)} seeds), "
