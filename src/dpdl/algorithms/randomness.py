@@ -27,7 +27,6 @@ import hashlib
 import math
 import os
 import secrets
-from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -153,6 +152,3 @@ def standard_normals_(generator, row: torch.Tensor) -> torch.Tensor:
 def secure_generators(count: int) -> list[SecureGenerator]:
     return [SecureGenerator() for _ in range(count)]
 
-
-def generator_states(generators: Sequence) -> list[torch.Tensor]:
-    return [g.get_state() for g in generators]
