@@ -44,15 +44,17 @@ def _covered(cells):
     }
 
 
-@pytest.mark.parametrize("preset", ["table2", "table1"])
-def test_tables_cover_five_algorithms_both_calibrations_four_epsilons_five_seeds(preset):
+@pytest.mark.parametrize(
+    "preset, epsilons", [("table2", (0.3, 1.0)), ("table1", (0.3, 0.5, 1.0, 2.0))]
+)
+def test_tables_cover_five_algorithms_both_calibrations_five_seeds(preset, epsilons):
     cells = _cells(preset)
     runs = _covered(cells)
     expected = {
         (a, s, None if a == "sgp" else e)
         for a in TABLE2_ALGORITHMS
         for s in range(5)
-        for e in (0.3, 0.5, 1.0, 2.0)
+        for e in epsilons
     }
     assert runs == expected
     # no run is trained twice by two cells
@@ -96,5 +98,48 @@ def test_figure_grids():
     pairs = {(c.privacy.rho_c, c.privacy.rho_mu) for c in figure4}
     assert len(pairs) >= 9 and all(rc > 1 and rm > 1 for rc, rm in pairs)
     assert all("dyn-d2p@clt" in c.experiment.algorithms for c in figure4)
-    assert {c.topology.name for c in _cells("figure5a")} == {"ring", "exp", "complete"}
-    assert {c.topology.nodes for c in _cells("figure5b")} == {10, 20, 40}
+    assert {c.topology.name for c in _cells("figure5a")} == {"ring", "complete"}
+    assert {c.topology.nodes for c in _cells("figure5b")} == {10, 40}
+    per_node = {(c.topology.nodes, c.data.max_train_records) for c in _cells("figure5b-per-node")}
+    assert per_node == {(10, 15000), (20, 30000)}
+
+
+def _run_settings(cfg, **changes):
+    """Everything that decides a run's numbers, less the experiment's name and algorithm list."""
+    settings = cfg.model_copy(update=changes).model_dump()
+    settings["experiment"].pop("name")
+    settings["experiment"].pop("algorithms")
+    return settings
+
+
+def test_the_figure5_points_shared_with_table2_are_the_same_runs():
+    # Figure 5a's exponential graph and figure 5b's n = 20 are read from the table2 sweep, and
+    # figure5b-per-node's n = 40 (all 60 000 records) from figure5b: only valid while the
+    # settings agree.
+    table2 = {
+        s: c
+        for c in _cells("table2")
+        for s in c.experiment.seeds
+        if c.experiment.algorithms == ["const-d2p@pld"]
+    }
+    for preset in ("figure5a", "figure5b"):
+        for cfg in _cells(preset):
+            assert cfg.experiment.algorithms == ["const-d2p@pld", "dyn-d2p@pld"]
+            assert cfg.privacy.epsilons == [0.3]
+            (seed,) = cfg.experiment.seeds
+            assert seed in table2
+            as_table2 = cfg.model_copy(
+                update={"topology": table2[seed].topology, "privacy": table2[seed].privacy}
+            )
+            assert _run_settings(as_table2) == _run_settings(table2[seed])
+            assert cfg.privacy.model_dump() == {
+                **table2[seed].privacy.model_dump(),
+                "epsilon": cfg.privacy.epsilon,
+            }
+    figure5b = {c.experiment.seeds[0]: c for c in _cells("figure5b") if c.topology.nodes == 40}
+    for cfg in _cells("figure5b-per-node"):
+        (seed,) = cfg.experiment.seeds
+        whole = cfg.model_copy(
+            update={"topology": figure5b[seed].topology, "data": figure5b[seed].data}
+        )
+        assert _run_settings(whole) == _run_settings(figure5b[seed])
