@@ -4,14 +4,15 @@ import math
 
 import pytest
 
-from dpdl.experiments.paired import paired, t_interval
+from dpdl.errors import DPDLError
+from dpdl.experiments.paired import gap_change, paired, summarize, t_interval
 
 T_975_2 = 4.302652729911275  # Student t quantile, 2 degrees of freedom (tables)
 
 
-def row(algorithm, seed, acc, eps=0.3, setting="", status="ok"):
+def row(algorithm, seed, acc, eps=0.3, setting="", status="ok", spent=math.nan):
     return {"algorithm": algorithm, "seed": str(seed), "epsilon_target": eps, "setting": setting,
-            "status": status, "test_accuracy": acc}  # fmt: skip
+            "status": status, "test_accuracy": acc, "epsilon_certified": spent}  # fmt: skip
 
 
 def test_t_interval_by_hand():
@@ -57,6 +58,11 @@ def test_run_rows_of_a_real_sweep(tmp_path):
         ("const-d2p@clt", "0"), ("const-d2p@clt", "1"), ("dyn-d2p@clt", "0"), ("dyn-d2p@clt", "1")
     ]
     assert all(0 <= r["val_accuracy"] <= 1 and r["steps"] == 6 for r in rows)
+    assert all(r["train_seconds"] > 0 and r["setting"] == "" for r in rows)
+    named = run_rows(tmp_path / "s", setting_keys=("topology.name", "privacy.epsilon"))
+    assert {r["setting"] for r in named} == {"name=exp epsilon=2.0"}
+    with pytest.raises(DPDLError, match="'topology.colour' is not in"):
+        run_rows(tmp_path / "s", setting_keys=("topology.colour",))
     (c,) = paired(rows, "dyn-d2p@clt", "const-d2p@clt")
     assert c.seeds == ("0", "1") and c.epsilon == 2.0
     text = write_csv(rows, tmp_path / "runs.csv").read_text()
@@ -69,3 +75,29 @@ def test_pairing_two_settings_of_one_algorithm():
     (c,) = paired(rows, "rho=2", "rho=1", by="setting")
     assert c.setting == "dyn" and c.verdict == "held"
     assert c.differences == pytest.approx((0.1, 0.099, 0.096))
+
+
+def test_summary_by_hand():
+    rows = [row("dyn", s, v, spent=e) for s, v, e in [(0, 0.5, 0.29), (1, 0.7, 0.3), (2, 0.6, 0.3)]]
+    rows += [row("dyn", 3, 0.99, status="diverged"), row("sgp", 0, 0.8, eps=math.nan)]
+    by_name = {g.algorithm: g for g in summarize(rows)}
+    dyn = by_name["dyn"]
+    half = T_975_2 * 0.1 / math.sqrt(3)
+    assert dyn.seeds == ("0", "1", "2") and dyn.epsilon_certified == 0.3
+    assert (dyn.mean, dyn.low, dyn.high) == pytest.approx((0.6, 0.6 - half, 0.6 + half))
+    assert math.isnan(by_name["sgp"].epsilon) and math.isnan(by_name["sgp"].low)
+
+
+def test_gap_change_is_the_per_seed_difference_of_gaps():
+    # gap dyn - const: 0.10, 0.12, 0.08 at eps 0.3; 0.02, 0.03, 0.04 at eps 1.
+    rows = []
+    for s, (g_small, g_large) in enumerate([(0.10, 0.02), (0.12, 0.03), (0.08, 0.04)]):
+        rows += [row("const", s, 0.5, eps=0.3), row("dyn", s, 0.5 + g_small, eps=0.3)]
+        rows += [row("const", s, 0.6, eps=1.0), row("dyn", s, 0.6 + g_large, eps=1.0)]
+    (c,) = gap_change(rows, "dyn", "const")
+    assert c.epsilon == 0.3 and c.seeds == ("0", "1", "2")
+    assert c.differences == pytest.approx((0.08, 0.09, 0.04))
+    assert c.mean == pytest.approx(0.07) and c.verdict == "held"
+    (flip,) = gap_change(rows, "const", "dyn")
+    assert flip.verdict == "did not hold"
+    assert gap_change([r for r in rows if r["epsilon_target"] == 0.3], "dyn", "const") == []

@@ -5,18 +5,21 @@ test of "A beats B" pairs them by seed: the per-seed difference of final accurac
 mean and a two-sided 95 % Student-t interval.  A claim *held* when the interval lies above
 zero, *did not hold* when it lies below, and is *inconclusive* otherwise (or with one seed).
 
-    python -m dpdl.experiments.paired SWEEP_DIR --csv OUT.csv [--pair A B] [--metric M]
-        [--by algorithm|setting]
+    python -m dpdl.experiments.paired SWEEP_DIR [SWEEP_DIR ...] --csv OUT.csv [--pair A B]
+        [--gap-change A B] [--metric M] [--by algorithm|setting] [--setting-keys KEY ...]
+        [--summary] [--markdown]
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from scipy import stats
@@ -27,11 +30,32 @@ from dpdl.experiments.report import CellRun, collect_runs, read_metrics
 RUN_COLUMNS = (
     "algorithm", "seed", "epsilon_target", "calibration", "setting", "status", "steps",
     "test_accuracy", "val_accuracy", "train_loss", "epsilon_clt", "epsilon_certified",
+    "train_seconds",
 )  # fmt: skip
 
 
-def _setting_text(run: CellRun) -> str:
-    return " ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in run.setting)
+def _short(key: str) -> str:
+    return key.rsplit(".", 1)[-1]
+
+
+def _setting_text(run: CellRun, setting_keys: tuple[str, ...] | None) -> str:
+    """The grid point of ``run`` (its overrides), or, with ``setting_keys``, those keys' values
+    read from the run's own config.json: the way to compare runs of different sweeps, whose
+    grids name different keys."""
+    if not setting_keys:
+        return " ".join(f"{_short(k)}={v}" for k, v in run.setting)
+    config = json.loads(Path(run.extra["metrics_path"]).with_name("config.json").read_text())
+    parts = []
+    for key in setting_keys:
+        value: Any = config
+        for part in key.split("."):
+            require(
+                isinstance(value, dict) and part in value,
+                f"setting key {key!r} is not in {run.extra['metrics_path']}'s config.json",
+            )
+            value = value[part]
+        parts.append(f"{_short(key)}={value}")
+    return " ".join(parts)
 
 
 def _final_metric(run: CellRun, metric: str, cache: dict) -> float:
@@ -39,9 +63,7 @@ def _final_metric(run: CellRun, metric: str, cache: dict) -> float:
         return run.final_accuracy
     if metric == "train_loss":
         return float(run.loss[-1])
-    path = run.extra.get("metrics_path")
-    if path is None:
-        return math.nan
+    path = run.extra["metrics_path"]
     if path not in cache:
         cache[path] = read_metrics(Path(path))
     key = next(
@@ -53,10 +75,9 @@ def _final_metric(run: CellRun, metric: str, cache: dict) -> float:
     return float(values[-1]) if values else math.nan
 
 
-def run_rows(sweep_dir: Path) -> list[dict]:
+def run_rows(sweep_dir: Path, setting_keys: tuple[str, ...] | None = None) -> list[dict]:
     """One row per run (algorithm x seed x target epsilon x setting) with its final numbers."""
     runs = collect_runs(Path(sweep_dir))
-    _attach_metrics_paths(Path(sweep_dir), runs)
     cache: dict = {}
     rows = []
     for run in runs:
@@ -66,7 +87,7 @@ def run_rows(sweep_dir: Path) -> list[dict]:
                 "seed": run.seed,
                 "epsilon_target": run.epsilon_target,
                 "calibration": run.calibration or (run.calibrated_with or ""),
-                "setting": _setting_text(run),
+                "setting": _setting_text(run, setting_keys),
                 "status": run.status,
                 "steps": int(run.iterations[-1]),
                 "test_accuracy": run.final_accuracy,
@@ -74,19 +95,10 @@ def run_rows(sweep_dir: Path) -> list[dict]:
                 "train_loss": float(run.loss[-1]),
                 "epsilon_clt": run.epsilon_clt,
                 "epsilon_certified": run.epsilon_certified,
+                "train_seconds": run.extra["train_seconds"],
             }
         )
     return rows
-
-
-def _attach_metrics_paths(sweep_dir: Path, runs: list[CellRun]) -> None:
-    by_cell = {}
-    for run in runs:
-        if run.cell not in by_cell:
-            found = sorted((sweep_dir / "cells" / run.cell).rglob("metrics.csv"))
-            by_cell[run.cell] = found[0] if found else None
-        if by_cell[run.cell] is not None:
-            run.extra["metrics_path"] = str(by_cell[run.cell])
 
 
 def write_csv(rows: list[dict], path: Path) -> Path:
@@ -171,24 +183,159 @@ def paired(
     return out
 
 
+@dataclass(frozen=True)
+class GroupSummary:
+    """The runs of one (algorithm, setting, ε) over seeds."""
+
+    algorithm: str
+    setting: str
+    epsilon: float
+    seeds: tuple[str, ...]
+    values: tuple[float, ...]
+    mean: float
+    low: float
+    high: float
+    epsilon_certified: float  # the largest certified ε any of the runs spent
+
+
+def summarize(
+    rows: list[dict], *, metric: str = "test_accuracy", confidence: float = 0.95
+) -> list[GroupSummary]:
+    """Mean and t-interval of ``metric`` per (algorithm, setting, target ε), finished runs only."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for row in rows:
+        if row["status"] == "ok" and math.isfinite(float(row[metric])):
+            eps = float(row["epsilon_target"])
+            groups[(row["algorithm"], row["setting"], None if math.isnan(eps) else eps)].append(row)
+    out = []
+    for (algorithm, setting, eps), members in groups.items():
+        members.sort(key=lambda r: r["seed"])
+        values = [float(r[metric]) for r in members]
+        mean, low, high = t_interval(values, confidence)
+        spent = [float(r["epsilon_certified"]) for r in members]
+        out.append(
+            GroupSummary(algorithm, setting, math.nan if eps is None else eps,
+                         tuple(r["seed"] for r in members), tuple(values), mean, low, high,
+                         max(spent) if all(math.isfinite(x) for x in spent) else math.nan)
+        )  # fmt: skip
+    return out
+
+
+def gap_change(
+    rows: list[dict],
+    a: str,
+    b: str,
+    *,
+    metric: str = "test_accuracy",
+    by: str = "algorithm",
+    confidence: float = 0.95,
+) -> list[PairedComparison]:
+    """How the gap ``a - b`` changes as ε falls: per seed, the gap at the smallest target ε
+    minus the gap at the largest, with its t-interval, per group holding both ε.  Above zero:
+    the gap grows as ε falls.  ``epsilon`` of the result is the smallest ε."""
+    by_group: dict[str, dict[float, dict[str, float]]] = defaultdict(dict)
+    for c in paired(rows, a, b, metric=metric, by=by, confidence=confidence):
+        by_group[c.setting][c.epsilon] = dict(zip(c.seeds, c.differences, strict=True))
+    out = []
+    for group, gaps in sorted(by_group.items()):
+        if len(gaps) < 2:
+            continue
+        small, large = min(gaps), max(gaps)
+        seeds = sorted(set(gaps[small]) & set(gaps[large]))
+        if not seeds:
+            continue
+        diffs = [gaps[small][s] - gaps[large][s] for s in seeds]
+        mean, low, high = t_interval(diffs, confidence)
+        out.append(
+            PairedComparison(f"{a} - {b} at eps={small:g}", f"at eps={large:g}", small, group,
+                             tuple(seeds), tuple(diffs), (), mean, low, high, math.nan)
+        )  # fmt: skip
+    return out
+
+
+def _points(x: float) -> str:
+    return f"{100 * x:+.1f}"
+
+
+def markdown_summary(groups: list[GroupSummary]) -> str:
+    lines = [
+        "| algorithm | setting | ε | seeds | mean (%) | 95 % t-interval | per seed (%) | certified ε |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for g in sorted(groups, key=lambda g: (g.setting, g.epsilon if g.epsilon == g.epsilon else -1,
+                                           g.algorithm)):  # fmt: skip
+        eps = "–" if math.isnan(g.epsilon) else f"{g.epsilon:g}"
+        spent = "–" if math.isnan(g.epsilon_certified) else f"{g.epsilon_certified:.3f}"
+        per_seed = ", ".join(f"{100 * v:.1f}" for v in g.values)
+        interval = f"[{100 * g.low:.1f}, {100 * g.high:.1f}]" if math.isfinite(g.low) else "–"
+        lines.append(
+            f"| {g.algorithm} | {g.setting or '–'} | {eps} | {len(g.seeds)} | "
+            f"{100 * g.mean:.1f} | {interval} | {per_seed} | {spent} |"
+        )
+    return "\n".join(lines)
+
+
+def markdown_comparisons(comparisons: list[PairedComparison]) -> str:
+    lines = [
+        "| comparison | group | ε | seeds | Δ (points) | 95 % t-interval | relative | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c in comparisons:
+        relative = "–" if math.isnan(c.relative_mean) else f"{100 * c.relative_mean:+.1f} %"
+        interval = f"[{_points(c.low)}, {_points(c.high)}]" if math.isfinite(c.low) else "–"
+        lines.append(
+            f"| {c.a} vs {c.b} | {c.setting or '–'} | {c.epsilon:g} | {len(c.seeds)} | "
+            f"{_points(c.mean)} | {interval} | {relative} | {c.verdict} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("sweep_dir", type=Path)
+    parser.add_argument("sweep_dirs", type=Path, nargs="+", metavar="SWEEP_DIR",
+                        help="one or more sweep folders, read as one table")  # fmt: skip
     parser.add_argument("--csv", type=Path, help="write one row per run here")
     parser.add_argument("--pair", nargs=2, action="append", default=[], metavar=("A", "B"))
+    parser.add_argument("--gap-change", nargs=2, action="append", default=[], metavar=("A", "B"),
+                        help="does the gap A - B grow as epsilon falls (paired by seed)")  # fmt: skip
     parser.add_argument("--metric", default="test_accuracy")
     parser.add_argument("--by", default="algorithm", choices=("algorithm", "setting"),
                         help="what A and B name: two algorithms, or two settings")
+    parser.add_argument("--setting-keys", nargs="+", metavar="KEY",
+                        help="name each run's setting by these dotted config keys (read from "
+                             "its config.json) instead of its sweep's grid")  # fmt: skip
+    parser.add_argument("--summary", action="store_true",
+                        help="mean and t-interval per algorithm, setting and epsilon")
+    parser.add_argument("--markdown", action="store_true", help="print markdown tables")
     args = parser.parse_args(argv)
-    rows = run_rows(args.sweep_dir)
+    keys = tuple(args.setting_keys) if args.setting_keys else None
+    rows = [row for d in args.sweep_dirs for row in run_rows(d, keys)]
     if args.csv:
         print(f"wrote {write_csv(rows, args.csv)} ({len(rows)} runs)")
-    for a, b in args.pair:
-        for c in paired(rows, a, b, metric=args.metric, by=args.by):
+    if args.summary:
+        groups = summarize(rows, metric=args.metric)
+        if args.markdown:
+            print(markdown_summary(groups))
+        else:
+            for g in groups:
+                print(f"{g.algorithm} [{g.setting or 'base'}] eps={g.epsilon:g}: "
+                      f"{100 * g.mean:.2f} [{100 * g.low:.2f}, {100 * g.high:.2f}] "
+                      f"({len(g.seeds)} seeds)")  # fmt: skip
+    comparisons = [c for a, b in args.pair
+                   for c in paired(rows, a, b, metric=args.metric, by=args.by)]  # fmt: skip
+    comparisons += [c for a, b in args.gap_change
+                    for c in gap_change(rows, a, b, metric=args.metric, by=args.by)]  # fmt: skip
+    if args.markdown and comparisons:
+        print(markdown_comparisons(comparisons))
+    elif comparisons:
+        for c in comparisons:
             print(
-                f"{a} - {b} [{c.setting or 'base'}] eps={c.epsilon:g}: {100 * c.mean:+.2f} points "
-                f"[{100 * c.low:+.2f}, {100 * c.high:+.2f}] (95 % t, {len(c.seeds)} seeds), "
-                f"relative {100 * c.relative_mean:+.1f} %: {c.verdict}"
+                f"{c.a} - {c.b} [{c.setting or 'base'}] eps={c.epsilon:g}: "
+                f"{_points(c.mean)} points [{_points(c.low)}, {_points(c.high)}] "
+                f"(95 % t, {len(c.seeds)} seeds)"
+                + ("" if math.isnan(c.relative_mean) else
+                   f", relative {100 * c.relative_mean:+.1f} %")  # fmt: skip
+                + f": {c.verdict}"
             )
     return 0
 

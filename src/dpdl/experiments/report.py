@@ -171,6 +171,10 @@ def collect_runs(sweep_dir: Path) -> list[CellRun]:
                         calibrated_with=calibration or algorithm.partition("@")[2] or None,
                         status=str(record_of_run.get("status", "ok")),
                         noise_entropy=record_of_run.get("noise_entropy"),
+                        extra={
+                            "metrics_path": str(metrics_path),
+                            "train_seconds": _float(record_of_run.get("train_seconds")),
+                        },
                     )
                 )
     if not runs:
