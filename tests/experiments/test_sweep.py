@@ -187,3 +187,39 @@ def test_an_invalid_override_is_refused_before_any_cell_runs(tmp_path):
     with pytest.raises(DPDLError, match="privacy.delta"):
         run_sweep(config, tmp_path / "s", progress=False)
     assert not any((tmp_path / "s" / "cells").iterdir())
+
+
+def test_only_reruns_the_matching_cell_into_the_same_cell_folder(tmp_path, plugin, capsys):
+    whole = tmp_path / "whole"
+    run_sweep(_config(), whole, progress=False)
+    one = tmp_path / "one"
+    from dpdl.experiments.sweep import select_cells
+
+    _, sweep = split_sweep(_config())
+    only = [("experiment.seed", 2), ("privacy.epsilon", 0.5)]
+    (chosen,) = select_cells(expand_grid(sweep), only)
+    assert chosen.as_dict() == {"privacy.epsilon": 0.5, "experiment.seed": 2}
+    summary = run_sweep(_config(), one, progress=False, only=only)
+    assert summary["cells"] == 1 and summary["done"] == 1
+    (cell,) = (one / "cells").iterdir()
+    assert cell.name == chosen.cell_id
+    same = whole / "cells" / cell.name / "metrics.csv"
+    assert (cell / "metrics.csv").read_text() == same.read_text()
+    with pytest.raises(DPDLError, match=r"seed=7 matches no cell; grid has 0, 1, 2"):
+        select_cells(expand_grid(sweep), [("experiment.seed", 7)])
+    with pytest.raises(DPDLError, match="--only topology.name: not a grid key"):
+        select_cells(expand_grid(sweep), [("topology.name", "ring")])
+
+
+def test_only_on_the_command_line(tmp_path, plugin, capsys):
+    cfg = tmp_path / "s.toml"
+    cfg.write_text('kind = "sweep_test_plugins.fake_training"\n[privacy]\nepsilon = 1.0\n'
+                   '[experiment]\nseed = 0\n[sweep]\nworkers = 1\n'
+                   '[sweep.grid]\n"experiment.seed" = [0, 1, 2]\n')  # fmt: skip
+    out = tmp_path / "out"
+    assert main(["sweep", str(cfg), "--output", str(out), "--no-progress",
+                 "--only", "experiment.seed=1"]) == 0  # fmt: skip
+    assert json.loads(capsys.readouterr().out)["done"] == 1
+    assert plugin.read_text().splitlines() == ["1.0,1"]
+    assert main(["sweep", str(cfg), "--output", str(out), "--only", "experiment.seed=9"]) == 2
+    assert "matches no cell" in capsys.readouterr().err

@@ -43,6 +43,14 @@ def add_arguments(parser) -> None:
         metavar="KEY=VALUE",
         help="override a base config value (dotted key, TOML value), e.g. training.steps=200",
     )
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="run only the grid cells with this value (dotted grid key, TOML value), e.g. "
+        "experiment.seed=3: re-runs one cell exactly as the sweep ran it",
+    )
     from dpdl.commands.run import add_noise_arguments
 
     add_noise_arguments(parser)
@@ -93,6 +101,7 @@ def run(args) -> int:
         executor=args.executor,
         ray_address=args.ray_address,
         ray_max_retries=args.ray_max_retries,
+        only=[parse_override(item) for item in args.only],
     )
     print(json.dumps({"sweep_dir": str(out), **summary}, indent=2))
     if args.report:

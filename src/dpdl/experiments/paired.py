@@ -259,7 +259,8 @@ def _points(x: float) -> str:
 
 def markdown_summary(groups: list[GroupSummary]) -> str:
     lines = [
-        "| algorithm | setting | ε | seeds | mean (%) | 95 % t-interval | per seed (%) | certified ε |",
+        "| algorithm | setting | ε | seeds | mean (%) | 95 % t-interval | per seed (%) "
+        "| certified ε |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for g in sorted(groups, key=lambda g: (g.setting, g.epsilon if g.epsilon == g.epsilon else -1,
@@ -296,8 +297,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="one or more sweep folders, read as one table")  # fmt: skip
     parser.add_argument("--csv", type=Path, help="write one row per run here")
     parser.add_argument("--pair", nargs=2, action="append", default=[], metavar=("A", "B"))
-    parser.add_argument("--gap-change", nargs=2, action="append", default=[], metavar=("A", "B"),
-                        help="does the gap A - B grow as epsilon falls (paired by seed)")  # fmt: skip
+    parser.add_argument(
+        "--gap-change", nargs=2, action="append", default=[], metavar=("A", "B"),
+        help="does the gap A - B grow as epsilon falls (paired by seed)",
+    )  # fmt: skip
     parser.add_argument("--metric", default="test_accuracy")
     parser.add_argument("--by", default="algorithm", choices=("algorithm", "setting"),
                         help="what A and B name: two algorithms, or two settings")

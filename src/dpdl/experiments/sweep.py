@@ -124,6 +124,24 @@ def expand_grid(sweep: dict) -> list[Cell]:
     return cells
 
 
+def select_cells(cells: list[Cell], only: list[tuple[str, Any]]) -> list[Cell]:
+    """The cells whose grid values match every (dotted key, value) of ``only``: the way to
+    re-run one cell of a sweep exactly as the sweep ran it."""
+    keys = {key for cell in cells for key, _ in cell.overrides}
+    for key, value in only:
+        if key not in keys:
+            known = ", ".join(sorted(keys))
+            raise DPDLError(f"--only {key}: not a grid key of this sweep ({known})")
+        chosen = [cell for cell in cells if cell.as_dict().get(key) == value]
+        if not chosen:
+            values = sorted({_fmt(cell.as_dict()[key]) for cell in cells if key in cell.as_dict()})
+            raise DPDLError(
+                f"--only {key}={value!r} matches no cell; grid has {', '.join(values)}"
+            )
+        cells = chosen
+    return cells
+
+
 def cell_config(base: dict, cell: Cell) -> dict:
     config = copy.deepcopy(base)
     for key, value in cell.overrides:
@@ -318,15 +336,18 @@ def run_sweep(
     executor: str = "local",
     ray_address: str | None = None,
     ray_max_retries: int | None = None,
+    only: list[tuple[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Run every unfinished cell of the sweep; return a summary {done, skipped, failed}.
+
+    ``only`` (pairs of a dotted grid key and a value) restricts the sweep to the matching cells.
 
     ``executor`` says where the cells run: ``local`` (a process pool of ``workers``) or
     ``ray`` (Ray tasks on the cluster at ``ray_address``; a fresh local Ray instance with
     ``workers`` CPUs when None). Either way this process is the only writer of ``sweep_dir``.
     """
     base, sweep = split_sweep(config)
-    cells = expand_grid(sweep)
+    cells = select_cells(expand_grid(sweep), only or [])
     workers = workers or sweep.get("workers", 1)
     runner = make_executor(
         executor, workers=workers, ray_address=ray_address, ray_max_retries=ray_max_retries
