@@ -101,3 +101,36 @@ def test_gap_change_is_the_per_seed_difference_of_gaps():
     (flip,) = gap_change(rows, "const", "dyn")
     assert flip.verdict == "did not hold"
     assert gap_change([r for r in rows if r["epsilon_target"] == 0.3], "dyn", "const") == []
+
+
+def test_the_command_filters_and_refuses_an_empty_selection(tmp_path, capsys):
+    import subprocess
+    import sys
+
+    from dpdl.experiments.paired import main
+    from dpdl.experiments.sweep import run_sweep
+
+    config = {
+        "experiment": {"name": "p", "algorithms": ["const-d2p@clt", "dyn-d2p@clt"],
+                       "entropy": "seed"},
+        "data": {"dataset": "digits", "max_train_records": 200},
+        "model": {"name": "logreg"},
+        "topology": {"name": "exp", "nodes": 4},
+        "training": {"steps": 4, "batch_size": 8, "lr": 0.5, "eval_every": 2},
+        "privacy": {"epsilon": [1.0, 2.0], "eval_blocks": 2, "calibration_blocks": 4},
+        "sweep": {"workers": 1, "grid": {"experiment.seed": [0, 1]}},
+    }  # fmt: skip
+    run_sweep(config, tmp_path / "s", progress=False)
+    out = tmp_path / "runs.csv"
+    args = [str(tmp_path / "s"), "--csv", str(out), "--algorithm", "dyn-d2p@clt",
+            "--epsilon", "2", "--summary", "--markdown"]  # fmt: skip
+    assert main(args) == 0
+    lines = out.read_text().splitlines()
+    assert len(lines) == 1 + 2 and all(line.startswith("dyn-d2p@clt,") for line in lines[1:])
+    table = capsys.readouterr().out
+    assert "| dyn-d2p@clt | – | 2 | 2 |" in table and "const-d2p" not in table
+    command = [sys.executable, "-m", "dpdl.experiments.paired", str(tmp_path / "s"),
+               "--epsilon", "7"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr.strip() == "error: no run left after --algorithm / --epsilon"

@@ -7,7 +7,7 @@ zero, *did not hold* when it lies below, and is *inconclusive* otherwise (or wit
 
     python -m dpdl.experiments.paired SWEEP_DIR [SWEEP_DIR ...] --csv OUT.csv [--pair A B]
         [--gap-change A B] [--metric M] [--by algorithm|setting] [--setting-keys KEY ...]
-        [--summary] [--markdown]
+        [--algorithm LABEL ...] [--epsilon EPS ...] [--summary] [--markdown]
 """
 
 from __future__ import annotations
@@ -307,12 +307,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--setting-keys", nargs="+", metavar="KEY",
                         help="name each run's setting by these dotted config keys (read from "
                              "its config.json) instead of its sweep's grid")  # fmt: skip
+    parser.add_argument("--algorithm", action="append", default=[], metavar="LABEL",
+                        help="keep only these algorithms' runs (repeat the flag)")  # fmt: skip
+    parser.add_argument("--epsilon", action="append", default=[], type=float, metavar="EPS",
+                        help="keep only the runs of these target epsilons (repeat it)")  # fmt: skip
     parser.add_argument("--summary", action="store_true",
                         help="mean and t-interval per algorithm, setting and epsilon")
     parser.add_argument("--markdown", action="store_true", help="print markdown tables")
     args = parser.parse_args(argv)
     keys = tuple(args.setting_keys) if args.setting_keys else None
     rows = [row for d in args.sweep_dirs for row in run_rows(d, keys)]
+    if args.algorithm:
+        rows = [row for row in rows if row["algorithm"] in args.algorithm]
+    if args.epsilon:
+        rows = [row for row in rows
+                if any(math.isclose(row["epsilon_target"], e) for e in args.epsilon)]  # fmt: skip
+    require(bool(rows), "no run left after --algorithm / --epsilon")
     if args.csv:
         print(f"wrote {write_csv(rows, args.csv)} ({len(rows)} runs)")
     if args.summary:
@@ -344,4 +354,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    import sys
+
+    from dpdl.errors import DPDLError
+
+    try:
+        raise SystemExit(main())
+    except DPDLError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
