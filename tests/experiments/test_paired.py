@@ -29,6 +29,9 @@ def test_paired_verdicts():
     (c,) = paired(rows, "dyn", "const")
     assert c.seeds == ("0", "1", "2", "3") and c.verdict == "held"
     assert c.mean == pytest.approx(0.099) and c.relative_mean > 0.18
+    rel = [(0.60 + 0.01 * s) / (0.50 + 0.01 * s + 0.002 * (s % 2)) - 1 for s in range(4)]
+    assert c.relative == pytest.approx(tuple(rel))
+    assert c.relative_interval == pytest.approx(t_interval(rel)[1:])
     (flip,) = paired(rows, "const", "dyn")
     assert flip.verdict == "did not hold"
     noisy = [row("a", s, v) for s, v in enumerate([0.5, 0.7, 0.4])]

@@ -128,6 +128,12 @@ class PairedComparison:
     relative_mean: float
 
     @property
+    def relative_interval(self) -> tuple[float, float]:
+        """The t-interval of the per-seed relative gains ``a / b - 1``."""
+        rel = [r for r in self.relative if math.isfinite(r)]
+        return t_interval(rel)[1:] if len(rel) == len(self.relative) else (math.nan, math.nan)
+
+    @property
     def verdict(self) -> str:
         if len(self.seeds) < 2 or not (math.isfinite(self.low) and math.isfinite(self.high)):
             return "inconclusive"
@@ -278,11 +284,15 @@ def markdown_summary(groups: list[GroupSummary]) -> str:
 
 def markdown_comparisons(comparisons: list[PairedComparison]) -> str:
     lines = [
-        "| comparison | group | ε | seeds | Δ (points) | 95 % t-interval | relative | verdict |",
+        "| comparison | group | ε | seeds | Δ (points) | 95 % t-interval | relative "
+        "(95 % t-interval) | verdict |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for c in comparisons:
         relative = "–" if math.isnan(c.relative_mean) else f"{100 * c.relative_mean:+.1f} %"
+        low, high = c.relative_interval if c.relative else (math.nan, math.nan)
+        if math.isfinite(low):
+            relative += f" [{100 * low:+.1f}, {100 * high:+.1f}]"
         interval = f"[{_points(c.low)}, {_points(c.high)}]" if math.isfinite(c.low) else "–"
         lines.append(
             f"| {c.a} vs {c.b} | {c.setting or '–'} | {c.epsilon:g} | {len(c.seeds)} | "
