@@ -151,6 +151,28 @@ def test_dpdl_run_warns_once_for_seed_entropy(tmp_path, capsys):
     assert "--secure-noise is not supported by the linreg kind" in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("kind", sorted(CONFIGS))
+def test_dpdl_sweep_takes_the_noise_flags_by_the_kinds_rules(kind, tmp_path, capsys):
+    # The sweep routes --entropy/--secure-noise through the kind's own apply_overrides, as
+    # `dpdl run` does: not a blind privacy.secure_noise key that only one kind knows.
+    import json
+
+    from dpdl.experiments.runner import to_toml
+
+    config = {**copy.deepcopy(CONFIGS[kind]), "sweep": {"grid": {"experiment.name": ["a"]}}}
+    path = tmp_path / "sweep.toml"
+    path.write_text(to_toml(config))
+    out = tmp_path / "s"
+    assert main(["sweep", str(path), "--output", str(out), "--secure-noise"]) == 2
+    err = capsys.readouterr().err
+    assert "secure-noise" in err and "unknown key" not in err and err.count("\n") == 1
+    assert main(["sweep", str(path), "--output", str(out), "--entropy", "seed",
+                 "--no-progress"]) == 0  # fmt: skip
+    (cell,) = (out / "cells").iterdir()
+    (config_file,) = cell.rglob("config.json")
+    assert json.loads(config_file.read_text())["experiment"]["entropy"] == "seed"
+
+
 # ------------------------------------------------------------------ the library functions
 def _walk_sgd(**kwargs):
     walk = tk.sample_random_walk(3, 50, seed=0)

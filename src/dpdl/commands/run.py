@@ -77,6 +77,26 @@ def warn_if_reproducible(config: dict) -> None:
         )
 
 
+def apply_command_overrides(config: dict, overrides: dict) -> dict:
+    """Command-line flags (``--seed``, ``--entropy``, ``--secure-noise``, ...) on a config, by
+    the rules of its experiment kind: each kind's ``apply_overrides`` knows where a flag goes
+    and refuses, in one line, a flag it cannot honour. A sweep's ``[sweep]`` table is kept."""
+    from dpdl.experiments.registry import experiment_module
+
+    if not overrides:
+        return config
+    kind = config.get("kind")
+    module = experiment_module(kind)
+    if not hasattr(module, "apply_overrides"):
+        flags = ", ".join("--" + k.replace("_", "-") for k in overrides)
+        raise DPDLError(f"{flags} not supported for experiment kind {kind!r}")
+    base = {k: v for k, v in config.items() if k != "sweep"}
+    out = module.apply_overrides(base, **overrides)
+    if "sweep" in config:
+        out["sweep"] = config["sweep"]
+    return out
+
+
 def _load(args) -> dict:
     from dpdl.experiments.registry import load_config_file
 
@@ -233,12 +253,7 @@ def run(args) -> int:
         name = args.preset or args.config
         raise DPDLError(f"{name} is a sweep (it has a [sweep] table): run it with `dpdl sweep`")
     module = experiment_module(config.get("kind"))
-    overrides = _overrides(args)
-    if overrides:
-        if not hasattr(module, "apply_overrides"):
-            flags = ", ".join(f"--{k}" for k in overrides)
-            raise DPDLError(f"{flags} not supported for experiment kind {config.get('kind')!r}")
-        config = module.apply_overrides(config, **overrides)
+    config = apply_command_overrides(config, _overrides(args))
     warn_if_reproducible(config)
     results = module.run_experiment(config, Path(args.output), progress=not args.no_progress)
     if "summary" in results:

@@ -84,11 +84,10 @@ def run(args) -> int:
     config = load_config_file(args.config, preset=args.preset)
     for item in args.set:
         set_dotted(config, *parse_override(item))
-    if args.entropy is not None:
-        set_dotted(config, "experiment.entropy", args.entropy)
-    if args.secure_noise:
-        set_dotted(config, "privacy.secure_noise", True)
-    from dpdl.commands.run import warn_if_reproducible
+    from dpdl.commands.run import apply_command_overrides, warn_if_reproducible
+
+    noise = {"entropy": args.entropy, "secure_noise": args.secure_noise}
+    config = apply_command_overrides(config, {k: v for k, v in noise.items() if v is not None})
 
     warn_if_reproducible(config)
     name = args.preset or Path(args.config).stem
