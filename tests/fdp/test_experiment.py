@@ -83,6 +83,31 @@ def test_config_errors_name_the_key(tmp_path):
     assert over["experiment"]["seeds"] == [5] and over["privacy"]["steps"] == 160
 
 
+def test_the_table_hop_form_reaches_the_calibration():
+    # The table form's mu_t = sqrt(K) D / (sigma sqrt(t)) exceeds the lemma's, so it needs
+    # more noise for the same epsilon; the run's sigma is the accountant's, called directly.
+    from dpdl.accounting.fdp import calibrate_sigma_pnfdp
+    from dpdl.topology import make_topology
+
+    cfg = experiment.parse_config(tiny_config(hop_form="table", accountants=["pn-fdp"]))
+    walk = make_topology("hypercube", 8).mixing_matrix(0).T
+    sigmas = {
+        form: experiment.calibrate_noise(
+            "pn-fdp", walk, epsilon=4.0, sensitivity=0.25,
+            cfg=cfg.privacy.model_copy(update={"hop_form": form}),
+        )
+        for form in ("lemma", "table")
+    }  # fmt: skip
+    assert sigmas["table"] > sigmas["lemma"]
+    direct = calibrate_sigma_pnfdp(walk, steps=80, target_epsilon=4.0, delta=1e-5,
+                                   sensitivity=0.25, relative_slack=2e-3, hop_form="table")
+    assert sigmas["table"] == pytest.approx(direct, rel=1e-12)
+    with pytest.raises(DPDLError, match="contraction = 0.5 needs hop_form = 'lemma'"):
+        experiment.parse_config(tiny_config(hop_form="table", contraction=0.5))
+    with pytest.raises(DPDLError, match="privacy.hop_form"):
+        experiment.parse_config(tiny_config(hop_form="paper"))
+
+
 @pytest.mark.parametrize("name", ["fdp-rw-logreg", "fdp-rw-digits"])
 def test_presets_validate_and_are_registered(name):
     config = tomllib.loads((PRESETS / f"{name}.toml").read_text())

@@ -34,10 +34,10 @@ import csv
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from dpdl.errors import DPDLError, require
 from dpdl.experiments.config import ConfigSection as _Section
@@ -82,6 +82,16 @@ class PrivacySection(_Section):
     contraction: float = Field(1.0, gt=0, le=1)
     accountants: list[str] = Field(default_factory=lambda: list(ACCOUNTANTS))
     relative_slack: float = Field(1e-3, gt=0, lt=0.1)
+    # The per-hop mu_t of the PN-f-DP bound (SPEC §7): "lemma" is Lemma 4.3 of seed 003,
+    # "table" the form of the script behind the paper's Table 3 (no contraction).
+    hop_form: Literal["lemma", "table"] = "lemma"
+
+    @model_validator(mode="after")
+    def _table_form_has_no_contraction(self):
+        if self.hop_form == "table" and self.contraction != 1.0:
+            raise ValueError(f"contraction = {self.contraction} needs hop_form = 'lemma' "
+                             "(the table form has no contraction)")
+        return self
 
     @field_validator("accountants")
     @classmethod
@@ -227,7 +237,7 @@ def calibrate_noise(accountant: str, walk: np.ndarray, *, epsilon: float, cfg: P
         return fdp.calibrate_sigma_pnfdp(
             walk, steps=cfg.steps, target_epsilon=epsilon, delta=cfg.delta,
             sensitivity=sensitivity, local_steps=cfg.local_steps, contraction=cfg.contraction,
-            relative_slack=cfg.relative_slack)
+            relative_slack=cfg.relative_slack, hop_form=cfg.hop_form)
     if accountant == "rdp-baseline":
         return fdp.calibrate_sigma_rdp_baseline(
             walk, steps=cfg.steps, target_epsilon=epsilon, delta=cfg.delta,
@@ -320,7 +330,8 @@ def run_experiment(config: dict, output_dir: Path, *, progress: bool = True) -> 
     report = fdp.pnfdp_epsilon_matrix(
         walk, steps=privacy.steps, sigma=shown_sigma, delta=privacy.delta,
         sensitivity=sensitivity, local_steps=privacy.local_steps,
-        contraction=privacy.contraction, relative_slack=privacy.relative_slack)
+        contraction=privacy.contraction, relative_slack=privacy.relative_slack,
+        hop_form=privacy.hop_form)
     with (run_dir / "metrics.csv").open("w", newline="") as fh:
         fields = ["algorithm", "accountant", "epsilon", "sigma", "seed", "step", "loss",
                   "accuracy"]
