@@ -89,6 +89,33 @@ def test_run_writes_the_run_folder(tmp_path):
     assert cells[("non-private", None)]["test_accuracy"] > 0.85
 
 
+def test_secret_walks_leave_no_walk_dependent_number_in_the_run_folder(tmp_path, monkeypatch):
+    # The network sigma is calibrated on the sampled walk: with OS entropy it must not land in
+    # any file (nor the contribution counts read off the walk); local sigma depends on the cap
+    # only, so it is still recorded.
+    calibrated = []
+    real = ex.calibrate
+
+    def recording(approach, **kw):
+        calibrated.append((approach, real(approach, **kw)))
+        return calibrated[-1][1]
+
+    monkeypatch.setattr(ex, "calibrate", recording)
+    config = small_config()
+    config["experiment"]["entropy"] = "os"
+    out = ex.run_experiment(config, tmp_path, progress=False)
+    cells = {c["approach"]: c for c in out["cells"]}
+    assert cells["network"]["sigma"] is None and cells["network"]["noise_multiplier"] is None
+    assert cells["local"]["sigma"] == dict(calibrated)["local"]["sigma"]
+    assert all(c["max_contributions"] is None for c in out["cells"])
+    network = dict(calibrated)["network"]
+    needles = {repr(network["sigma"]), repr(network["noise_multiplier"])}
+    for path in (tmp_path / out["run_dir"].split("/")[-1]).rglob("*"):
+        if path.suffix in (".json", ".csv"):
+            text = path.read_text()
+            assert not any(n in text for n in needles), path.name
+
+
 @pytest.mark.parametrize(
     "patch, fragment",
     [

@@ -307,6 +307,14 @@ def run_experiment(
                 seed=secret, evaluate=evaluate, eval_every=alg.eval_every,
                 unsafe_zero_noise=approach == NON_PRIVATE)  # the non-private baseline
             del walk, mask, secret  # secret: nothing below may write them
+            # The network sigma is calibrated on the sampled walk and the contribution count is
+            # read off it: with secret walks, recording either would tell a reader about the
+            # walk, so they are withheld (a reproducible-noise run may show them).
+            walk_secret = entropy == "os"
+            shown = dict(noise)
+            if walk_secret and approach == "network":
+                shown |= {"sigma": None, "noise_multiplier": None}
+            contributions = None if walk_secret else int(run.contributions.max())
             label = NON_PRIVATE if eps is None else f"{eps:g}"
             for point in run.history:
                 rows.append({"approach": approach, "epsilon": label, "seed": seed, **point})
@@ -314,9 +322,10 @@ def run_experiment(
             results.append({"algorithm": approach if eps is None else f"{approach} DP-SGD",
                             "status": "ok", "approach": approach, "epsilon": eps,
                             "seed": seed, "noise_entropy": entropy, "lr": lr,
-                            **noise, "max_contributions": int(run.contributions.max()),
+                            **shown, "max_contributions": contributions,
                             **{k: v for k, v in final.items() if k != "step"}})
-            say(f"  seed {seed} {approach:>11} eps={label:>6}: sigma = {noise['sigma']:.4g}, "
+            sigma_text = "withheld" if shown["sigma"] is None else f"{shown['sigma']:.4g}"
+            say(f"  seed {seed} {approach:>11} eps={label:>6}: sigma = {sigma_text}, "
                 f"test acc {final['test_accuracy']:.3f}, test loss {final['test_loss']:.4f}")
     with (run_dir / "metrics.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
@@ -346,7 +355,8 @@ def _summary(results: list[dict]) -> list[dict]:
     return [
         {"algorithm": f"{a} DP-SGD" if e is not None else a, "approach": a,
          "epsilon_target": e, "epsilon_certified": e,
-         "sigma": float(np.mean([r["sigma"] for r in rs])),
+         "sigma": (None if any(r["sigma"] is None for r in rs)
+                   else float(np.mean([r["sigma"] for r in rs]))),
          "test_accuracy": float(np.mean([r["test_accuracy"] for r in rs])),
          "test_accuracy_std": float(np.std([r["test_accuracy"] for r in rs])),
          "test_loss": float(np.mean([r["test_loss"] for r in rs])),
