@@ -132,6 +132,9 @@ def test_the_command_filters_and_refuses_an_empty_selection(tmp_path, capsys):
     assert len(lines) == 1 + 2 and all(line.startswith("dyn-d2p@clt,") for line in lines[1:])
     table = capsys.readouterr().out
     assert "| dyn-d2p@clt | – | 2 | 2 |" in table and "const-d2p" not in table
+    png = tmp_path / "bars.png"
+    assert main([str(tmp_path / "s"), "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     command = [sys.executable, "-m", "dpdl.experiments.paired", str(tmp_path / "s"),
                "--epsilon", "7"]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True)

@@ -7,7 +7,7 @@ zero, *did not hold* when it lies below, and is *inconclusive* otherwise (or wit
 
     python -m dpdl.experiments.paired SWEEP_DIR [SWEEP_DIR ...] --csv OUT.csv [--pair A B]
         [--gap-change A B] [--metric M] [--by algorithm|setting] [--setting-keys KEY ...]
-        [--algorithm LABEL ...] [--epsilon EPS ...] [--summary] [--markdown]
+        [--algorithm LABEL ...] [--epsilon EPS ...] [--summary] [--markdown] [--plot PNG]
 """
 
 from __future__ import annotations
@@ -301,6 +301,49 @@ def markdown_comparisons(comparisons: list[PairedComparison]) -> str:
     return "\n".join(lines)
 
 
+def plot_summary(groups: list[GroupSummary], path: Path, *, metric: str = "test_accuracy") -> Path:
+    """Grouped bars: one group per (setting, ε), one bar per algorithm, the mean over seeds
+    with its 95 % t-interval as the error bar and each seed as a dot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    require(bool(groups), "nothing to plot")
+
+    def eps_text(g: GroupSummary) -> str:
+        return "non-private" if math.isnan(g.epsilon) else f"ε = {g.epsilon:g}"
+
+    keys = sorted({(g.setting, eps_text(g)) for g in groups})
+    algorithms = sorted({g.algorithm for g in groups})
+    by_key = {(g.setting, eps_text(g), g.algorithm): g for g in groups}
+    width = 0.8 / len(algorithms)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(keys) * max(1, len(algorithms) / 3)), 4))
+    for k, key in enumerate(keys):
+        present = [a for a in algorithms if (*key, a) in by_key]  # bars centred on their group
+        for slot, algorithm in enumerate(present):
+            g, a = by_key[(*key, algorithm)], algorithms.index(algorithm)
+            x = k + (slot - (len(present) - 1) / 2) * width
+            err = None
+            if math.isfinite(g.low):
+                err = [[100 * (g.mean - g.low)], [100 * (g.high - g.mean)]]
+            ax.bar(x, 100 * g.mean, width, yerr=err, capsize=3, color=f"C{a}", label=algorithm)
+            ax.plot([x] * len(g.values), [100 * v for v in g.values], "k.", markersize=3)
+    ax.set_xticks(range(len(keys)))
+    ax.set_xticklabels([f"{s}\n{e}" if s else e for s, e in keys], fontsize=8)
+    ax.set_ylabel(f"{metric.replace('_', ' ')} (%)")
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles, strict=True))  # one legend entry per algorithm
+    ax.legend(unique.values(), unique.keys(), fontsize=7, ncol=2)
+    ax.set_title("mean over seeds, 95 % t-interval; dots: seeds", fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sweep_dirs", type=Path, nargs="+", metavar="SWEEP_DIR",
@@ -324,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--summary", action="store_true",
                         help="mean and t-interval per algorithm, setting and epsilon")
     parser.add_argument("--markdown", action="store_true", help="print markdown tables")
+    parser.add_argument("--plot", type=Path, metavar="PNG",
+                        help="bar chart of the summary (mean, interval, seeds) to this file")
     args = parser.parse_args(argv)
     keys = tuple(args.setting_keys) if args.setting_keys else None
     rows = [row for d in args.sweep_dirs for row in run_rows(d, keys)]
@@ -335,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     require(bool(rows), "no run left after --algorithm / --epsilon")
     if args.csv:
         print(f"wrote {write_csv(rows, args.csv)} ({len(rows)} runs)")
+    if args.plot:
+        print(f"wrote {plot_summary(summarize(rows, metric=args.metric), args.plot)}")
     if args.summary:
         groups = summarize(rows, metric=args.metric)
         if args.markdown:
