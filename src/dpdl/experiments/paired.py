@@ -396,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     comparisons += [c for a, b in args.gap_change
                     for c in gap_change(rows, a, b, metric=args.metric, by=args.by)]  # fmt: skip
     if args.markdown and comparisons:
+        if args.summary:
+            print()  # two Markdown tables need a blank line between them
         print(markdown_comparisons(comparisons))
     elif comparisons:
         for c in comparisons:
