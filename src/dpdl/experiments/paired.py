@@ -330,7 +330,8 @@ def plot_summary(groups: list[GroupSummary], path: Path, *, metric: str = "test_
             ax.bar(x, 100 * g.mean, width, yerr=err, capsize=3, color=f"C{a}", label=algorithm)
             ax.plot([x] * len(g.values), [100 * v for v in g.values], "k.", markersize=3)
     ax.set_xticks(range(len(keys)))
-    ax.set_xticklabels([f"{s}\n{e}" if s else e for s, e in keys], fontsize=8)
+    labels = [f"{s}\n{e}".replace(" ", "\n", s.count(" ")) if s else e for s, e in keys]
+    ax.set_xticklabels(labels, fontsize=7)  # one setting key per line: long names do not overlap
     ax.set_ylabel(f"{metric.replace('_', ' ')} (%)")
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles, strict=True))  # one legend entry per algorithm
