@@ -38,13 +38,17 @@ def _short(key: str) -> str:
     return key.rsplit(".", 1)[-1]
 
 
-def _setting_text(run: CellRun, setting_keys: tuple[str, ...] | None) -> str:
+def _setting_text(run: CellRun, setting_keys: tuple[str, ...] | None, configs: dict) -> str:
     """The grid point of ``run`` (its overrides), or, with ``setting_keys``, those keys' values
     read from the run's own config.json: the way to compare runs of different sweeps, whose
-    grids name different keys."""
+    grids name different keys. ``configs`` caches each run folder's config (several runs
+    share one folder)."""
     if not setting_keys:
         return " ".join(f"{_short(k)}={v}" for k, v in run.setting)
-    config = json.loads(Path(run.extra["metrics_path"]).with_name("config.json").read_text())
+    path = Path(run.extra["metrics_path"]).with_name("config.json")
+    if path not in configs:
+        configs[path] = json.loads(path.read_text())
+    config = configs[path]
     parts = []
     for key in setting_keys:
         value: Any = config
@@ -79,6 +83,7 @@ def run_rows(sweep_dir: Path, setting_keys: tuple[str, ...] | None = None) -> li
     """One row per run (algorithm x seed x target epsilon x setting) with its final numbers."""
     runs = collect_runs(Path(sweep_dir))
     cache: dict = {}
+    configs: dict = {}
     rows = []
     for run in runs:
         rows.append(
@@ -87,7 +92,7 @@ def run_rows(sweep_dir: Path, setting_keys: tuple[str, ...] | None = None) -> li
                 "seed": run.seed,
                 "epsilon_target": run.epsilon_target,
                 "calibration": run.calibration or (run.calibrated_with or ""),
-                "setting": _setting_text(run, setting_keys),
+                "setting": _setting_text(run, setting_keys, configs),
                 "status": run.status,
                 "steps": int(run.iterations[-1]),
                 "test_accuracy": run.final_accuracy,
@@ -290,7 +295,7 @@ def markdown_comparisons(comparisons: list[PairedComparison]) -> str:
     ]
     for c in comparisons:
         relative = "–" if math.isnan(c.relative_mean) else f"{100 * c.relative_mean:+.1f} %"
-        low, high = c.relative_interval if c.relative else (math.nan, math.nan)
+        low, high = c.relative_interval
         if math.isfinite(low):
             relative += f" [{100 * low:+.1f}, {100 * high:+.1f}]"
         interval = f"[{_points(c.low)}, {_points(c.high)}]" if math.isfinite(c.low) else "–"
@@ -381,10 +386,10 @@ def main(argv: list[str] | None = None) -> int:
     require(bool(rows), "no run left after --algorithm / --epsilon")
     if args.csv:
         print(f"wrote {write_csv(rows, args.csv)} ({len(rows)} runs)")
+    groups = summarize(rows, metric=args.metric) if args.plot or args.summary else []
     if args.plot:
-        print(f"wrote {plot_summary(summarize(rows, metric=args.metric), args.plot)}")
+        print(f"wrote {plot_summary(groups, args.plot, metric=args.metric)}")
     if args.summary:
-        groups = summarize(rows, metric=args.metric)
         if args.markdown:
             print(markdown_summary(groups))
         else:
