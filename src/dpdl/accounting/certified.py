@@ -218,22 +218,8 @@ def _check_common(
         f"sample_rate must lie in (0, 1], got {sample_rate!r}",
     )
     require(mode in MODES, f"unknown mode {mode!r}; use one of {MODES}")
-    require(
-        blocks is None or (isinstance(blocks, int | np.integer) and blocks >= 1),
-        f"blocks must be a positive integer, got {blocks!r}",
-    )
-    require(
-        blocks is None or mode == "blocked" or accountant == "clt",
-        f"blocks={blocks!r} only applies to mode='blocked' (mode is {mode!r})",
-    )
-    require(
-        bins is None or (isinstance(bins, int | np.integer) and bins >= 1),
-        f"bins must be a positive integer, got {bins!r}",
-    )
-    require(
-        bins is None or mode == "binned" or accountant == "clt",
-        f"bins={bins!r} only applies to mode='binned' (mode is {mode!r})",
-    )
+    _check_mode_option("blocks", blocks, "blocked", mode, accountant)
+    _check_mode_option("bins", bins, "binned", mode, accountant)
     require(
         mode != "binned" or accountant != "rdp",
         "mode='binned' is a PLD bound; use mode='blocked' or 'exact' for rdp",
@@ -329,6 +315,18 @@ def _rdp_accountant(
         event = dp_event.PoissonSampledDpEvent(float(sample_rate), gaussian)
         accountant.compose(event, int(count))
     return accountant
+
+
+def _check_mode_option(name: str, value, owner: str, mode: str, accountant: str) -> None:
+    """``blocks`` / ``bins``: None, or a positive integer given with the mode that uses it."""
+    require(
+        value is None or (isinstance(value, int | np.integer) and value >= 1),
+        f"{name} must be a positive integer, got {value!r}",
+    )
+    require(
+        value is None or mode == owner or accountant == "clt",
+        f"{name}={value!r} only applies to mode={owner!r} (mode is {mode!r})",
+    )
 
 
 def compute_epsilon(
