@@ -40,14 +40,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from dpdl.accounting.calibration import accountant_options
+from dpdl.accounting.calibration import accountant_options, epsilon_report
 from dpdl.accounting.ledger import PrivacyLedger
 from dpdl.accounting.schedules import (
     PrivacySchedule,
     make_schedule,
 )
 from dpdl.algorithms.dyn_d2p import LOSSES, NodeBatch, NonFiniteUpdate, per_record_grads
-from dpdl.algorithms.randomness import DEFAULT_ENTROPY, ENTROPY_MODES, cell_noise_root
+from dpdl.algorithms.randomness import DEFAULT_ENTROPY, ENTROPY_MODES, stream_root
 from dpdl.engine import checkpoint as checkpoints
 from dpdl.engine.simulator import NodeData, Simulator, accuracy, resolve_device, stack_params
 from dpdl.errors import DPDLError, require
@@ -66,7 +66,6 @@ METRIC_COLUMNS = (
     "algorithm",
     "seed",
     "epsilon_target",
-    "train_loss",
     "test_loss",
     "test_accuracy",
     "node_accuracy_mean",
@@ -76,15 +75,24 @@ METRIC_COLUMNS = (
     "epsilon_clt",
     "epsilon_certified",
 )
+# The training loss on the nodes' own records is a noise-free function of private data: it is
+# computed only with unsafe_train_metrics=True, under this name wherever it goes.
+UNACCOUNTED_TRAIN_LOSS = "unaccounted_train_loss"
 # The defaults of a config's [privacy] and [training] tables: one source for both entry points.
 _PRIVACY = {name: f.default for name, f in PrivacySection.model_fields.items()}
 _TRAINING = {name: f.default for name, f in TrainingSection.model_fields.items()}
+
+# Privacy settings that only change how the epsilon spent is reported, and the training
+# settings that shape training (the others say how it is evaluated or saved).
+_REPORTING_PRIVACY = ("certified_accountant", "eval_blocks", "final_mode", "final_blocks")
+_TRAINING_SHAPING = ("steps", "epochs", "batch_size", "lr")
 
 # Row entries that describe the evaluation rather than measure the model.
 _ROW_LABELS = ("iteration", "algorithm", "seed", "epsilon_target", "epsilon_certified_method")
 
 __all__ = [
     "METRIC_COLUMNS",
+    "UNACCOUNTED_TRAIN_LOSS",
     "CSVLogger",
     "CellCheckpointer",
     "DecentralizedTrainer",
@@ -100,20 +108,16 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------- randomness
-def noise_root(
-    entropy: str, seed: int, algorithm: str, epsilon: float | None, *, secure: bool = False
-) -> np.random.SeedSequence | None:
+def noise_root(entropy: str, seed: int, settings: dict[str, Any]) -> bytes | None:
     """The root of one run's secret per-node streams (Poisson sampling and noise).
 
     The one place where it is decided, for ``dpdl run`` and the Python API alike
-    (:mod:`dpdl.algorithms.randomness`): ``entropy="os"`` (the default) draws it from the
-    operating system; ``"seed"`` derives it from ``seed`` (reproducible noise, a research
-    choice).  Every (``algorithm`` label, ``epsilon``) run has its own streams.  With
-    ``secure`` the engine keys CSPRNGs from the OS itself (None).
+    (:mod:`dpdl.algorithms.randomness`): ``entropy="os"`` (the default) gives None, every
+    node's stream keyed from the operating system; ``"seed"`` derives it from ``seed`` and the
+    run's ``settings`` (:meth:`DecentralizedTrainer.stream_settings`: everything that shapes
+    training), so runs that differ in any of them never share noise.
     """
-    if secure:
-        return None
-    return cell_noise_root(entropy, seed, f"{algorithm}|{epsilon!r}")
+    return stream_root(entropy, seed, settings)
 
 
 # --------------------------------------------------------------------------- schedule, ledger
@@ -161,16 +165,20 @@ def approve_schedule(privacy: PrivacySection, schedule: PrivacySchedule) -> Priv
     return ledger
 
 
-def _epsilons(privacy: PrivacySection, schedule: PrivacySchedule, steps_done: int, final: bool):
-    if not schedule.private:
+def _spent(privacy: PrivacySection, ledger: PrivacyLedger | None, final: bool):
+    """(CLT epsilon, certified epsilon, certified method) of the steps the ledger recorded:
+    every epsilon a run reports is the ledger's, of what was actually sent.  At evaluation
+    points the certified bound is the cheap blocked one, for the final report ``final_mode``."""
+    if ledger is None:
         return math.inf, math.inf, "none"
-    if steps_done == 0:
+    if ledger.steps_taken == 0:
         return 0.0, 0.0, "no-steps"
-    clt = schedule.epsilon("clt", steps=steps_done).epsilon
+    multipliers, p, delta = ledger.recorded_multipliers, ledger.sample_rate, ledger.delta
+    clt = epsilon_report("clt", multipliers, p, delta).epsilon
     accountant = privacy.certified_accountant
     if accountant == "pld":
         if final and privacy.final_mode == "auto":
-            options = accountant_options("pld", schedule.noise_multipliers[:steps_done])
+            options = accountant_options("pld", multipliers)
         elif final and privacy.final_mode == "exact":
             options = {"mode": "exact"}
         else:
@@ -180,7 +188,7 @@ def _epsilons(privacy: PrivacySection, schedule: PrivacySchedule, steps_done: in
             }
     else:
         options = {}
-    report = schedule.epsilon(accountant, steps=steps_done, **options)
+    report = epsilon_report(accountant, multipliers, p, delta, **options)
     return float(clt), float(report.epsilon), report.method
 
 
@@ -341,6 +349,16 @@ def _module_with(template: nn.Module, params: dict[str, torch.Tensor]) -> nn.Mod
     return module
 
 
+def _parameters_digest(model: nn.Module) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, p in model.state_dict().items():
+        digest.update(name.encode())
+        digest.update(p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
 def _json_number(v):
     if isinstance(v, float) and not math.isfinite(v):
         return None
@@ -367,11 +385,14 @@ class DecentralizedTrainer:
     * ``batch_size`` (expected b), ``lr`` (γ), ``steps`` or ``epochs``, ``loss``: a name of
       ``LOSSES`` or a callable ``(outputs, targets) -> (batch,)`` per-record losses.
     * ``eval_data`` ``(inputs, targets)``, ``validation_data`` (held-out records to choose
-      parameters on: ``val_loss``, ``val_accuracy``), ``metric``
-      ``(outputs, targets) -> float | dict``, ``eval_every``, ``train_eval_data`` (default: a
-      sample of the nodes' records),
-      ``eval_train_samples``/``eval_test_samples``/``eval_node_samples``, ``callbacks``:
-      callables receiving an :class:`Evaluation`.
+      parameters on: ``val_loss``, ``val_accuracy``): evaluation data the user declares
+      public (metrics on them are released as they are); ``metric``
+      ``(outputs, targets) -> float | dict``, ``eval_every``,
+      ``eval_test_samples``/``eval_node_samples``, ``callbacks``: callables receiving an
+      :class:`Evaluation`.  Nothing computed from the nodes' training records leaves the
+      trainer without noise; ``unsafe_train_metrics=True`` adds the noise-free training loss
+      on ``train_eval_data`` (default: ``eval_train_samples`` of the nodes' records) as
+      ``unaccounted_train_loss`` wherever it goes (for debugging, never for real data).
     * ``device``, ``runtime`` ("simulator" | "distributed": started by torchrun),
       ``entropy`` ("os", the default: secret noise; "seed": reproducible from ``seed``),
       ``secure_noise`` (CSPRNG streams and the hardened Gaussian sampler; entropy "os").
@@ -413,6 +434,7 @@ class DecentralizedTrainer:
         metric: Callable | None = None,
         eval_every: int = _TRAINING["eval_every"],
         eval_train_samples: int = _TRAINING["eval_train_samples"],
+        unsafe_train_metrics: bool = _TRAINING["unsafe_train_metrics"],
         eval_test_samples: int | None = _TRAINING["eval_test_samples"],
         eval_node_samples: int = _TRAINING["eval_node_samples"],
         callbacks: Sequence[Callable[[Evaluation], Any]] = (),
@@ -458,6 +480,7 @@ class DecentralizedTrainer:
             dict(
                 steps=steps, epochs=epochs, batch_size=batch_size, lr=lr, eval_every=eval_every,
                 eval_train_samples=eval_train_samples, eval_test_samples=eval_test_samples,
+                unsafe_train_metrics=unsafe_train_metrics,
                 eval_node_samples=eval_node_samples, checkpoint_every=checkpoint_every,
             ),
             "training settings",
@@ -600,13 +623,21 @@ class DecentralizedTrainer:
             x = x.to(device=self.device, dtype=torch.float32)
             return x, y.to(device=self.device, dtype=target_dtype)
 
-        if train_eval_data is None:  # a sample of the nodes' own records
-            mask = self.node_data.mask
-            train_eval_data = (self.node_data.inputs[mask], self.node_data.targets[mask])
-        x_train, y_train = tensors(
-            train_eval_data, "train_eval_data", self.training.eval_train_samples
-        )
-        sets = {"x_train": x_train, "y_train": y_train, "x_test": None, "y_test": None}
+        sets = {"x_train": None, "y_train": None, "x_test": None, "y_test": None}
+        if self.training.unsafe_train_metrics:
+            if train_eval_data is None:  # a sample of the nodes' own records
+                mask = self.node_data.mask
+                train_eval_data = (self.node_data.inputs[mask], self.node_data.targets[mask])
+            sets["x_train"], sets["y_train"] = tensors(
+                train_eval_data, "train_eval_data", self.training.eval_train_samples
+            )
+        else:
+            require(
+                train_eval_data is None,
+                "train_eval_data is evaluated without noise: pass unsafe_train_metrics=True "
+                "to release unaccounted training metrics, or give public records as "
+                "eval_data / validation_data",
+            )
         if eval_data is not None:
             sets["x_test"], sets["y_test"] = tensors(
                 eval_data, "eval_data", self.training.eval_test_samples
@@ -650,7 +681,9 @@ class DecentralizedTrainer:
     def _evaluate(self, sim: Simulator) -> dict[str, float]:
         sets, nan = self._eval, math.nan
         classification = self.loss == "cross_entropy"
-        row = {"train_loss": sim.average_loss(sets["x_train"], sets["y_train"])}
+        row = {}
+        if sets["x_train"] is not None:  # unsafe_train_metrics: labelled as unaccounted
+            row[UNACCOUNTED_TRAIN_LOSS] = sim.average_loss(sets["x_train"], sets["y_train"])
         row |= dict.fromkeys(
             ("test_loss", "test_accuracy", "node_accuracy_mean", "node_accuracy_worst",
              "val_loss", "val_accuracy"), nan,
@@ -695,7 +728,7 @@ class DecentralizedTrainer:
             main_process = distributed.is_main_process()
         secure = self.privacy.secure_noise
         # The sampling and noise streams are secret and the run's own (dpdl.algorithms.randomness).
-        root = noise_root(self.entropy, self.seed, self.spec.label, self.epsilon, secure=secure)
+        root = noise_root(self.entropy, self.seed, self.stream_settings())
         sim = self._factory()(
             self.model, self.node_data, self.topology, lr=self.training.lr,
             expected_batch_size=self.training.batch_size, seed=root, device=self.device,
@@ -758,6 +791,21 @@ class DecentralizedTrainer:
             "runtime": self.runtime,
         }
 
+    def stream_settings(self) -> dict[str, Any]:
+        """What a seeded run's streams are derived from: every setting that shapes training
+        (not where it runs, how it is evaluated or how often it saves), the initial model's
+        parameters, and the seed.  The data enter per node (their fingerprints)."""
+        settings = self.describe()
+        settings["privacy"] = {k: v for k, v in settings["privacy"].items()
+                               if k not in _REPORTING_PRIVACY}  # fmt: skip
+        settings["training"] = {k: v for k, v in settings["training"].items()
+                                if k in _TRAINING_SHAPING}  # fmt: skip
+        settings["model"]["initial"] = _parameters_digest(self.model)
+        settings["seed"] = self.seed
+        for where in ("runtime", "entropy"):
+            settings.pop(where)
+        return settings
+
     def fit(self) -> TrainingResult:
         """Train; returns a :class:`TrainingResult` (see there).  With ``output_dir``, the run
         folder is written as it goes (metrics.csv row by row, results.json at the end)."""
@@ -800,8 +848,8 @@ class DecentralizedTrainer:
             for callback in callbacks:
                 callback(evaluation)
 
-        def record(iteration: int, final: bool = False) -> dict[str, Any]:
-            eps_clt, eps_cert, method = _epsilons(privacy, schedule, iteration, final)
+        def record(iteration: int, spent: tuple | None = None) -> dict[str, Any]:
+            eps_clt, eps_cert, method = spent or _spent(privacy, ledger, final=False)
             row = {
                 "iteration": iteration, "algorithm": spec.label, "seed": self.seed,
                 "epsilon_target": math.nan if eps_target is None else eps_target,
@@ -866,9 +914,7 @@ class DecentralizedTrainer:
                 if done % every == 0 and done < self.steps:
                     row = record(done)
                     bar.set_postfix(
-                        loss=f"{row['train_loss']:.3f}",
-                        acc=f"{row['test_accuracy']:.3f}",
-                        eps=f"{row['epsilon_clt']:.3g}",
+                        acc=f"{row['test_accuracy']:.3f}", eps=f"{row['epsilon_certified']:.3g}"
                     )
                 if save_every and done % save_every == 0 and done < self.steps:
                     checkpoint.save(sim, ledger, rows)
@@ -877,12 +923,17 @@ class DecentralizedTrainer:
         finally:
             bar.close()
         seconds = time.perf_counter() - started
+        # The epsilon of every step the ledger recorded (a step is recorded before it starts,
+        # so a diverged step counts): what a halted run reports too, never a stale row's.
+        spent = _spent(privacy, ledger, final=True)
         if status == "ok":
             if not sim.all_finite():
                 status, message = "diverged", f"non-finite parameters after step {self.steps - 1}"
             else:
-                record(self.steps, final=True)
-        final_row = rows[-1]
+                record(self.steps, spent)
+        eps_clt, eps_cert, method = spent
+        final_row = rows[-1] | {"epsilon_clt": eps_clt, "epsilon_certified": eps_cert}
+        unaccounted = [UNACCOUNTED_TRAIN_LOSS] if self.training.unsafe_train_metrics else []
         cell = {
             "algorithm": spec.label,
             "base_algorithm": spec.name,
@@ -903,7 +954,9 @@ class DecentralizedTrainer:
                 for k, v in final_row.items()
                 if k not in ("algorithm", "seed", "epsilon_target", "epsilon_certified_method")
             },
-            "certified_method": final_row["epsilon_certified_method"],
+            "certified_method": method,
+            "steps_spent": None if ledger is None else ledger.steps_taken,
+            "unaccounted_outputs": unaccounted,
             "ledger_epsilon_spent": None if ledger is None else ledger.epsilon_spent(),
             "ledger_accountant": None if ledger is None else ledger.accountant,
             "schedule": schedule.to_dict(),
@@ -912,8 +965,8 @@ class DecentralizedTrainer:
         return TrainingResult(
             model=_module_with(self.model, sim.average_params()),
             ledger=ledger,
-            epsilon=final_row["epsilon_certified"],
-            epsilon_clt=final_row["epsilon_clt"],
+            epsilon=eps_cert,
+            epsilon_clt=eps_clt,
             delta=privacy.delta if schedule.private else None,
             history=rows,
             schedule=schedule,

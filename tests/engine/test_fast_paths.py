@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import dpdl.algorithms.dyn_d2p as dyn
+from dpdl.algorithms.randomness import fill_normals
 from dpdl.algorithms.dyn_d2p import (
     NodeBatch,
     draw_node_noise,
@@ -40,16 +41,20 @@ def _local_update_args(h, n=5, counts=(6, 8, 7, 6, 9), seed=2):
     return model, params, weights, data
 
 
-def test_draw_node_noise_is_each_generators_own_randn():
-    n, d = 3, 1000
+def test_draw_node_noise_is_each_generators_own_draw():
+    """Row i of one batched draw is what node i's stream draws alone: a node's noise does not
+    depend on which other nodes share the call (or the process)."""
+    n, d = 3, 1001
     drawn = draw_node_noise(make_node_generators(n, 5), d)
     for i, g in enumerate(make_node_generators(n, 5)):
-        torch.testing.assert_close(drawn[i], torch.randn(d, generator=g), rtol=0, atol=0)
+        alone = fill_normals([g], torch.empty(1, d))[0]
+        torch.testing.assert_close(drawn[i], alone, rtol=0, atol=0)
+    assert not torch.equal(drawn[0], drawn[1])
     buffer = torch.full((n, d), float("nan"))
     out = draw_node_noise(make_node_generators(n, 5), d, out=buffer)
     assert out.data_ptr() == buffer.data_ptr()
     torch.testing.assert_close(buffer, drawn, rtol=0, atol=0)
-    with pytest.raises(DPDLError, match=r"noise buffer has shape \(3, 999\)"):
+    with pytest.raises(DPDLError, match=r"noise buffer has shape \(3, 1000\)"):
         draw_node_noise(make_node_generators(n, 5), d, out=torch.empty(n, d - 1))
 
 
@@ -99,8 +104,8 @@ def test_failed_gradient_leaves_no_draw_in_flight(h, monkeypatch):
         )  # fmt: skip
     d = sum(p[0].numel() for p in params.values())
     for g, ref, j_i in zip(gens, make_node_generators(5, 3), data.counts.tolist(), strict=True):
-        torch.rand(j_i, generator=ref)
-        torch.randn(d, generator=ref)
+        ref.words(j_i)
+        fill_normals([ref], torch.empty(1, d))
         assert torch.equal(g.get_state(), ref.get_state())
 
 

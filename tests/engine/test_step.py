@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -18,24 +20,28 @@ from dpdl.algorithms.dyn_d2p import (
     poisson_sample,
     push_sum_mix,
 )
+from dpdl.algorithms.randomness import fill_normals
 from dpdl.engine import NodeData, Simulator, stack_params
 from dpdl.errors import DPDLError
 
 
 def _reference_run(model, x0, data, topology, steps, *, lr, b, p, clip, sigma, private, seed):
-    """Algorithm 1 written out node by node with plain autograd (no vmap, no batching)."""
+    """Algorithm 1 written out node by node with plain autograd (no vmap, no batching); each
+    node reads its own stream: J_i inclusion words < floor(p 2^64), then d normals."""
     x, y, mask = data
     n = x.shape[0]
     names = [name for name, _ in model.named_parameters()]
     xs = [{k: v[i].clone().double() for k, v in x0.items()} for i in range(n)]
     ws = [1.0] * n
-    gens = make_node_generators(n, seed)
+    salts = NodeData.from_arrays(*data).fingerprints()  # seeded streams are keyed with the data
+    gens = make_node_generators(n, seed, salts=salts)
+    threshold = np.uint64(math.floor(p * 2.0**64))
     loss_fn = torch.nn.functional.cross_entropy
     for k in range(steps):
         halves = []
         for i in range(n):
             j_i = int(mask[i].sum())
-            chosen = np.flatnonzero(torch.rand(j_i, generator=gens[i]).numpy() < p)
+            chosen = np.flatnonzero(gens[i].words(j_i) < threshold)
             z = {name: (xs[i][name] / ws[i]).float().requires_grad_(True) for name in names}
             per_record = []
             for j in chosen:
@@ -50,7 +56,7 @@ def _reference_run(model, x0, data, topology, steps, *, lr, b, p, clip, sigma, p
                     factor = min(1.0, clip / float(norm))
                     total = [t + factor * g for t, g in zip(total, gs, strict=True)]
                 d = sum(t.numel() for t in total)
-                noise = torch.randn(d, generator=gens[i]).double()
+                noise = fill_normals([gens[i]], torch.empty(1, d))[0].double()
                 chunks = noise.split([t.numel() for t in total])
                 total = [t + sigma * c.reshape(t.shape) for t, c in zip(total, chunks, strict=True)]
                 total = [t / b for t in total]
@@ -198,12 +204,11 @@ def test_generators_of_a_block_equal_those_of_the_full_network():
     full = make_node_generators(8, 42)
     block = make_node_generators(8, 42, first_node=3, count=4)
     for g_full, g_block in zip(full[3:7], block, strict=True):
-        torch.testing.assert_close(
-            torch.rand(10, generator=g_full), torch.rand(10, generator=g_block)
-        )
+        assert np.array_equal(g_full.words(10), g_block.words(10))
+    assert not np.array_equal(full[0].words(4), full[1].words(4))
     os_a = make_node_generators(2, None)
     os_b = make_node_generators(2, None)
-    assert not torch.equal(torch.rand(5, generator=os_a[0]), torch.rand(5, generator=os_b[0]))
+    assert not np.array_equal(os_a[0].words(5), os_b[0].words(5))
 
 
 @pytest.mark.parametrize("graph", ["exp", "random"])
@@ -244,15 +249,24 @@ def test_roll_and_matrix_mixing_agree(h):
         torch.testing.assert_close(wa, wb)
 
 
-def test_non_finite_update_names_node_and_step(h):
+def test_non_finite_data_is_refused_and_a_non_finite_model_names_node_and_step(h):
     n = 4
     x, y, mask = h.tiny_data(n, [5] * n, seed=0)
-    x[2] = np.inf
+    bad = x.copy()
+    bad[2, 1, 0] = np.inf
+    with pytest.raises(DPDLError, match="node 2's inputs contain NaN or infinite values"):
+        NodeData.from_arrays(bad, y, mask)
+    real = y.astype(np.float32)
+    real[3, 4] = np.nan
+    with pytest.raises(DPDLError, match="node 3's targets contain NaN or infinite values"):
+        NodeData.from_arrays(x, real, mask)
     sim = Simulator(
         h.tiny_model(), NodeData.from_arrays(x, y, mask), h.ExpGraph(n),
         lr=0.1, expected_batch_size=5, seed=0,
     )  # fmt: skip
-    with pytest.raises(NonFiniteUpdate, match="node 2, step 0") as info:
+    for p in sim.params.values():
+        p[2] = math.inf
+    with pytest.raises(NonFiniteUpdate, match="node 2 after step 0") as info:
         sim.step(private=False)
     assert (info.value.node, info.value.step) == (2, 0)
 
@@ -265,7 +279,7 @@ def test_step_function_matches_simulator(h):
     sim = Simulator(model, NodeData.from_arrays(*data), h.ExpGraph(n), lr=0.1, seed=3)
     params = {k: v.clone() for k, v in sim.params.items()}
     nd = sim.data
-    gens = make_node_generators(n, 3)
+    gens = make_node_generators(n, 3, salts=sim.data_fingerprints)
     new, w, sizes = dyn_d2p_step(
         model, params, torch.ones(n, dtype=torch.float64), nd.inputs, nd.targets, nd.mask, gens,
         step=0, lr=0.1, expected_batch_size=1.0, sample_rate=sim.sample_rate, private=True,

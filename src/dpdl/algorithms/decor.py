@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import ArrayLike
 
+from dpdl.algorithms.randomness import secret_rng
 from dpdl.algorithms.tokens import Randomness, check_noise_std
 from dpdl.errors import require
 
@@ -156,7 +157,7 @@ def run_decor(mixing: ArrayLike, x_nodes: np.ndarray, y_nodes: np.ndarray, *,
     sigma = check_noise_std(sigma, unsafe_zero_noise)
     require(math.isfinite(sigma_cor) and sigma_cor >= 0,
             f"sigma_cor must be a finite number >= 0, got {sigma_cor!r}")
-    rng = np.random.default_rng(seed)
+    rng = secret_rng(seed)
     dim_in = x_nodes.shape[2]
     theta = np.zeros((n, dim_in + 1, num_classes))
     flat = theta[0].size

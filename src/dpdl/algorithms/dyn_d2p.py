@@ -21,12 +21,13 @@ summed per node, are :func:`clipped_record_sums`: book-keeping clipping
 the model allows it, else steps 2-3 literally as above.
 SGP (non-private) replaces 3-4 by the mean gradient over the sampled batch (zero when empty).
 
-Randomness is per node: one ``torch.Generator`` per node draws, in this order each step, the
-node's J_i sampling uniforms and then (private algorithms only) its d noise normals, so a node
-draws the same numbers whichever process hosts it.  Drawing from n generators is the one
-per-node loop of the step; all arithmetic is batched over nodes.  On CPU the noise draw (n x d
-normals, nothing to do with the gradients) runs on a worker thread while the gradients are
-computed, which hides it when a core is free; the numbers drawn are the same either way.
+Randomness is per node: one secret stream per node (ChaCha20 under a 256-bit key,
+:mod:`dpdl.algorithms.randomness`) draws, in this order each step, the node's J_i sampling
+words and then (private algorithms only) its d noise normals, so a node draws the same numbers
+whichever process hosts it.  Reading the n streams is the one per-node loop of the step; all
+arithmetic is batched over nodes.  On CPU the noise draw (n x d normals, nothing to do with
+the gradients) runs on a worker thread while the gradients are computed, which hides it when
+a core is free; the numbers drawn are the same either way.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ import torch
 from torch.func import functional_call, grad, vmap
 
 from dpdl.algorithms.per_sample import book_keeping_plan, clipped_sums_by_node
-from dpdl.algorithms.randomness import secure_generators, standard_normals_, uniforms
+from dpdl.algorithms.randomness import SecretStream, derive_key, fill_normals
 from dpdl.errors import DPDLError, require
 
 Params = dict[str, torch.Tensor]
@@ -99,21 +100,21 @@ def _loss_fn(loss):
 # --------------------------------------------------------------------------- randomness
 def make_node_generators(
     n_nodes: int,
-    seed: int | np.random.SeedSequence | None,
+    seed: int | bytes | None = None,
     *,
-    device: str | torch.device = "cpu",
     first_node: int = 0,
     count: int | None = None,
     secure: bool = False,
-) -> list:
-    """One generator per node, spawned from ``SeedSequence(seed)`` (or the SeedSequence given).
+    salts: Sequence[bytes] | None = None,
+) -> list[SecretStream]:
+    """One secret stream per node (:class:`~dpdl.algorithms.randomness.SecretStream`).
 
-    ``seed=None`` draws the root entropy from the operating system (the secret default; see
-    :mod:`dpdl.algorithms.randomness`, whose ``cell_noise_root`` gives each cell its own root).
-    ``first_node``/``count`` return the generators of a contiguous block of nodes only; node i
-    gets the same stream whichever block it belongs to.  ``secure=True`` returns
-    :class:`~dpdl.algorithms.randomness.SecureGenerator` CSPRNGs keyed from ``os.urandom``:
-    they cannot be seeded.
+    ``seed=None`` (the secret default) keys every stream with 256 bits from ``os.urandom``.
+    A root key (bytes, from :func:`dpdl.algorithms.randomness.stream_root`) or an int derives
+    node i's key from the root, i and ``salts[i]`` (its data's fingerprint): reproducible
+    noise, a research mode.  ``first_node``/``count`` return the streams of a contiguous block
+    of nodes only; node i gets the same stream whichever block it belongs to.  ``secure=True``
+    selects the hardened Gaussian sampler, whose keys come from the OS only.
     """
     require(n_nodes >= 1, f"n_nodes must be >= 1, got {n_nodes}")
     count = n_nodes - first_node if count is None else count
@@ -121,28 +122,25 @@ def make_node_generators(
         0 <= first_node and first_node + count <= n_nodes and count >= 0,
         f"node block [{first_node}, {first_node + count}) is outside [0, {n_nodes})",
     )
+    salts = [b""] * count if salts is None else list(salts)
+    require(len(salts) == count, f"need one salt per node of the block: {len(salts)} for {count}")
+    if seed is None:
+        return [SecretStream(hardened=secure) for _ in range(count)]
     if secure:
-        if seed is not None:
-            raise DPDLError(
-                "secure noise draws its keys from the OS and cannot be seeded: use entropy 'os'"
-            )
-        return secure_generators(count)
-    root = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
-    # Node i's child is built from the root's entropy and spawn key directly (what the first
-    # root.spawn() would give): spawn() itself advances the root, and a second call (another
-    # block of the same run) would hand out other streams.
-    entropy, key, pool = root.entropy, root.spawn_key, root.pool_size
-    children = [
-        np.random.SeedSequence(entropy, spawn_key=(*key, i), pool_size=pool)
-        for i in range(first_node, first_node + count)
+        raise DPDLError(
+            "secure noise draws its keys from the OS and cannot be seeded: use entropy 'os'"
+        )
+    if isinstance(seed, bytes):
+        root = seed
+    else:
+        require(isinstance(seed, int | np.integer) and not isinstance(seed, bool),
+                f"a node stream seed must be None, a root key (bytes) or an int, got "
+                f"{type(seed).__name__}")  # fmt: skip
+        root = derive_key("int root", int(seed))
+    return [
+        SecretStream(derive_key(root, "node", node, salt))
+        for node, salt in zip(range(first_node, first_node + count), salts, strict=True)
     ]
-    generators = []
-    for child in children:
-        g = torch.Generator(device=device)
-        # 63 bits: torch.Generator.manual_seed wants a non-negative int below 2**64.
-        g.manual_seed(int(child.generate_state(1, dtype=np.uint64)[0]) >> 1)
-        generators.append(g)
-    return generators
 
 
 # --------------------------------------------------------------------------- data
@@ -173,23 +171,24 @@ def poisson_sample(
     targets: torch.Tensor,
     record_mask: torch.Tensor,
     sample_rate: float,
-    generators: Sequence[torch.Generator],
+    generators: Sequence[SecretStream],
 ) -> NodeBatch:
-    """Step 1: each real record of node i joins S_i^k independently with probability p.
+    """Step 1: each real record of node i joins S_i^k independently with probability p
+    (exactly at most p: :meth:`~dpdl.algorithms.randomness.SecretStream.bernoulli`).
 
     ``inputs`` (m, J_max, ...), ``targets`` (m, J_max) and ``record_mask`` (m, J_max) are the
-    padded local data sets.  Node i draws exactly J_i uniforms from its own generator, so its
-    draws do not depend on the padding or on which nodes share its process.
+    padded local data sets.  Node i draws exactly J_i words from its own stream, so its draws
+    do not depend on the padding or on which nodes share its process.
     """
     require(0.0 <= sample_rate <= 1.0, f"sample_rate must lie in [0, 1], got {sample_rate}")
     m, j_max = record_mask.shape
     require(len(generators) == m, f"need one generator per node: {len(generators)} for {m}")
-    device = record_mask.device
     counts = record_mask.sum(dim=1).tolist()
-    drawn = torch.full((m, j_max), 2.0, device=device)  # padding is never sampled
+    chosen = np.zeros((m, j_max), dtype=bool)  # padding is never sampled
     for i, (g, j_i) in enumerate(zip(generators, counts, strict=True)):
-        drawn[i, : int(j_i)] = uniforms(g, int(j_i), device)
-    node, record = torch.nonzero((drawn < sample_rate) & record_mask, as_tuple=True)
+        chosen[i, : int(j_i)] = g.bernoulli(int(j_i), sample_rate)
+    chosen_t = torch.from_numpy(chosen).to(record_mask.device)
+    node, record = torch.nonzero(chosen_t & record_mask, as_tuple=True)
     return NodeBatch(inputs[node, record], targets[node, record], node, m)
 
 
@@ -331,8 +330,6 @@ def clipped_record_sums(
         return {name: out[name].zero_() for name in params}
     if method != "per-record":
         plan = book_keeping_plan(model, tuple(batch.inputs.shape[1:]), params)
-        if not plan.problems and not plan.checked:
-            _check_book_keeping(plan, model, params, batch, clip, loss, buffers)
         require(
             method == "auto" or not plan.problems,
             f"book-keeping clipping cannot handle this model: {'; '.join(plan.problems)}",
@@ -346,43 +343,27 @@ def clipped_record_sums(
 
 def _per_record_clipped_sums(model, params, batch, clip, loss, buffers, out=None) -> Params:
     grads = per_record_grads(model, params, batch, loss=loss, buffers=buffers)
-    return sum_records(grads, batch, clip_factors(grads, clip), in_place=True, out=out)
-
-
-def _check_book_keeping(plan, model, params, batch, clip, loss, buffers) -> None:
-    """Compare book-keeping with the per-record path once per model on a few records; a model
-    it misreads (e.g. a layer's weight also used outside the layer) falls back, never clips
-    with wrong norms."""
-    k = min(batch.size, 6)
-    few = NodeBatch(batch.inputs[:k], batch.targets[:k], batch.node[:k], batch.n_nodes)
-    used = torch.unique(few.node)
-    # a clip bound below every record's norm, so the check also covers the norms
-    norms = _record_norms(per_record_grads(model, params, few, loss=loss, buffers=buffers))
-    bound = min(clip, 0.5 * float(norms.min())) if float(norms.min()) > 0 else clip
-    want = _per_record_clipped_sums(model, params, few, bound, loss, buffers)
-    if not all(bool(t.isfinite().all()) for t in want.values()):
-        return  # nothing to compare on non-finite gradients: check on a later batch
-    got = clipped_sums_by_node(
-        plan, model, params, few, bound, loss_fn=_loss_fn(loss), buffers=buffers
-    )
-    for name in want:
-        a, b = got[name][used], want[name][used]
-        scale = float(b.abs().max()) + 1e-12
-        if not bool(torch.isfinite(a).all()) or float((a - b).abs().max()) > 1e-4 * scale:
-            plan.problems.append(f"disagrees with the per-record path on {name}")
-            break
-    plan.checked = True
+    norms = _record_norms(grads)
+    factors = (clip / norms.clamp_min(1e-30)).clamp(max=1.0)
+    if not bool(norms.isfinite().all()):
+        # A record whose gradient is not finite contributes nothing (norm 0 <= C).
+        keep = norms.isfinite()
+        factors = torch.where(keep, factors, torch.zeros_like(factors))
+        for g in grads.values():
+            g.nan_to_num_(0.0, 0.0, 0.0).mul_(keep.view(-1, *[1] * (g.dim() - 1)).to(g.dtype))
+    return sum_records(grads, batch, factors, in_place=True, out=out)
 
 
 def draw_node_noise(
-    generators: Sequence[torch.Generator],
+    generators: Sequence[SecretStream],
     dim: int,
     *,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Standard normals, (m, dim): row i is node i's d draws in one call on its own generator.
+    """Standard normals, (m, dim): row i is node i's d draws from its own stream
+    (:func:`~dpdl.algorithms.randomness.fill_normals`).
 
     ``out`` (m, dim), contiguous, is filled in place: a buffer kept across steps saves the page
     faults of a fresh multi-megabyte allocation every step.
@@ -394,15 +375,13 @@ def draw_node_noise(
         tuple(out.shape) == (m, dim) and out.is_contiguous(),
         f"noise buffer has shape {tuple(out.shape)}, expected contiguous ({m}, {dim})",
     )
-    for row, g in zip(out, generators, strict=True):
-        standard_normals_(g, row)
-    return out
+    return fill_normals(generators, out)
 
 
 def add_gaussian_noise(
     summed: Params,
     sigma: float,
-    generators: Sequence[torch.Generator],
+    generators: Sequence[SecretStream],
     *,
     noise: torch.Tensor | None = None,
     in_place: bool = False,
@@ -526,7 +505,7 @@ def local_update(
     inputs: torch.Tensor,
     targets: torch.Tensor,
     record_mask: torch.Tensor,
-    generators: Sequence[torch.Generator],
+    generators: Sequence[SecretStream],
     *,
     step: int,
     lr: float,
@@ -548,7 +527,8 @@ def local_update(
     ``private`` selects Dyn-D2P's clipped, noisy sum divided by b (``clip`` = C_k,
     ``sigma`` = sigma_k); otherwise SGP's mean gradient.  Gradients are taken at the
     de-biased z_i = x_i / w_i and applied to x_i.  Raises DPDLError naming the node and step
-    when a node's update is not finite.  ``noise_buffer`` (m, d), optional, is reused for the
+    when a node's x^{k+1/2} is not finite (a record whose gradient is not finite contributes
+    nothing to a private step).  ``noise_buffer`` (m, d), optional, is reused for the
     standard normals (see :func:`draw_node_noise`).  A private step needs ``sigma`` > 0: a
     clipped step without noise is only taken with the explicit ``unsafe_zero_noise=True`` (for
     tests of the clipping; it is not private).  ``clip_method`` picks how the clipped
@@ -592,8 +572,11 @@ def local_update(
     else:
         update = mean_batch_grads(model, at, batch, loss=loss, buffers=buffers)
         scale = 1.0
-    _check_finite(update, step, first_node)
-    return LocalUpdateResult(local_sgd_step(params, update, lr, scale, out=work), batch.counts)
+    half = local_sgd_step(params, update, lr, scale, out=work)
+    # Checked on x^{k+1/2}, the message itself: a private update is finite by construction
+    # (finite clipped sums plus noise), so only released values overflowing can trip this.
+    _check_finite(half, step, first_node)
+    return LocalUpdateResult(half, batch.counts)
 
 
 def check_private_noise(sigma: float | None, unsafe_zero_noise: bool = False) -> None:
@@ -604,27 +587,27 @@ def check_private_noise(sigma: float | None, unsafe_zero_noise: bool = False) ->
     require(ok, f"a private step needs noise std sigma_k > 0, got {sigma}")
 
 
-def _check_finite(update: Params, step: int, first_node: int) -> None:
-    """Raise NonFiniteUpdate naming the first node whose update has a NaN or inf.
+def _check_finite(half: Params, step: int, first_node: int) -> None:
+    """Raise NonFiniteUpdate naming the first node whose model x^{k+1/2} has a NaN or inf.
 
     Detection is one summation pass (a NaN or inf anywhere makes the sum non-finite); the
-    per-node search runs only when something is wrong.
+    per-node search runs only then (a sum of large finite values may overflow too).
     """
-    if math.isfinite(float(sum(t.sum() for t in update.values()))):
+    if math.isfinite(float(sum(t.sum() for t in half.values()))):
         return
-    finite = torch.stack([t.flatten(start_dim=1).isfinite().all(dim=1) for t in update.values()])
+    finite = torch.stack([t.flatten(start_dim=1).isfinite().all(dim=1) for t in half.values()])
     bad = (~finite.all(dim=0)).nonzero()
-    node = first_node + (int(bad[0, 0]) if len(bad) else 0)
-    raise NonFiniteUpdate(node, step)
+    if len(bad):
+        raise NonFiniteUpdate(first_node + int(bad[0, 0]), step)
 
 
 class NonFiniteUpdate(DPDLError):
-    """A node's update became NaN or infinite; training stops (the run keeps what it has)."""
+    """A node's model became NaN or infinite; training stops (the run keeps what it has)."""
 
     def __init__(self, node: int, step: int):
         self.node, self.step = node, step
         super().__init__(
-            f"non-finite (NaN/inf) update at node {node}, step {step}: "
+            f"non-finite (NaN/inf) model at node {node} after step {step}: "
             "lower the learning rate or the clip bound"
         )
 
@@ -636,7 +619,7 @@ def dyn_d2p_step(
     inputs: torch.Tensor,
     targets: torch.Tensor,
     record_mask: torch.Tensor,
-    generators: Sequence[torch.Generator],
+    generators: Sequence[SecretStream],
     *,
     step: int,
     lr: float,

@@ -40,6 +40,7 @@ from dpdl.accounting.linreg import (
     default_noise_shape,
     privacy_report,
 )
+from dpdl.algorithms.randomness import secret_rng
 from dpdl.algorithms.tokens import Randomness
 from dpdl.errors import DPDLError, require
 
@@ -414,7 +415,7 @@ def run_linreg_replicas(
     # Node-major state (k, R, m): mixing is then one (k, k) @ (k, R·m) product.
     beta = np.broadcast_to(start.reshape(-1, 1, m) if start.ndim == 2 else start,
                            (k, replicas, m)).copy()
-    rngs = [np.random.default_rng(seed) for seed in seeds]
+    rngs = [secret_rng(seed) for seed in seeds]
 
     times = np.arange(steps + 1)
     # (R, T+1) Laplace scales v(t); zero rows for non-private replicas.

@@ -6,9 +6,11 @@ b = 16 that is ~R x d floats copied and as many per-record gradients written, mo
 the first fully connected layer.  Here instead (book-keeping clipping, Bu et al. 2023; ghost
 norms, Li et al. 2021):
 
-1. nodes are grouped by batch size and each chunk of nodes runs one ``vmap`` over nodes of an
-   ordinary batched forward with that node's (shared) parameters, records padded to the
-   chunk's largest batch (padded records carry loss weight 0);
+1. nodes are grouped by batch size and each chunk of nodes runs one ``vmap`` over nodes, with
+   that node's (shared) parameters, of a ``vmap`` over its records, each a batch of one:
+   records are isolated by construction (a model that mixes the records of a batch cannot
+   make one record's contribution depend on another's), while the kernels stay batched;
+   records are padded to the chunk's largest batch (padded records carry loss weight 0);
 2. one backward gives, for every layer that holds parameters, its input ``a_r`` and the
    gradient ``g_r`` of record r's loss with respect to its output (zero "probe" tensors added
    to the outputs are what autograd differentiates);
@@ -20,9 +22,15 @@ norms, Li et al. 2021):
    sum_r c_r g_r a_r^T, the node's clipped sum, with no second backward.
 
 Supported layers: ``nn.Linear``, ``nn.Conv2d`` (zero padding), ``nn.GroupNorm``,
-``nn.LayerNorm``, each called once per forward and owning its own parameters.  Any other
-model (another layer with parameters, a layer called twice, tied weights) -- or one whose
-first check against the plain path disagrees -- uses the plain path: same numbers, slower.
+``nn.LayerNorm``, each called once per forward and owning its own parameters, which nothing
+outside the layer's own forward uses (a structural check: every torch call of one forward is
+traced).  Any other model (another layer with parameters, a layer called twice, tied or
+shared weights) uses the plain path: same numbers, slower.
+
+Privacy never rests on the layer formulas being the true gradient: a record's contribution
+is c_r times the per-layer terms built from its own (a_r, g_r), and c_r = min(1, C / norm of
+those very terms), so every contribution has norm <= C and depends on that record alone, for
+any model; a record whose terms are not finite contributes zero.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
+from torch.overrides import TorchFunctionMode
 
 Params = dict[str, torch.Tensor]
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -75,7 +84,6 @@ class _Plan:
     layers: list[_Layer]
     macs_per_record: float
     bytes_per_record: float
-    checked: bool = False  # agreed with the per-record path on a few records
     problems: list[str] = field(default_factory=list)
 
 
@@ -129,9 +137,13 @@ def _make_plan(model: nn.Module, record_shape: tuple[int, ...], params: Params) 
         layers[module].out_shape = tuple(out.shape[1:])
 
     handles = [m.register_forward_hook(record) for m in layers]
+    one = {name: p[0] for name, p in params.items()}
+    owner = {id(one[name]): module for module, layer in layers.items() for name in layer.params
+             if name in one}  # fmt: skip
+    uses = _OutsideUses(owner)
+    handles += uses.track(model)
     try:
-        one = {name: p[0] for name, p in params.items()}
-        with torch.no_grad():
+        with torch.no_grad(), uses:
             dummy = torch.zeros((1, *record_shape), dtype=next(iter(one.values())).dtype,
                                 device=next(iter(one.values())).device)  # fmt: skip
             functional_call(model, one, (dummy,))
@@ -140,6 +152,8 @@ def _make_plan(model: nn.Module, record_shape: tuple[int, ...], params: Params) 
             handle.remove()
     if any(calls.get(m, 0) != 1 for m in layers):
         problems.append("a layer is not called exactly once per forward")
+    if uses.outside:
+        problems.append(f"parameters used outside their layer ({', '.join(sorted(uses.outside))})")
     macs = bytes_ = 0.0
     for layer in layers.values():
         n_in, n_out = math.prod(layer.in_shape), math.prod(layer.out_shape)
@@ -170,6 +184,56 @@ def _make_plan(model: nn.Module, record_shape: tuple[int, ...], params: Params) 
     return _Plan(list(layers.values()), max(macs, 1.0), itemsize * bytes_, problems=problems)
 
 
+class _OutsideUses(TorchFunctionMode):
+    """Records every parameter that a tensor-producing torch call uses while the module being
+    run is not the parameter's own layer (e.g. ``x @ self.fc.weight`` in a parent's forward):
+    the layer's (input, output gradient) would then miss part of that parameter's gradient."""
+
+    def __init__(self, owner: dict[int, nn.Module]):
+        super().__init__()
+        self.owner, self.stack, self.outside = owner, [], set()
+        self._names: dict[nn.Module, str] = {}
+
+    def track(self, model: nn.Module) -> list:
+        handles = []
+        for name, module in model.named_modules():
+            self._names[module] = name or "model"
+            handles.append(module.register_forward_pre_hook(self._enter))
+            handles.append(module.register_forward_hook(self._leave))
+        return handles
+
+    def _enter(self, module, args) -> None:
+        self.stack.append(module)
+
+    def _leave(self, module, args, out) -> None:  # a hook returning a value replaces the output
+        self.stack.pop()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.stack and _holds_tensor(out):
+            for arg in _flat(args, kwargs):
+                module = self.owner.get(id(arg))
+                if module is not None and self.stack[-1] is not module:
+                    self.outside.add(f"{self._names[module]} in {self._names[self.stack[-1]]}")
+        return out
+
+
+def _flat(args, kwargs):
+    stack = [args, kwargs or {}]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list | tuple):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, torch.Tensor):
+            yield item
+
+
+def _holds_tensor(value) -> bool:
+    return any(True for _ in _flat(value, None))
+
+
 def book_keeping_plan(model: nn.Module, record_shape: tuple[int, ...], params: Params) -> _Plan:
     """The model's layers as book-keeping sees them (cached per model, record shape and
     parameter shapes); ``plan.problems`` lists what rules book-keeping out."""
@@ -185,7 +249,13 @@ def book_keeping_plan(model: nn.Module, record_shape: tuple[int, ...], params: P
 
 # --------------------------------------------------------------------------- one chunk
 def _forward_backward(model, layers, params, buffers, loss_fn, inputs, targets, loss_weights):
-    """Inputs a and output gradients g of every layer, each (m, B, *shape)."""
+    """Inputs a and output gradients g of every layer, each (m, B, *shape).
+
+    Two nested ``vmap``s: over the m units (each with its node's parameters) and, inside, over
+    the unit's B records, each a batch of one.  A record's forward therefore sees no other
+    record -- whatever the model does across its batch (a mean, a norm over the batch) -- so
+    its loss, and so its a and g, depend on that record alone, by construction.
+    """
     m, B = loss_weights.shape
     first = next(iter(params.values()))
     probes = [
@@ -199,16 +269,17 @@ def _forward_backward(model, layers, params, buffers, loss_fn, inputs, targets, 
     def hook(module, args, out):
         k = index[module]
         state["acts"][k] = args[0]
-        return out + state["probes"][k]
+        return out + state["probes"][k].unsqueeze(0)
 
-    def node_loss(p, x, y, w, node_probes):
-        state["acts"], state["probes"] = [None] * len(layers), node_probes
-        out = functional_call(model, (p, buffers), (x,))
-        return (loss_fn(out, y) * w).sum(), tuple(state["acts"])
+    def record_loss(p, x, y, w, record_probes):
+        state["acts"], state["probes"] = [None] * len(layers), record_probes
+        out = functional_call(model, (p, buffers), (x.unsqueeze(0),))
+        return (loss_fn(out, y.unsqueeze(0)) * w).sum(), tuple(a.squeeze(0) for a in state["acts"])
 
+    unit_loss = vmap(record_loss, in_dims=(None, 0, 0, 0, 0), randomness="different")
     handles = [layer.module.register_forward_hook(hook) for layer in layers]
     try:
-        losses, acts = vmap(node_loss, randomness="different")(
+        losses, acts = vmap(unit_loss, randomness="different")(
             params, inputs, targets, loss_weights, probes
         )
     finally:
@@ -357,18 +428,33 @@ def _chunk_clipped_sums(
         model, plan.layers, params, buffers, loss_fn, inputs, targets, mask.to(inputs.dtype)
     )
     with torch.no_grad():
-        sq = torch.zeros(m * B, dtype=out_grads[0].dtype, device=mask.device)
-        all_terms = []
-        for layer, a, g in zip(plan.layers, acts, out_grads, strict=True):
-            layer_sq, terms = _layer_terms(layer, a.flatten(0, 1), g.flatten(0, 1))
-            sq += layer_sq
-            all_terms.append(terms)
+        sq, all_terms = _all_layer_terms(plan, acts, out_grads, m * B, mask.device)
+        if not bool(sq.isfinite().all()):
+            # A record whose gradient is not finite contributes nothing (a zero vector: norm
+            # 0 <= C), whatever the others: its inputs and output gradients are zeroed.
+            keep = sq.isfinite()
+            acts = [a.flatten(0, 1).mul(keep.view(-1, *[1] * (a.dim() - 2))).view_as(a)
+                    .nan_to_num_(0.0, 0.0, 0.0) for a in acts]  # fmt: skip
+            out_grads = [g.flatten(0, 1).mul(keep.view(-1, *[1] * (g.dim() - 2))).view_as(g)
+                         .nan_to_num_(0.0, 0.0, 0.0) for g in out_grads]  # fmt: skip
+            sq, all_terms = _all_layer_terms(plan, acts, out_grads, m * B, mask.device)
         factors = (clip / sq.sqrt().clamp_min(1e-30)).clamp(max=1.0).reshape(m, B)
         factors = factors * mask
         sums: Params = {}
         for layer, terms in zip(plan.layers, all_terms, strict=True):
             sums.update(_weighted_sums(layer, terms, factors, mask, regroup))
     return sums
+
+
+def _all_layer_terms(plan, acts, out_grads, records: int, device):
+    """The per-record squared norms (summed over layers) and every layer's terms."""
+    sq = torch.zeros(records, dtype=out_grads[0].dtype, device=device)
+    all_terms = []
+    for layer, a, g in zip(plan.layers, acts, out_grads, strict=True):
+        layer_sq, terms = _layer_terms(layer, a.flatten(0, 1), g.flatten(0, 1))
+        sq += layer_sq
+        all_terms.append(terms)
+    return sq, all_terms
 
 
 # --------------------------------------------------------------------------- grouping

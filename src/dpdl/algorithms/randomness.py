@@ -2,49 +2,74 @@
 
 *Public* randomness (data split, model initialisation, evaluation subsamples) comes from the
 config's ``seed``: anyone may rebuild it.  *Secret* randomness (every node's Poisson sampling
-and noise, and any pairwise secret) protects the data: if an observer can rebuild it, they can
-replay the batches and subtract the noise, and the reported epsilon protects nothing.  Secret
-streams therefore come from the operating system's entropy (``entropy="os"``, the default) and
-live only in memory and in checkpoint files (owner-only, secret material like the model).
-``entropy="seed"`` derives them from the seed instead: reproducible noise, an explicit research
-choice that every result records as ``"noise_entropy": "seed"``.
+and noise, token walks, DECOR's pairwise secrets, Laplace noise) protects the data: an
+observer who can rebuild it replays the batches and subtracts the noise, and the reported
+epsilon protects nothing.  Every secret draw therefore comes from a :class:`SecretStream`, the
+ChaCha20 keystream (RFC 8439, OpenSSL through ``cryptography``) under a 256-bit key:
 
-Either way every (algorithm, epsilon) cell has its own streams (:func:`cell_noise_root`): two
-released models trained on one seed must not share noise, or their difference cancels it.
+* ``entropy="os"`` (the default): each stream's key is 32 bytes of ``os.urandom``, drawn in
+  the process that owns the stream (a rank draws its own nodes' keys: no key crosses the
+  network).  Keys live in memory and in checkpoint files only (owner-only).
+* ``entropy="seed"``: keys are derived with SHA-256 from the seed and the run's settings
+  (:func:`stream_root`), then per node from its index and its data's fingerprint
+  (:func:`derive_key`): reproducible noise, an explicit research mode that every result
+  records as ``"noise_entropy": "seed"``.  Runs that differ in any training setting or in the
+  data never share a stream (two released models with shared noise would cancel it).
 
-:class:`SecureGenerator` is the hardened sampler (``privacy.secure_noise``): a CSPRNG
-(AES-256 in counter mode, key from ``os.urandom``) and Gaussian draws that are each the sum of
-four Box-Muller draws of variance sigma^2/4, the construction of Opacus's secure mode (Holohan &
-Braghin 2021, against the floating-point attack of Mironov 2012 that reads the noise off the
-gaps of a textbook sampler's output).  It guarantees that the noise cannot be predicted from
-anything but the key, and it smooths (it does not prove away) the floating-point support of
-the output; it is several times slower than torch's Mersenne-Twister normals.
+Samplers on a stream, all vectorised (bytes in bulk, transforms as torch ops on the device of
+the output):
+
+* :meth:`SecretStream.bernoulli` -- Poisson inclusion: a 64-bit word ``w`` includes the record
+  iff ``w < floor(p 2^64)``, so the inclusion probability is ``floor(p 2^64) / 2^64 <= p``
+  exactly (a float comparison can exceed p).
+* :func:`fill_normals` -- the default Gaussian: Box-Muller with a 63-bit radius uniform and a
+  32-bit angle.  Its support reaches 9.42 sigma (a 24-bit uniform, as torch's CPU sampler
+  uses, stops at 5.8 sigma, which a canary aligned with one coordinate can detect): the mass
+  beyond is < 5e-21 per draw.  It is a floating-point sampler, not an exact real Gaussian.
+* the hardened Gaussian (``privacy.secure_noise``, ``SecretStream(hardened=True)``): each
+  normal the sum of four Box-Muller draws of variance sigma^2/4 from 53-bit uniforms in
+  float64, the construction of Opacus's secure mode (Holohan & Braghin 2021, against
+  Mironov's 2012 attack that reads the noise off the gaps of a textbook sampler's output).
+  It smooths the floating-point support; it does not make the output an exact Gaussian.
+* :func:`secret_rng` -- a ``numpy.random.Generator`` on the same cipher (randomgen's
+  ``ChaCha``, 20 rounds; its keystream is OpenSSL's, bit for bit) for the numpy algorithms.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
-import secrets
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from dpdl.errors import DPDLError, require
 
+if TYPE_CHECKING:
+    import torch
+
 ENTROPY_MODES = ("os", "seed")
 DEFAULT_ENTROPY = "os"
+KEY_BYTES = 32
+STATE_BYTES = 64  # key (32) + keystream position in bytes (32, little-endian)
+_BLOCK = 64  # a ChaCha20 block: the counter advances one per 64 bytes of keystream
+_TWO_POW_64 = 1 << 64
 
 __all__ = [
     "DEFAULT_ENTROPY",
     "ENTROPY_MODES",
-    "SecureGenerator",
-    "cell_noise_root",
+    "SecretStream",
     "check_entropy",
+    "derive_key",
+    "fill_normals",
+    "inclusion_threshold",
     "numpy_secret_rng",
-    "standard_normals_",
-    "uniforms",
+    "secret_rng",
+    "settings_digest",
+    "stream_root",
 ]
 
 
@@ -54,101 +79,220 @@ def check_entropy(entropy: str) -> str:
     return entropy
 
 
-def _cell_tag(cell: str) -> int:
-    """A stable 64-bit tag of a cell's name (Python's hash() is salted per process)."""
-    return int.from_bytes(hashlib.sha256(cell.encode()).digest()[:8], "little")
+# --------------------------------------------------------------------------- keys
+def derive_key(*parts: bytes | str | int) -> bytes:
+    """SHA-256 of the length-prefixed ``parts``: a 256-bit key (seeded research mode only)."""
+    digest = hashlib.sha256(b"dpdl secret stream v2")
+    for part in parts:
+        if isinstance(part, int):
+            part = part.to_bytes(-(-max(part.bit_length(), 1) // 8) + 1, "little", signed=True)
+        elif isinstance(part, str):
+            part = part.encode()
+        digest.update(len(part).to_bytes(8, "little") + part)
+    return digest.digest()
 
 
-def cell_noise_root(entropy: str, seed: int, cell: str) -> np.random.SeedSequence:
-    """The root of one cell's secret streams (every node's generator is spawned from it).
+def settings_digest(settings: Any) -> str:
+    """A stable hex digest of JSON-able settings (sorted keys): what a seeded key depends on."""
+    text = json.dumps(settings, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
 
-    ``entropy="os"``: 128 bits of fresh OS entropy (never derivable from the seed);
-    ``"seed"``: the config's seed (reproducible).  ``cell`` names the cell (algorithm label
-    and target epsilon): its tag is the spawn key, so cells of one seed never share a stream.
-    """
+
+def stream_root(entropy: str, seed: int, settings: Any) -> bytes | None:
+    """The root of one run's secret streams: None with ``entropy="os"`` (every stream draws
+    its own key from the OS), else a key derived from ``seed`` and the run's ``settings``."""
     check_entropy(entropy)
-    root = secrets.randbits(128) if entropy == "os" else int(seed)
-    return np.random.SeedSequence(root, spawn_key=(_cell_tag(cell),))
+    if entropy == "os":
+        return None
+    return derive_key("root", int(seed), settings_digest(settings))
 
 
-def numpy_secret_rng(seed: int | None, entropy: str, cell: str = "") -> np.random.Generator:
-    """A numpy generator for the secret randomness of the numpy algorithms (tokens, linreg,
-    DECOR): OS entropy by default, the seed only with ``entropy="seed"``."""
-    return np.random.default_rng(cell_noise_root(entropy, 0 if seed is None else seed, cell))
+# --------------------------------------------------------------------------- the stream
+_ZEROS = np.zeros(0, dtype=np.uint8)
 
 
-# --------------------------------------------------------------------------- hardened sampler
-_TWO_PI = 2.0 * math.pi
-_BLOCK = 16  # AES block: the counter advances one per 16 bytes of keystream
+def _zeros(nbytes: int) -> memoryview:
+    """A read-only view of ``nbytes`` zero bytes (the plaintext whose encryption is the
+    keystream), grown on demand and shared."""
+    global _ZEROS
+    if _ZEROS.size < nbytes:
+        _ZEROS = np.zeros(max(nbytes, 2 * _ZEROS.size), dtype=np.uint8)
+    return memoryview(_ZEROS)[:nbytes]
 
 
-class SecureGenerator:
-    """A per-node CSPRNG (AES-256-CTR keystream) with checkpointable state (key, counter).
+class SecretStream:
+    """One secret stream: the ChaCha20 keystream under a 256-bit key, read in order.
 
-    ``get_state()``/``set_state()`` mirror ``torch.Generator`` (a uint8 tensor), so the engine
-    checkpoints and restores it like any generator.  The state is the secret: never log it.
+    ``key`` None draws 32 bytes from ``os.urandom``.  ``hardened`` selects the hardened
+    Gaussian sampler (see the module doc).  ``get_state()``/``set_state()`` mirror
+    ``torch.Generator`` (a uint8 tensor: the key and the position in the keystream), so the
+    engine checkpoints and restores a stream like a generator.  The state is the secret:
+    never log or pickle it.
     """
 
-    def __init__(self, key: bytes | None = None, counter: int = 0):
-        self._key = os.urandom(32) if key is None else bytes(key)
-        require(len(self._key) == 32, "SecureGenerator needs a 32-byte key")
-        self._counter = int(counter)
+    __slots__ = ("_key", "_position", "_cipher", "hardened")
+
+    def __init__(self, key: bytes | None = None, *, hardened: bool = False):
+        self._key = os.urandom(KEY_BYTES) if key is None else bytes(key)
+        require(len(self._key) == KEY_BYTES, f"a secret stream needs a {KEY_BYTES}-byte key")
+        self._position = 0  # bytes of keystream handed out so far
+        self._cipher = None
+        self.hardened = bool(hardened)
 
     def __repr__(self) -> str:  # the key is secret
-        return f"SecureGenerator(counter={self._counter})"
+        return f"SecretStream(position={self._position}, hardened={self.hardened})"
 
-    def keystream(self, nbytes: int) -> bytes:
-        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+    def __reduce__(self):
+        raise TypeError("a SecretStream holds a secret key and is never pickled; "
+                        "checkpoint it with get_state()")  # fmt: skip
 
-        blocks = -(-nbytes // _BLOCK)
-        start = (self._counter % (1 << 128)).to_bytes(16, "big")
-        encryptor = Cipher(algorithms.AES(self._key), modes.CTR(start)).encryptor()
-        out = encryptor.update(bytes(blocks * _BLOCK))
-        self._counter += blocks  # never reuse a counter block under this key
-        return out[:nbytes]
+    def _encryptor(self):
+        if self._cipher is None:
+            from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
-    def _unit_doubles(self, count: int) -> np.ndarray:
-        """``count`` uniforms on (0, 1]: 53 random bits each, (k + 1) * 2^-53."""
-        words = np.frombuffer(self.keystream(8 * count), dtype=np.uint64)
-        return ((words >> np.uint64(11)) + 1.0) * 2.0**-53
+            block, skip = divmod(self._position, _BLOCK)
+            nonce = block.to_bytes(16, "little")  # a 128-bit block counter, RFC 7539 layout
+            self._cipher = Cipher(algorithms.ChaCha20(self._key, nonce), mode=None).encryptor()
+            if skip:
+                self._cipher.update(bytes(skip))
+        return self._cipher
 
-    def uniform(self, count: int) -> np.ndarray:
-        return self._unit_doubles(count)
+    def read_into(self, out: np.ndarray) -> np.ndarray:
+        """Fill the contiguous uint8 array ``out`` with the next keystream bytes."""
+        require(out.dtype == np.uint8 and out.flags.c_contiguous, "read_into needs uint8 bytes")
+        if out.size:
+            self._encryptor().update_into(_zeros(out.size), out.data.cast("B"))
+            self._position += out.size
+        return out
 
-    def normal(self, count: int) -> np.ndarray:
-        """Standard normals: each the sum of four Box-Muller normals, divided by 2."""
-        half = -(-4 * count // 2)  # Box-Muller pairs needed for 4 * count normals
-        u = self._unit_doubles(2 * half).reshape(2, half)
+    def read(self, nbytes: int) -> np.ndarray:
+        """The next ``nbytes`` keystream bytes (uint8); no byte is ever handed out twice."""
+        return self.read_into(np.empty(int(nbytes), dtype=np.uint8))
+
+    def words(self, count: int) -> np.ndarray:
+        """``count`` uniform 64-bit words (uint64)."""
+        return self.read(8 * int(count)).view(np.uint64)
+
+    def bernoulli(self, count: int, p: float) -> np.ndarray:
+        """``count`` independent inclusions, each with probability floor(p 2^64)/2^64 <= p."""
+        threshold = inclusion_threshold(p)
+        words = self.words(count)  # drawn even at p in {0, 1}: the stream's use is fixed
+        if threshold == _TWO_POW_64:
+            return np.ones(int(count), dtype=bool)
+        return words < np.uint64(threshold)
+
+    def doubles(self, count: int) -> np.ndarray:
+        """``count`` uniforms on (0, 1], 53 random bits each: (k + 1) 2^-53."""
+        return ((self.words(count) >> np.uint64(11)) + 1.0) * 2.0**-53
+
+    def hardened_normals(self, count: int) -> np.ndarray:
+        """Standard normals (float64), each the sum of four Box-Muller draws, halved."""
+        half = 2 * int(count)  # Box-Muller pairs for 4 * count normals
+        u = self.doubles(2 * half).reshape(2, half)
         radius = np.sqrt(-2.0 * np.log(u[0]))
-        angle = _TWO_PI * u[1]
+        angle = (2.0 * math.pi) * u[1]
         draws = np.concatenate((radius * np.cos(angle), radius * np.sin(angle)))
-        return draws[: 4 * count].reshape(4, count).sum(axis=0) * 0.5
+        return draws.reshape(4, int(count)).sum(axis=0) * 0.5
 
     def get_state(self) -> torch.Tensor:
-        packed = self._key + self._counter.to_bytes(32, "little")
+        import torch
+
+        packed = self._key + self._position.to_bytes(STATE_BYTES - KEY_BYTES, "little")
         return torch.frombuffer(bytearray(packed), dtype=torch.uint8).clone()
 
     def set_state(self, state: torch.Tensor) -> None:
+        import torch
+
         raw = bytes(state.to(torch.uint8).cpu().numpy().tobytes())
-        require(len(raw) == 64, f"a SecureGenerator state has 64 bytes, got {len(raw)}")
-        self._key, self._counter = raw[:32], int.from_bytes(raw[32:], "little")
+        require(len(raw) == STATE_BYTES,
+                f"a secret stream's state has {STATE_BYTES} bytes, got {len(raw)}")  # fmt: skip
+        self._key = raw[:KEY_BYTES]
+        self._position = int.from_bytes(raw[KEY_BYTES:], "little")
+        self._cipher = None
 
 
-def uniforms(generator, count: int, device: torch.device | str) -> torch.Tensor:
-    """``count`` uniforms from a node's generator (torch's or a :class:`SecureGenerator`)."""
-    if isinstance(generator, SecureGenerator):
-        return torch.as_tensor(generator.uniform(count), device=device)
-    return torch.rand(count, generator=generator, device=device)
+def inclusion_threshold(p: float) -> int:
+    """floor(p 2^64), exact (p * 2^64 is exact in binary floating point)."""
+    require(0.0 <= p <= 1.0, f"an inclusion probability must lie in [0, 1], got {p}")
+    return math.floor(float(p) * 2.0**64)
 
 
-def standard_normals_(generator, row: torch.Tensor) -> torch.Tensor:
-    """Fill ``row`` with standard normals from a node's generator, in place."""
-    if isinstance(generator, SecureGenerator):
-        row.copy_(torch.as_tensor(generator.normal(row.numel())).view(row.shape))
-        return row
-    return torch.randn(row.shape, generator=generator, out=row)
+# --------------------------------------------------------------------------- normals
+def fill_normals(streams: Sequence[SecretStream], out: torch.Tensor) -> torch.Tensor:
+    """Fill ``out`` (m, d), row i from ``streams[i]``, with standard normals, in place.
+
+    Each row costs its stream 12 bytes per pair of normals (the fast sampler) or 32 bytes per
+    normal (hardened); the bytes of all rows are read first, then transformed at once.
+    """
+    import torch
+
+    m, d = out.shape
+    require(len(streams) == m, f"need one stream per row: {len(streams)} for {m}")
+    hardened = {s.hardened for s in streams}
+    require(len(hardened) <= 1, "all streams of one draw must use the same sampler")
+    if m == 0 or d == 0:
+        return out
+    if hardened == {True}:
+        rows = np.stack([s.hardened_normals(d) for s in streams])
+        return out.copy_(torch.from_numpy(rows))
+    pairs = -(-d // 2)
+    radius = np.empty((m, 8 * pairs), dtype=np.uint8)
+    angle = np.empty((m, 4 * pairs), dtype=np.uint8)
+    for i, stream in enumerate(streams):
+        stream.read_into(radius[i])
+        stream.read_into(angle[i])
+    _box_muller_(
+        out,
+        torch.from_numpy(radius).view(torch.int64).to(out.device),
+        torch.from_numpy(angle).view(torch.int32).to(out.device),
+    )
+    return out
 
 
-def secure_generators(count: int) -> list[SecureGenerator]:
-    return [SecureGenerator() for _ in range(count)]
+def _box_muller_(out: torch.Tensor, radius: torch.Tensor, angle: torch.Tensor) -> None:
+    """out[:, :P] = r cos(theta), out[:, P:] = r sin(theta) from signed words:
+    u = (|w| + 1/2) 2^-63 in (0, 1] (never 0: r <= 9.42), theta = w' pi 2^-31 in [-pi, pi)."""
+    import torch
 
+    d, pairs = out.shape[1], radius.shape[1]
+    dtype = out.dtype if out.dtype in (torch.float32, torch.float64) else torch.float32
+    r = radius.to(dtype).abs_().add_(0.5).mul_(2.0**-63).log_().mul_(-2.0).sqrt_()
+    theta = angle.to(dtype).mul_(math.pi * 2.0**-31)
+    out[:, :pairs] = torch.cos(theta).mul_(r)
+    out[:, pairs:] = torch.sin(theta[:, : d - pairs]).mul_(r[:, : d - pairs])
+
+
+# --------------------------------------------------------------------------- numpy
+def secret_rng(seed: Any = None) -> np.random.Generator:
+    """A ``numpy.random.Generator`` on ChaCha20 (randomgen's ``ChaCha``, 20 rounds).
+
+    ``seed``: None -- a 256-bit key from ``os.urandom`` (secret); a Generator -- used as
+    given (the caller's stream); a ``SeedSequence`` -- 256 bits of its state; an int --
+    a key derived from it (reproducible noise, for tests and research only).
+    """
+    if isinstance(seed, np.random.Generator):
+        return seed
+    if seed is None:
+        return _chacha_generator(os.urandom(KEY_BYTES))
+    if isinstance(seed, np.random.SeedSequence):
+        return _chacha_generator(seed.generate_state(KEY_BYTES // 4, dtype=np.uint32).tobytes())
+    if isinstance(seed, int | np.integer) and not isinstance(seed, bool):
+        return _chacha_generator(derive_key("int seed", int(seed)))
+    raise DPDLError(f"secret randomness takes None, an int, a SeedSequence or a numpy "
+                    f"Generator, got {type(seed).__name__}")  # fmt: skip
+
+
+def _chacha_generator(key: bytes) -> np.random.Generator:
+    from randomgen import ChaCha
+
+    return np.random.Generator(ChaCha(key=int.from_bytes(key, "little"), counter=0, rounds=20))
+
+
+def numpy_secret_rng(seed: int | None, entropy: str, cell: str = "") -> np.random.Generator:
+    """The secret generator of one cell of a numpy experiment kind (tokens, linreg, DECOR):
+    an OS key by default; with ``entropy="seed"`` a key derived from the seed and ``cell``
+    (which names the cell and digests the run's settings: see :func:`settings_digest`)."""
+    check_entropy(entropy)
+    if entropy == "os":
+        return secret_rng(None)
+    return _chacha_generator(derive_key("numpy cell", 0 if seed is None else int(seed), cell))

@@ -28,6 +28,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from dpdl.accounting.netdp import contribution_mask, visit_ranks
+from dpdl.algorithms.randomness import secret_rng
 from dpdl.errors import DPDLError, require
 
 __all__ = [
@@ -158,7 +159,7 @@ def sample_random_walk(
     general ``transition`` matrix is a Markov chain, sampled step by step with inverse-CDF
     draws."""
     n, T = _users(n), _steps(steps)
-    rng = np.random.default_rng(seed)
+    rng = secret_rng(seed)
     first = int(rng.integers(n)) if start is None else int(start)
     require(0 <= first < n, f"start must be a user id in [0, {n}), got {start!r}")
     if transition is None:
@@ -194,7 +195,7 @@ def ring_summation(values: ArrayLike, sigma: float, *, seed: Randomness = None,
     sigma = check_noise_std(sigma, unsafe_zero_noise)
     K, n = x.shape
     draws = math.ceil(K * n / (n - 1))
-    noise = np.random.default_rng(seed).normal(0.0, sigma, size=draws)
+    noise = secret_rng(seed).normal(0.0, sigma, size=draws)
     return SumResult(estimate=float(x.sum() + noise.sum()), truth=float(x.sum()),
                      std=math.sqrt(draws) * sigma, noise_draws=draws,
                      contributions=np.full(n, K))
@@ -205,7 +206,7 @@ def local_summation(values: ArrayLike, sigma: float, *, seed: Randomness = None,
     """The local DP baseline: every one of the Kn contributions is perturbed; std √(Kn) σ."""
     x = _check_values(values)
     sigma = check_noise_std(sigma, unsafe_zero_noise)
-    noise = np.random.default_rng(seed).normal(0.0, sigma, size=x.shape)
+    noise = secret_rng(seed).normal(0.0, sigma, size=x.shape)
     return SumResult(estimate=float((x + noise).sum()), truth=float(x.sum()),
                      std=math.sqrt(x.size) * sigma, noise_draws=x.size,
                      contributions=np.full(x.shape[1], x.shape[0]))
@@ -222,7 +223,7 @@ def randomized_response(values: ArrayLike, num_values: int, gamma: float, *,
     require(np.issubdtype(x.dtype, np.integer), "histogram values must be integers in [0, L)")
     require(x.size == 0 or (x.min() >= 0 and x.max() < num_values),
             f"histogram values must lie in [0, {num_values})")
-    rng = np.random.default_rng(seed)
+    rng = secret_rng(seed)
     replace = rng.random(x.shape) < gamma
     return np.where(replace, rng.integers(0, num_values, size=x.shape), x)
 
@@ -252,7 +253,7 @@ def ring_histogram(
     n = x.shape[1]
     n0 = n - 1 if init_elements is None else int(init_elements)
     require(n0 >= 0, f"init_elements must be >= 0, got {init_elements!r}")
-    rng = np.random.default_rng(seed)
+    rng = secret_rng(seed)
     reports = randomized_response(x, L, gamma, seed=rng)
     init = rng.integers(0, L, size=n0)
     counts = np.bincount(reports.ravel(), minlength=L) + np.bincount(init, minlength=L)
@@ -293,7 +294,7 @@ def random_walk_summation(
     require(np.all(np.isfinite(x)), "values must be finite")
     n, T, model = x.shape[0], _steps(steps), _model(model)
     sigma = check_noise_std(sigma, unsafe_zero_noise)
-    rng = np.random.default_rng(seed)
+    rng = secret_rng(seed)
     if walk is None:
         walk = sample_random_walk(n, T, transition=transition, seed=rng)
     walk = np.asarray(walk)
@@ -364,7 +365,7 @@ def random_walk_sgd(
             else np.asarray(contributes, dtype=bool))
     require(mask.shape == (T,), "contributes must have the walk's shape")
     w = np.array(w0, dtype=float)
-    noise = np.random.default_rng(seed).normal(0.0, sigma, size=(T, w.size)).reshape(
+    noise = secret_rng(seed).normal(0.0, sigma, size=(T, w.size)).reshape(
         (T,) + w.shape)
     history: list[dict] = []
     if evaluate is not None:

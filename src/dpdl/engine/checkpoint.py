@@ -1,22 +1,25 @@
 """Checkpoints of a training run: everything needed to continue exactly where it stopped.
 
-A checkpoint holds every node's model x_i and push-sum weight w_i, every node's generator
-state (so the resumed run draws the very numbers it would have drawn), the iteration, the
-privacy ledger (steps spent are never forgotten), and the metrics rows written so far.
+A checkpoint holds every node's model x_i and push-sum weight w_i, every node's secret stream
+state (so the resumed run draws the very numbers it would have drawn), a SHA-256 fingerprint
+of every node's data (a resume on changed data is refused: it would re-send the same noise on
+other records), the iteration, the privacy ledger (steps spent are never forgotten), and the
+metrics rows written so far.
 Files are written atomically (a temporary file, then ``os.replace``): a crash while saving
 leaves the previous checkpoint intact.
 
 Works for the simulator and for the distributed runtime (whose ranks gather their models;
-the main process writes them).  Generator states are the secret that protects the data (they
+the main process writes them).  Stream states are the secret that protects the data (they
 replay every node's batches and noise): the simulator's checkpoint holds them, and in the
-distributed runtime every rank keeps its own nodes' states in a shard of its own
-(:func:`shard_path`), so no rank ever receives another rank's secrets.  Checkpoint files are
-created owner-only (0600): treat them like the model and the data.
+distributed runtime every rank keeps its own nodes' states and data fingerprints in a shard
+of its own (:func:`shard_path`), so no rank ever receives another rank's secrets.  Checkpoint
+files are created owner-only (0600): treat them like the model and the data.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +27,7 @@ import torch
 
 from dpdl.errors import DPDLError
 
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2  # 2: ChaCha20 stream states and the nodes' data fingerprints
 
 
 def capture(sim) -> dict[str, Any]:
@@ -36,7 +39,22 @@ def capture(sim) -> dict[str, Any]:
         "params": {k: v.detach().cpu() for k, v in sim.params.items()},
         "weights": sim.weights.detach().cpu(),
         "generators": [g.get_state() for g in sim.generators],
+        "data_fingerprints": [f.hex() for f in sim.data_fingerprints],
     }
+
+
+def check_fingerprints(saved: list[str] | None, current: list[bytes], first_node: int) -> None:
+    """Refuse to resume on data other than the checkpoint's: the resumed steps would re-send
+    the noise already sent, on other records, and release the difference without noise."""
+    if saved is None or len(saved) != len(current):
+        raise DPDLError("checkpoint holds no fingerprint of this process's nodes' data: "
+                        "refusing to resume")  # fmt: skip
+    for offset, (was, now) in enumerate(zip(saved, current, strict=True)):
+        if was != now.hex():
+            raise DPDLError(
+                f"node {first_node + offset}'s data differ from the checkpoint's (SHA-256): "
+                "refusing to resume, which would re-send its noise on other data"
+            )
 
 
 def shard_path(path: Path, rank: int) -> Path:
@@ -88,6 +106,7 @@ def restore(sim, state: dict[str, Any]) -> None:
     if hasattr(sim, "restore_state"):
         sim.restore_state(state)
         return
+    check_fingerprints(state.get("data_fingerprints"), sim.data_fingerprints, 0)
     sim.params = {k: v.to(sim.device) for k, v in state["params"].items()}
     sim.weights = state["weights"].to(sim.device)
     for g, s in zip(sim.generators, state["generators"], strict=True):
@@ -96,15 +115,22 @@ def restore(sim, state: dict[str, Any]) -> None:
 
 
 def save_atomic(path: Path, payload: dict[str, Any]) -> None:
-    """Write ``payload`` to ``path`` atomically, readable and writable by its owner only."""
+    """Write ``payload`` to ``path`` atomically, readable and writable by its owner only.
+
+    The temporary file is created exclusively under a fresh random name (``mkstemp``:
+    O_CREAT | O_EXCL, mode 0600), so a file or link planted beside the checkpoint is never
+    opened, followed or truncated.
+    """
     path = Path(path)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)  # an old tmp file may have had wider permissions
-    with os.fdopen(fd, "wb") as fh:
-        torch.save({"version": CHECKPOINT_VERSION, **payload}, fh)
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save({"version": CHECKPOINT_VERSION, **payload}, fh)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def load(path: Path) -> dict[str, Any]:

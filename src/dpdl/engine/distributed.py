@@ -30,7 +30,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from dpdl.algorithms.dyn_d2p import Params, local_update, make_node_generators
+from dpdl.algorithms.dyn_d2p import Params, local_update
+from dpdl.engine.checkpoint import check_fingerprints as checkpoint_fingerprints
 from dpdl.engine.comm import PointToPointMixer, block_bounds
 from dpdl.engine.simulator import NodeData, Simulator
 from dpdl.errors import DPDLError
@@ -86,22 +87,21 @@ class DistributedSimulator(Simulator):
     """
 
     def __init__(self, model, data: NodeData, topology, **kwargs):
-        super().__init__(model, data, topology, **kwargs)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.lo, self.hi = block_bounds(self.n, self.world_size, self.rank)
+        self.lo, self.hi = block_bounds(data.n_nodes, self.world_size, self.rank)
+        # The base class keys only this rank's nodes' streams (node_block): in the default
+        # OS-entropy mode each rank draws its own keys locally, so no secret crosses the network.
+        super().__init__(model, data, topology, **kwargs)
         m = self.hi - self.lo
         self.local_data = self.data.block(self.lo, m)
         self.local_params = {k: v[self.lo : self.hi].clone() for k, v in self.params.items()}
         self.local_weights = self.weights[self.lo : self.hi].clone()
-        # This rank's nodes' secret streams only: in the default OS-entropy mode each rank
-        # draws its own root locally, so no secret crosses the network.
-        self.local_generators = make_node_generators(
-            self.n, kwargs.get("seed"), device=self.device, first_node=self.lo, count=m,
-            secure=self.secure_noise,
-        )  # fmt: skip
-        self.generators = []  # the simulator's generators of all nodes are not used here
         self.mixer = PointToPointMixer(topology, self.n, self.rank, self.world_size, self.device)
         self._gathered_at = self.iteration
+
+    @property
+    def node_block(self) -> tuple[int, int]:
+        return self.lo, self.hi - self.lo
 
     # ------------------------------------------------------------------ stepping
     def step(
@@ -117,11 +117,11 @@ class DistributedSimulator(Simulator):
         data = self.local_data
         half = local_update(
             self.model, self.local_params, self.local_weights,
-            data.inputs, data.targets, data.mask, self.local_generators,
+            data.inputs, data.targets, data.mask, self.generators,
             step=k, lr=self.lr, expected_batch_size=self.expected_batch_size,
             sample_rate=self.sample_rate, private=private, clip=clip, sigma=sigma,
             loss=self.loss, buffers=self.buffers, first_node=self.lo,
-            unsafe_zero_noise=unsafe_zero_noise,
+            unsafe_zero_noise=unsafe_zero_noise, clip_method=self.clip_method,
         )  # fmt: skip
         self.local_params, self.local_weights = self.mixer.mix(half.params, self.local_weights, k)
         self.iteration += 1
@@ -167,7 +167,8 @@ class DistributedSimulator(Simulator):
                 "rank": self.rank,
                 "first_node": self.lo,
                 "iteration": self.iteration,
-                "states": [g.get_state() for g in self.local_generators],
+                "states": [g.get_state() for g in self.generators],
+                "data_fingerprints": [f.hex() for f in self.data_fingerprints],
             },
         }
 
@@ -183,7 +184,8 @@ class DistributedSimulator(Simulator):
         self.weights = state["weights"].to(self.device)
         self.local_params = {k: v[self.lo : self.hi].clone() for k, v in self.params.items()}
         self.local_weights = self.weights[self.lo : self.hi].clone()
-        for g, s in zip(self.local_generators, shard["states"], strict=True):
+        checkpoint_fingerprints(shard.get("data_fingerprints"), self.data_fingerprints, self.lo)
+        for g, s in zip(self.generators, shard["states"], strict=True):
             g.set_state(s.clone())  # set_state needs a tensor that owns its storage
         self.iteration = int(state["iteration"])
         self._gathered_at = self.iteration

@@ -4,11 +4,12 @@ Every node's model lives in one dict of stacked parameters ``{name: (n, *shape)}
 push-sum weight in ``w`` (n,), its local data in padded ``(n, J_max, ...)`` tensors.  A step
 runs :func:`dpdl.algorithms.dyn_d2p.local_update` on all nodes at once and mixes with a roll
 (circulant graphs) or a batched matrix product -- never a Python loop over nodes (the only
-per-node loop is the draw from each node's own generator).
+per-node loop is the read of each node's own secret stream).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -67,6 +68,12 @@ class NodeData:
         )
         counts = mask_t.sum(dim=1)
         require(bool((counts > 0).all()), "every node needs at least one local record")
+        for what, values in (("inputs", x), ("targets", y)):
+            if values.is_floating_point():
+                finite = values.reshape(values.shape[0], values.shape[1], -1).isfinite().all(-1)
+                bad = (~finite & mask_t).any(dim=1).nonzero()
+                require(len(bad) == 0, f"node {int(bad[0]) if len(bad) else 0}'s {what} "
+                        "contain NaN or infinite values")  # fmt: skip
         # poisson_sample draws node i's uniforms for its first J_i slots: real records first.
         prefix = torch.arange(mask_t.shape[1], device=mask_t.device) < counts[:, None]
         require(
@@ -87,6 +94,22 @@ class NodeData:
         sl = slice(first, first + count)
         return NodeData(self.inputs[sl], self.targets[sl], self.mask[sl])
 
+    def fingerprints(self, first: int = 0, count: int | None = None) -> list[bytes]:
+        """SHA-256 of each node's real records (inputs, targets, their shapes and dtypes), for
+        nodes ``first .. first + count - 1``: a resume on other data is refused with it, and a
+        seeded stream is keyed with it.  Secret like the data (it confirms a guess of them)."""
+        count = self.n_nodes - first if count is None else count
+        sizes = self.counts.tolist()
+        out = []
+        for i in range(first, first + count):
+            digest = hashlib.sha256(b"dpdl node data v1")
+            for part in (self.inputs[i, : sizes[i]], self.targets[i, : sizes[i]]):
+                array = part.detach().cpu().contiguous().numpy()
+                digest.update(f"{array.dtype.str}{array.shape}".encode())
+                digest.update(array.tobytes())
+            out.append(digest.digest())
+        return out
+
 
 def stack_params(model: torch.nn.Module, n_nodes: int, device: torch.device) -> Params:
     """x_i^0 = the model's initial parameters, identical on every node: {name: (n, *shape)}."""
@@ -102,10 +125,11 @@ class Simulator:
     ``sample_rate`` p = b / J_min: every node samples at the same rate (the accountant's p),
     so a node with more than J_min records has a slightly larger expected batch than b; the
     noisy sum is still divided by b (SPEC §4 step 5).  The per-node sampling and noise
-    generators are secret: ``seed=None`` (the default) seeds them from OS entropy; an int or a
-    ``SeedSequence`` makes them reproducible (a research choice, see
-    :mod:`dpdl.algorithms.randomness`).  ``secure_noise`` uses CSPRNG generators and the
-    hardened Gaussian sampler instead (OS entropy only).
+    streams are secret: ``seed=None`` (the default) keys them from OS entropy; a root key
+    (bytes, :func:`dpdl.algorithms.randomness.stream_root`) or an int derives them, with each
+    node's data fingerprint, reproducibly (a research choice, see
+    :mod:`dpdl.algorithms.randomness`).  ``secure_noise`` uses the hardened Gaussian sampler
+    (OS entropy only).
     ``clip_method`` chooses how per-record clipped sums are computed (``"auto"``,
     ``"book-keeping"``, ``"per-record"``; see :func:`dpdl.algorithms.dyn_d2p.
     clipped_record_sums`): the numbers agree to rounding.
@@ -119,7 +143,7 @@ class Simulator:
         *,
         lr: float,
         expected_batch_size: float = 1.0,
-        seed: int | np.random.SeedSequence | None = None,
+        seed: int | bytes | None = None,
         device: str | torch.device = "cpu",
         loss: str | Callable = "cross_entropy",
         secure_noise: bool = False,
@@ -164,13 +188,30 @@ class Simulator:
         self.params = stack_params(model, self.n, self.device)
         self.weights = torch.ones(self.n, dtype=torch.float64, device=self.device)
         self.secure_noise = bool(secure_noise)
+        first, count = self.node_block
+        self._fingerprints: list[bytes] | None = None
+        # Seeded streams are keyed with the node's data too: other data, other noise.
         self.generators = make_node_generators(
-            self.n, seed, device=self.device, secure=self.secure_noise
-        )
+            self.n, seed, first_node=first, count=count, secure=self.secure_noise,
+            salts=None if seed is None else self.data_fingerprints,
+        )  # fmt: skip
         self.iteration = 0
         self._mixing_cache: dict[int, tuple] = {}
         self._noise_buffer: torch.Tensor | None = None  # (n, d) normals, reused every step
         self._work: Params | None = None  # the step's update, then x^{k+1/2}; never exposed
+
+    @property
+    def node_block(self) -> tuple[int, int]:
+        """(first node, count) of the nodes this process hosts: all of them here."""
+        return 0, self.n
+
+    @property
+    def data_fingerprints(self) -> list[bytes]:
+        """:meth:`NodeData.fingerprints` of this process's nodes (computed once)."""
+        if self._fingerprints is None:
+            first, count = self.node_block
+            self._fingerprints = self.data.fingerprints(first, count)
+        return self._fingerprints
 
     # ------------------------------------------------------------------ stepping
     def _mixing(self, k: int):

@@ -76,6 +76,24 @@ Epsilons = Annotated[
 # Where a kind's secret randomness comes from (dpdl.algorithms.randomness): "os" (secret, the
 # default) or "seed" (reproducible noise, an explicit research choice); shared by the kinds.
 NoiseEntropy = Literal["os", "seed"]
+def seeded_cell_name(config: BaseModel, cell: str, grid: tuple[str, ...] = ()) -> str:
+    """What a numpy kind's seeded stream of one cell is derived from (with the seed): the cell's
+    own name and a digest of every setting of the run but the ``experiment`` table and the
+    dotted ``grid`` keys whose value the cell names, so runs that differ in any other setting
+    (a step size, a clip bound, the data) never share noise."""
+    from dpdl.algorithms.randomness import settings_digest
+
+    settings = config.model_dump(mode="json")
+    settings.pop("experiment", None)
+    for key in grid:
+        *parents, leaf = key.split(".")
+        table = settings
+        for parent in parents:
+            table = table.get(parent, {})
+        table.pop(leaf, None)
+    return f"{settings_digest(settings)}|{cell}"
+
+
 # How every written report marks a run whose noise is derived from its seed.
 REPRODUCIBLE_NOISE_NOTE = (
     "reproducible noise (entropy = seed): anyone who knows the seed can rebuild and remove the "
@@ -180,7 +198,11 @@ class TrainingSection(_Section):
     batch_size: float = Field(1.0, gt=0)
     lr: float = Field(0.03, gt=0)
     eval_every: int = Field(50, ge=1)
+    # The training loss on the nodes' own records is a noise-free function of private data:
+    # only with unsafe_train_metrics = true is it computed (on this many records) and released,
+    # as the column unaccounted_train_loss.  For debugging; never for real data.
     eval_train_samples: int = Field(1000, ge=1)
+    unsafe_train_metrics: bool = False
     eval_test_samples: int | None = Field(None, ge=1)
     eval_node_samples: int = Field(1000, ge=1)
     # Save a checkpoint (models, push-sum weights, generator states, privacy ledger) every

@@ -39,12 +39,22 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, field_validator, model_validator
 
+from dpdl.algorithms.randomness import secret_rng
 from dpdl.errors import DPDLError, require
 from dpdl.experiments.config import ConfigSection as _Section
-from dpdl.experiments.config import Epsilons, NoiseEntropy, validate_config
+from dpdl.experiments.config import (
+    Epsilons,
+    NoiseEntropy,
+    seeded_cell_name,
+    validate_config,
+)
 
 ACCOUNTANTS = ("pn-fdp", "rdp-baseline", "local")
 KIND = "fdp-random-walk"
+
+
+# The settings a cell names itself (seeded streams: dpdl.experiments.config.seeded_cell_name).
+_GRID = ("privacy.epsilons", "privacy.accountants", "train.include_non_private")
 
 
 class ExperimentSection(_Section):
@@ -203,7 +213,7 @@ def random_walk_dp_sgd(walk: np.ndarray, x_nodes: np.ndarray, y_nodes: np.ndarra
     n = walk.shape[0]
     x_nodes = np.asarray(x_nodes, dtype=np.float64).reshape(n, x_nodes.shape[1], -1)
     mask = np.ones(y_nodes.shape, dtype=bool) if mask is None else mask
-    rng = np.random.default_rng(seed)
+    rng = secret_rng(seed)
     path = sample_walk(walk, steps, rng)
     theta = np.zeros((x_nodes.shape[2] + 1, num_classes))
     contributions = np.zeros(n, dtype=np.int64)
@@ -312,7 +322,8 @@ def run_experiment(config: dict, output_dir: Path, *, progress: bool = True) -> 
                 num_classes=nodes["num_classes"], steps=privacy.steps, lr=cfg.train.lr,
                 clip=privacy.clip, sigma=sigma, batch_size=cfg.train.batch_size,
                 local_steps=privacy.local_steps, cap=cap if epsilon is not None else None,
-                seed=numpy_secret_rng(seed, entropy, f"random-walk|{accountant}|{epsilon!r}"),
+                seed=numpy_secret_rng(seed, entropy, seeded_cell_name(
+                    cfg, f"random-walk|{accountant}|{epsilon!r}", _GRID)),
                 eval_every=cfg.train.eval_every, eval_data=nodes["eval"],
                 unsafe_zero_noise=epsilon is None)  # the non-private baseline
             for h in out["history"]:
@@ -384,8 +395,8 @@ def _run_decor(cfg: FdpRandomWalkConfig, topology, nodes: dict, metric_rows: lis
                                 num_classes=nodes["num_classes"], steps=cfg.decor.steps,
                                 lr=cfg.decor.lr, clip=cfg.privacy.clip, sigma=sigma,
                                 sigma_cor=cfg.decor.sigma_cor, batch_size=cfg.decor.batch_size,
-                                seed=numpy_secret_rng(seed, entropy,
-                                                      f"decor|{accountant}|{epsilon!r}"),
+                                seed=numpy_secret_rng(seed, entropy, seeded_cell_name(
+                                    cfg, f"decor|{accountant}|{epsilon!r}", _GRID)),
                                 eval_every=cfg.train.eval_every, eval_data=nodes["eval"])
                 for h in out.history:
                     metric_rows.append({"algorithm": "decor", "accountant": accountant,

@@ -67,6 +67,7 @@ from dpdl.experiments.config import (
     REPRODUCIBLE_NOISE_NOTE,
     Epsilons,
     NoiseEntropy,
+    seeded_cell_name,
     validate_config,
 )
 from dpdl.experiments.config import ConfigSection as _Section
@@ -293,7 +294,9 @@ def run_experiment(
             results = run_linreg_replicas(
                 problems, mixing, steps=algo.steps, alpha=algo.alpha,
                 noises=[noises[eps] for eps, _ in grid], domain=domain,
-                seeds=[numpy_secret_rng(seed, entropy, f"{spec.label}|{eps!r}")
+                seeds=[numpy_secret_rng(seed, entropy, seeded_cell_name(
+                    cfg, f"{spec.model_dump_json()}|{eps!r}",
+                    ("privacy.epsilons", "privacy.include_non_private", "topologies")))
                        for eps, seed in grid],
                 beta_star=beta_star, record_every=algo.record_every)
             for (eps, seed), result in zip(grid, results, strict=True):

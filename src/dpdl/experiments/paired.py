@@ -29,7 +29,7 @@ from dpdl.experiments.report import CellRun, collect_runs, read_metrics
 
 RUN_COLUMNS = (
     "algorithm", "seed", "epsilon_target", "calibration", "setting", "status", "steps",
-    "test_accuracy", "val_accuracy", "train_loss", "epsilon_clt", "epsilon_certified",
+    "test_accuracy", "val_accuracy", "test_loss", "epsilon_clt", "epsilon_certified",
     "train_seconds",
 )  # fmt: skip
 
@@ -65,7 +65,7 @@ def _setting_text(run: CellRun, setting_keys: tuple[str, ...] | None, configs: d
 def _final_metric(run: CellRun, metric: str, cache: dict) -> float:
     if metric == "test_accuracy":
         return run.final_accuracy
-    if metric == "train_loss":
+    if metric == "test_loss":
         return float(run.loss[-1])
     path = run.extra["metrics_path"]
     if path not in cache:
@@ -97,7 +97,7 @@ def run_rows(sweep_dir: Path, setting_keys: tuple[str, ...] | None = None) -> li
                 "steps": int(run.iterations[-1]),
                 "test_accuracy": run.final_accuracy,
                 "val_accuracy": _final_metric(run, "val_accuracy", cache),
-                "train_loss": float(run.loss[-1]),
+                "test_loss": float(run.loss[-1]),
                 "epsilon_clt": run.epsilon_clt,
                 "epsilon_certified": run.epsilon_certified,
                 "train_seconds": run.extra["train_seconds"],

@@ -1,4 +1,7 @@
-"""Plots of a run: test accuracy (average model) and training loss against iteration."""
+"""Plots of a run: test accuracy and test loss (average model) against iteration.
+
+The training loss is not plotted: it is a noise-free function of the nodes' private records
+(see ``DecentralizedTrainer``'s ``unsafe_train_metrics``)."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import numpy as np
 
 
 def read_curves(metrics_csv: str | Path) -> dict[str, dict[str, np.ndarray]]:
-    """metrics.csv -> {curve label: {"iteration", "test_accuracy", "train_loss"}}.
+    """metrics.csv -> {curve label: {"iteration", "test_accuracy", "test_loss"}}.
 
     A curve is one algorithm at one target epsilon, averaged over seeds (at the iterations
     that every seed reached).
@@ -22,25 +25,25 @@ def read_curves(metrics_csv: str | Path) -> dict[str, dict[str, np.ndarray]]:
             eps = float(row["epsilon_target"]) if row.get("epsilon_target") else math.nan
             label = row["algorithm"] + ("" if math.isnan(eps) else f" (ε={eps:g})")
             point = grouped[label].setdefault(
-                int(row["iteration"]), {"test_accuracy": [], "train_loss": []}
+                int(row["iteration"]), {"test_accuracy": [], "test_loss": []}
             )
             point["test_accuracy"].append(float(row["test_accuracy"]))
-            point["train_loss"].append(float(row["train_loss"]))
+            point["test_loss"].append(float(row["test_loss"]))
     curves = {}
     for label, points in grouped.items():
         its = sorted(points)
-        n_seeds = max(len(points[i]["train_loss"]) for i in its)
-        its = [i for i in its if len(points[i]["train_loss"]) == n_seeds]
+        n_seeds = max(len(points[i]["test_loss"]) for i in its)
+        its = [i for i in its if len(points[i]["test_loss"]) == n_seeds]
         curves[label] = {
             "iteration": np.array(its),
             "test_accuracy": np.array([np.mean(points[i]["test_accuracy"]) for i in its]),
-            "train_loss": np.array([np.mean(points[i]["train_loss"]) for i in its]),
+            "test_loss": np.array([np.mean(points[i]["test_loss"]) for i in its]),
         }
     return curves
 
 
 def plot_curves(metrics_csv: str | Path, out_png: str | Path, *, title: str = "") -> Path:
-    """Two panels (accuracy, training loss) with one line per algorithm and epsilon."""
+    """Two panels (test accuracy, test loss) with one line per algorithm and epsilon."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -50,9 +53,9 @@ def plot_curves(metrics_csv: str | Path, out_png: str | Path, *, title: str = ""
     fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 4.2))
     for label, c in curves.items():
         (line,) = ax_acc.plot(c["iteration"], c["test_accuracy"], label=label)
-        ax_loss.plot(c["iteration"], c["train_loss"], label=label, color=line.get_color())
+        ax_loss.plot(c["iteration"], c["test_loss"], label=label, color=line.get_color())
     ax_acc.set(xlabel="iteration", ylabel="test accuracy (average model)")
-    ax_loss.set(xlabel="iteration", ylabel="training loss (average model)", yscale="log")
+    ax_loss.set(xlabel="iteration", ylabel="test loss (average model)", yscale="log")
     for ax in (ax_acc, ax_loss):
         ax.grid(alpha=0.3)
     if curves:

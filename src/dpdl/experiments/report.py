@@ -164,7 +164,7 @@ def collect_runs(sweep_dir: Path) -> list[CellRun]:
                         epsilon_target=eps,
                         iterations=np.asarray(cols["iteration"]),
                         accuracy=np.asarray(cols.get("test_accuracy", [math.nan])),
-                        loss=np.asarray(cols.get("train_loss", [math.nan])),
+                        loss=np.asarray(cols.get("test_loss", [math.nan])),
                         epsilon_clt=cols.get("epsilon_clt", [math.nan])[-1],
                         epsilon_certified=cols.get("epsilon_certified", [math.nan])[-1],
                         cell=cell_dir.name,

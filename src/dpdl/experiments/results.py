@@ -14,7 +14,7 @@ SUMMARY_METRICS = (
     "node_accuracy_mean",
     "node_accuracy_worst",
     "val_accuracy",
-    "train_loss",
+    "test_loss",
     "epsilon_clt",
     "epsilon_certified",
 )

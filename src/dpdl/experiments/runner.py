@@ -6,7 +6,7 @@ once per seed) of a config and writes one run folder::
     config.toml, config.json   the resolved config
     metrics.csv                one row per evaluation (see METRIC_COLUMNS)
     results.json               final numbers per cell, and the mean over seeds per algorithm
-    curves.png                 accuracy and training loss against iteration, every algorithm
+    curves.png                 test accuracy and test loss against iteration, every algorithm
 
 :func:`run_cell` runs one (algorithm, seed, epsilon) cell and is what a sweep may call: it
 builds a :class:`dpdl.trainer.DecentralizedTrainer` from the config and the cell's
@@ -34,6 +34,7 @@ from dpdl.experiments.registry import make_run_dir
 from dpdl.experiments.results import write_results
 from dpdl.trainer import (
     METRIC_COLUMNS,
+    UNACCOUNTED_TRAIN_LOSS,
     CellCheckpointer,
     CSVLogger,
     DecentralizedTrainer,
@@ -182,7 +183,8 @@ def run_cell(
         epsilon=epsilon, **cfg.privacy.model_dump(exclude={"epsilon"}),
         **cfg.training.model_dump(exclude={"checkpoint_every"}), loss=work.loss,
         eval_data=(work.x_test, work.y_test),
-        train_eval_data=(work.x_train_eval, work.y_train_eval),
+        train_eval_data=(work.x_train_eval, work.y_train_eval)
+        if cfg.training.unsafe_train_metrics else None,
         validation_data=None if work.x_val is None else (work.x_val, work.y_val),
         callbacks=[] if on_row is None else [lambda evaluation: on_row(evaluation.row)],
         device=work.device, runtime=cfg.experiment.runtime, entropy=cfg.experiment.entropy,
@@ -314,7 +316,9 @@ def run_experiment(
             (state_dir / CONFIG_DIGEST).write_text(_digest(run_dir / "config.json"))
     finished = _load_finished(state_dir) if resume else {}
     cells: list[dict[str, Any]] = []
-    with CSVLogger(run_dir / "metrics.csv", columns=METRIC_COLUMNS) as metrics:
+    columns = METRIC_COLUMNS + ((UNACCOUNTED_TRAIN_LOSS,) if cfg.training.unsafe_train_metrics
+                                else ())  # fmt: skip
+    with CSVLogger(run_dir / "metrics.csv", columns=columns) as metrics:
         try:
             for seed in cfg.experiment.seeds:
                 work = workloads.pop(seed, None)
