@@ -586,6 +586,7 @@ class DecentralizedTrainer:
                 f"loss {_loss_name(self.loss)!r} must return one value per record (shape "
                 f"({count},) for {count} records), got {shape}; use reduction='none'"
             )
+        self._check_records_independent()
         params = stack_params(self.model, 1, self.device)
         batch = NodeBatch(x, y, torch.zeros(count, dtype=torch.int64, device=self.device), 1)
         buffers = {k: b.to(self.device) for k, b in self.model.named_buffers()}
@@ -596,6 +597,31 @@ class DecentralizedTrainer:
                 "per-record gradients of this model cannot be computed with torch.func "
                 f"(vmap over records): {type(err).__name__}: {_first_line(err)}"
             ) from None
+
+    def _check_records_independent(self) -> None:
+        """Refuse a model whose output for one record depends on the other records of its
+        batch (a mean or norm over the batch, like BatchNorm's).  Training never lets records
+        meet (each is its own batch of one under vmap, so privacy holds regardless), but such
+        a model would be trained on something other than what it computes when evaluated."""
+        x = self.node_data.inputs[self.node_data.mask][:4].to(self.device)
+        if len(x) < 2:
+            return
+        was_training = self.model.training
+        self.model.eval()  # dropout off: the same record gives the same output
+        try:
+            with torch.no_grad():
+                together = self.model(x)
+                alone = torch.cat([self.model(x[i : i + 1]) for i in range(len(x))])
+        finally:
+            self.model.train(was_training)
+        scale = float(alone.abs().max()) + 1e-6
+        require(
+            tuple(together.shape) == tuple(alone.shape)
+            and float((together - alone).abs().max()) <= 1e-4 * scale,
+            "the model's output for a record depends on the other records of its batch (a "
+            "statistic over the batch, as in BatchNorm): per-record privacy needs a model "
+            "that treats records independently (use GroupNorm or LayerNorm)",
+        )
 
     def _evaluation_sets(self, eval_data, train_eval_data, validation_data) -> dict[str, Any]:
         rng = np.random.default_rng(self.seed)

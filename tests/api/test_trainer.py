@@ -123,8 +123,7 @@ def test_api_and_dpdl_run_give_identical_metrics(tmp_path):
         "data": {"dataset": "digits"},
         "model": {"name": "logreg"},
         "topology": {"name": "exp", "nodes": 6},
-        "training": {"steps": 12, "batch_size": 4, "lr": 0.3, "eval_every": 6,
-                     "eval_train_samples": 100000},
+        "training": {"steps": 12, "batch_size": 4, "lr": 0.3, "eval_every": 6},
         "privacy": {"epsilon": 2.0, "delta": 1e-4, "eval_blocks": 4, "calibration_blocks": 10},
     }  # fmt: skip
     path = tmp_path / "cli.toml"
@@ -140,8 +139,8 @@ def test_api_and_dpdl_run_give_identical_metrics(tmp_path):
         make_model("logreg", data.input_shape, data.num_classes, seed=0),
         [(data.x_train[p], data.y_train[p]) for p in parts],
         topology="exp", algorithm="dyn-d2p", epsilon=2.0, delta=1e-4, batch_size=4, lr=0.3,
-        steps=12, eval_every=6, eval_blocks=4, calibration_blocks=10, eval_train_samples=100000,
-        eval_data=(data.x_test, data.y_test), train_eval_data=(data.x_train, data.y_train),
+        steps=12, eval_every=6, eval_blocks=4, calibration_blocks=10,
+        eval_data=(data.x_test, data.y_test),
         entropy="seed", seed=0, output_dir=tmp_path / "api", run_name="api",
     )  # fmt: skip
     api_dir = tmp_path / "api" / "api"
@@ -362,12 +361,12 @@ def test_resume_continues_an_interrupted_api_run_exactly(tmp_path, digits):
 
 
 def test_an_os_entropy_api_run_resumes_from_its_checkpointed_streams(tmp_path, digits):
-    x_train, _, y_train, _ = digits
+    x_train, x_test, y_train, y_test = digits
     nodes = uneven_split(x_train, y_train, nodes=4)
     settings = dict(
         algorithm="const-d2p", epsilon=2.0, calibrate="clt", certified_accountant="rdp",
         batch_size=4, lr=0.3, steps=8, eval_every=4, checkpoint_every=2, run_name="r",
-        output_dir=tmp_path,
+        output_dir=tmp_path, eval_data=(x_test, y_test),
     )  # fmt: skip
 
     def crash_at_4(evaluation):
@@ -381,4 +380,4 @@ def test_an_os_entropy_api_run_resumes_from_its_checkpointed_streams(tmp_path, d
     assert resumed.record["noise_entropy"] == "os"
     assert [row["iteration"] for row in resumed.history] == [0, 4, 8]
     assert resumed.ledger.steps_taken == 8
-    assert float(first[1]["train_loss"]) == resumed.history[1]["train_loss"]  # step 4 replayed
+    assert float(first[1]["test_loss"]) == resumed.history[1]["test_loss"]  # step 4 replayed

@@ -40,19 +40,27 @@ def test_loader_shapes_layout_and_per_channel_standardisation(tmp_path, protocol
     assert data.x_train.shape == (20, 3, 32, 32) and data.x_test.shape == (4, 3, 32, 32)
     assert data.x_train.dtype == np.float32 and data.num_classes == 10
     raw_train = np.concatenate([written[n][b"data"] for n in BATCHES[:5]]).astype(np.float64)
+    raw_test = written["test_batch"][b"data"].astype(np.float64)
     # Each row is 1024 red values, then 1024 green, then 1024 blue.
-    planes = raw_train.reshape(20, 3, 1024) / 255.0
-    mean, std = planes.mean(axis=(0, 2)), planes.std(axis=(0, 2))
+    planes_train = raw_train.reshape(20, 3, 1024) / 255.0
+    planes_test = raw_test.reshape(4, 3, 1024) / 255.0
+    # The statistics are those of the public test batch, never of the (private) train batches.
+    mean, std = planes_test.mean(axis=(0, 2)), planes_test.std(axis=(0, 2))
+    assert not np.allclose(mean, planes_train.mean(axis=(0, 2)), rtol=1e-6, atol=0)
     np.testing.assert_allclose(data.info["mean"], mean, rtol=1e-12)
     np.testing.assert_allclose(data.info["std"], std, rtol=1e-12)
-    expected = (planes - mean[None, :, None]) / std[None, :, None]
-    np.testing.assert_allclose(data.x_train.reshape(20, 3, 1024), expected, atol=1e-5)
-    raw_test = written["test_batch"][b"data"].reshape(4, 3, 32, 32) / 255.0
-    np.testing.assert_allclose(
-        data.x_test, (raw_test - mean[:, None, None]) / std[:, None, None], atol=1e-5)
+    assert "public test split" in data.info["preprocessing"]
+    expected_test = (planes_test - mean[None, :, None]) / std[None, :, None]
+    np.testing.assert_allclose(data.x_test.reshape(4, 3, 1024), expected_test, atol=1e-5)
+    # The test split is centred with unit std per channel ...
+    np.testing.assert_allclose(data.x_test.mean(axis=(0, 2, 3)), 0.0, atol=1e-5)
+    np.testing.assert_allclose(data.x_test.std(axis=(0, 2, 3)), 1.0, atol=1e-5)
+    # ... and the train split went through the same per-channel affine map.
+    expected_train = (planes_train - mean[None, :, None]) / std[None, :, None]
+    np.testing.assert_allclose(data.x_train.reshape(20, 3, 1024), expected_train, atol=1e-5)
     np.testing.assert_array_equal(data.y_test, written["test_batch"][b"labels"])
-    np.testing.assert_allclose(data.x_train.mean(axis=(0, 2, 3)), 0.0, atol=1e-5)
-
+    np.testing.assert_array_equal(
+        data.y_train, np.concatenate([written[n][b"labels"] for n in BATCHES[:5]]))
 
 def test_read_batch_validates(tmp_path):
     bad_shape = {b"data": np.zeros((2, 100), np.uint8), b"labels": [0, 1]}

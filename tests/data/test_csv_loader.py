@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 from sklearn.model_selection import train_test_split
+from sklearn.preprocessing import Normalizer, StandardScaler
 
 from dpdl.data import load_csv, load_dataset
 from dpdl.errors import DatasetNotFound, DPDLError
@@ -18,26 +19,53 @@ def _housing_like(tmp_path, n=60, header=True, sep=","):
     return path, features, price
 
 
+def _sorted_split(n, test_size, seed, stratify=None):
+    idx_train, idx_test = train_test_split(
+        np.arange(n), test_size=test_size, random_state=seed, stratify=stratify
+    )
+    return np.sort(idx_train), np.sort(idx_test)
+
+
 def test_regression_csv_with_header(tmp_path):
     path, features, price = _housing_like(tmp_path)
     data = load_csv(path, seed=4)
     assert data.task == "regression" and data.input_shape == (3,)
     assert data.info["features"] == ["rooms", "age", "income"]
-    idx_train, _ = train_test_split(np.arange(60), test_size=0.2, random_state=4)
-    np.testing.assert_allclose(np.sort(data.y_train), np.sort(price[idx_train]), rtol=1e-5)
-    np.testing.assert_allclose(data.x_train.mean(axis=0), 0.0, atol=1e-5)
-    np.testing.assert_allclose(data.x_train.std(axis=0), 1.0, atol=1e-5)
+    assert "public test split" in data.info["preprocessing"]
+    idx_train, idx_test = _sorted_split(60, 0.2, 4)
+    written = np.round(features, 6)  # what the CSV holds (6 decimals)
+    np.testing.assert_allclose(data.y_train, price[idx_train], rtol=1e-5)
+    np.testing.assert_allclose(data.y_test, price[idx_test], rtol=1e-5)
+    # Standardised with the statistics of the public test split: test is centred with unit
+    # std, and train went through the same affine map.
+    scaler = StandardScaler().fit(written[idx_test])
+    np.testing.assert_allclose(data.x_test, scaler.transform(written[idx_test]), atol=1e-5)
+    np.testing.assert_allclose(data.x_train, scaler.transform(written[idx_train]), atol=1e-5)
+    np.testing.assert_allclose(data.x_test.mean(axis=0), 0.0, atol=1e-5)
+    np.testing.assert_allclose(data.x_test.std(axis=0), 1.0, atol=1e-5)
 
 
 def test_binarize_median_and_row_normalisation(tmp_path):
-    path, _, price = _housing_like(tmp_path, header=False, sep=";")
+    path, features, price = _housing_like(tmp_path, header=False, sep=";")
     data = load_csv(path, binarize="median", normalize_rows=True, seed=1)
     assert data.task == "classification" and data.num_classes == 2
-    idx_train, _ = train_test_split(np.arange(60), test_size=0.2, random_state=1)
-    expected_threshold = np.median(np.round(price, 6)[idx_train])
+    idx_train, idx_test = _sorted_split(60, 0.2, 1)
+    written_price = np.round(price, 6)
+    # The threshold is the median of the public test split's labels, not of the train labels.
+    expected_threshold = np.median(written_price[idx_test])
+    assert expected_threshold != pytest.approx(np.median(written_price[idx_train]), abs=1e-6)
     assert data.info["binarize_threshold"] == pytest.approx(expected_threshold, abs=1e-9)
-    train_share = data.y_train.mean()
-    assert 0.4 <= train_share <= 0.6  # the train median splits the train labels in half
+    # 12 distinct test labels: the test median puts exactly half of them above it.
+    assert data.y_test.mean() == 0.5
+    np.testing.assert_array_equal(data.y_test, written_price[idx_test] > expected_threshold)
+    np.testing.assert_array_equal(data.y_train, written_price[idx_train] > expected_threshold)
+    # Standardised with the test split's statistics, then each row scaled to unit norm.
+    written = np.round(features, 6)
+    scaler = StandardScaler().fit(written[idx_test])
+    np.testing.assert_allclose(
+        data.x_train, Normalizer().transform(scaler.transform(written[idx_train])), atol=1e-5)
+    np.testing.assert_allclose(
+        data.x_test, Normalizer().transform(scaler.transform(written[idx_test])), atol=1e-5)
     np.testing.assert_allclose(np.linalg.norm(data.x_train, axis=1), 1.0, atol=1e-5)
     via_registry = load_dataset(f"csv:{path}", seed=1)
     assert via_registry.task == "regression" and via_registry.num_train == data.num_train

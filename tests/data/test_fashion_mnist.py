@@ -74,17 +74,25 @@ def _write_tiny_fashion(folder: Path, n_train=12, n_test=5, gz=True):
 
 
 @pytest.mark.parametrize("gz", [True, False])
-def test_loader_on_tiny_files_standardises_with_train_stats(tmp_path, gz):
+def test_loader_on_tiny_files_standardises_with_test_stats(tmp_path, gz):
     arrays = _write_tiny_fashion(tmp_path / "fm", gz=gz)
     data = load_dataset("fashion-mnist", data_dir=tmp_path / "fm")
     assert data.x_train.shape == (12, 1, 28, 28) and data.x_test.shape == (5, 1, 28, 28)
-    scaled = arrays["x_train"].astype(np.float64) / 255.0
-    mean, std = scaled.mean(), scaled.std()
+    assert "public test split" in data.info["preprocessing"]
+    # Scalar mean/std of the public test images (the train images are private).
+    scaled_test = arrays["x_test"].astype(np.float64) / 255.0
+    mean, std = scaled_test.mean(), scaled_test.std()
     assert data.info["mean"] == pytest.approx(mean, rel=1e-12)
     assert data.info["std"] == pytest.approx(std, rel=1e-12)
-    expected_test = (arrays["x_test"] / 255.0 - mean) / std
-    np.testing.assert_allclose(data.x_test[:, 0], expected_test, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(data.x_test[:, 0], (scaled_test - mean) / std, rtol=1e-5,
+                               atol=1e-6)
+    assert float(data.x_test.mean()) == pytest.approx(0.0, abs=1e-5)
+    assert float(data.x_test.std()) == pytest.approx(1.0, abs=1e-5)
+    # The train images went through the same affine map.
+    expected_train = (arrays["x_train"] / 255.0 - mean) / std
+    np.testing.assert_allclose(data.x_train[:, 0], expected_train, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(data.y_train, arrays["y_train"])
+    np.testing.assert_array_equal(data.y_test, arrays["y_test"])
 
 
 def test_search_order_prefers_data_dir_then_env(tmp_path, monkeypatch):
@@ -138,8 +146,27 @@ def test_real_fashion_mnist(monkeypatch):
     data = load_dataset("fashion-mnist", data_dir=SYSTEM_DIR)
     assert (data.num_train, data.num_test) == (60_000, 10_000)
     assert data.x_train.shape == (60_000, 1, 28, 28) and data.x_train.dtype == np.float32
-    # Published facts: balanced classes (6000 / 1000 per class); pixel mean 0.2860, std 0.3530.
+    # Published facts: balanced classes (6000 / 1000 per class).
     np.testing.assert_array_equal(np.bincount(data.y_train), np.full(10, 6000))
     np.testing.assert_array_equal(np.bincount(data.y_test), np.full(10, 1000))
-    assert data.info["mean"] == pytest.approx(0.2860, abs=5e-4)
-    assert data.info["std"] == pytest.approx(0.3530, abs=5e-4)
+    # Standardised with the public test images' pixel mean/std, computed here straight from the
+    # raw test IDX file (16-byte header, then uint8 pixels); published: about 0.2868 / 0.3524
+    # (the train images' 0.2860 / 0.3530 must not be used).
+    raw = gzip.decompress((SYSTEM_DIR / "t10k-images-idx3-ubyte.gz").read_bytes())
+    assert raw[:4] == bytes([0, 0, 0x08, 3])
+    pixels = np.frombuffer(raw, dtype=np.uint8, offset=16).astype(np.float64) / 255.0
+    assert pixels.size == 10_000 * 28 * 28
+    assert data.info["mean"] == pytest.approx(pixels.mean(), rel=1e-9)
+    assert data.info["std"] == pytest.approx(pixels.std(), rel=1e-9)
+    assert data.info["mean"] == pytest.approx(0.2868, abs=5e-4)
+    assert data.info["std"] == pytest.approx(0.3524, abs=5e-4)
+    assert float(data.x_test.mean(dtype=np.float64)) == pytest.approx(0.0, abs=1e-5)
+    assert float(data.x_test.std(dtype=np.float64)) == pytest.approx(1.0, abs=1e-5)
+    # Train pixels went through the same map: their mean is about (0.2860 - 0.2868) / 0.3524,
+    # close to but not 0.
+    raw_train = gzip.decompress((SYSTEM_DIR / "train-images-idx3-ubyte.gz").read_bytes())
+    train_pixel_mean = np.frombuffer(raw_train, np.uint8, offset=16).mean(dtype=np.float64) / 255
+    expected_train_mean = (train_pixel_mean - pixels.mean()) / pixels.std()
+    assert expected_train_mean < -1e-3
+    train_mean = float(data.x_train.mean(dtype=np.float64))
+    assert train_mean == pytest.approx(expected_train_mean, rel=1e-4)

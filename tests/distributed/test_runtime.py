@@ -39,7 +39,7 @@ delta = 1e-4
 calibrate = "clt"
 certified_accountant = "rdp"
 """
-NUMERIC = ("train_loss", "test_loss", "test_accuracy", "node_accuracy_mean",
+NUMERIC = ("test_loss", "test_accuracy", "node_accuracy_mean",
            "node_accuracy_worst", "epsilon_clt", "epsilon_certified")  # fmt: skip
 
 

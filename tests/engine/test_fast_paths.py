@@ -10,7 +10,6 @@ import pytest
 import torch
 
 import dpdl.algorithms.dyn_d2p as dyn
-from dpdl.algorithms.randomness import fill_normals
 from dpdl.algorithms.dyn_d2p import (
     NodeBatch,
     draw_node_noise,
@@ -19,6 +18,7 @@ from dpdl.algorithms.dyn_d2p import (
     mean_batch_grads,
     sum_records,
 )
+from dpdl.algorithms.randomness import fill_normals
 from dpdl.engine import NodeData, Simulator, stack_params
 from dpdl.errors import DPDLError
 

@@ -106,7 +106,7 @@ def test_same_seed_same_metrics_and_seed_matters(tmp_path):
     runner.run_experiment(cfg, tmp_path, progress=False, run_name="three")
     one, two, three = (read_rows(tmp_path / n / "metrics.csv") for n in ("one", "two", "three"))
     assert one == two
-    assert [r["train_loss"] for r in one] != [r["train_loss"] for r in three]
+    assert [r["test_loss"] for r in one] != [r["test_loss"] for r in three]
 
 
 def test_refuses_a_schedule_over_budget(tmp_path, monkeypatch):

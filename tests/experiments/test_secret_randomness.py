@@ -20,7 +20,7 @@ from scipy import stats
 from dpdl import trainer
 from dpdl.algorithms import randomness
 from dpdl.algorithms.dyn_d2p import draw_node_noise, local_update, make_node_generators
-from dpdl.algorithms.randomness import SecureGenerator, cell_noise_root
+from dpdl.algorithms.randomness import SecretStream
 from dpdl.engine import checkpoint as checkpoints
 from dpdl.engine.simulator import Simulator
 from dpdl.errors import DPDLError
@@ -48,8 +48,8 @@ def test_default_runs_draw_fresh_noise_and_seed_runs_repeat(tmp_path):
     assert parse_config(config()).experiment.entropy == "os"
     a = runner.run_experiment(config(), tmp_path, progress=False, run_name="a")
     runner.run_experiment(config(), tmp_path, progress=False, run_name="b")
-    assert [r["train_loss"] for r in rows(tmp_path / "a")][1:] != [
-        r["train_loss"] for r in rows(tmp_path / "b")
+    assert [r["test_loss"] for r in rows(tmp_path / "a")][1:] != [
+        r["test_loss"] for r in rows(tmp_path / "b")
     ][1:]
     assert a["cells"][0]["noise_entropy"] == "os"
     seeded = config(entropy="seed")
@@ -60,42 +60,51 @@ def test_default_runs_draw_fresh_noise_and_seed_runs_repeat(tmp_path):
 
 
 def test_no_output_file_holds_the_secret(tmp_path, monkeypatch):
-    drawn, seeds = [], []
-    real_randbits = randomness.secrets.randbits
+    drawn, keys = [], []
+    real_urandom = randomness.os.urandom
 
-    def recording_randbits(k):
-        drawn.append(real_randbits(k))
-        return drawn[-1]
+    def recording_urandom(k):
+        value = real_urandom(k)
+        if k == randomness.KEY_BYTES:
+            drawn.append(value)
+        return value
 
     class Recording(Simulator):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            seeds.extend(g.initial_seed() for g in self.generators)
+            keys.extend(bytes(g.get_state()[: randomness.KEY_BYTES].tolist())
+                        for g in self.generators)  # fmt: skip
 
-    monkeypatch.setattr(randomness.secrets, "randbits", recording_randbits)
+    monkeypatch.setattr(randomness.os, "urandom", recording_urandom)
     monkeypatch.setattr(runner, "Simulator", Recording)
     cfg = config()
     cfg["experiment"]["algorithms"] = ["const-d2p@clt", "dyn-d2p@clt"]
     runner.run_experiment(cfg, tmp_path, progress=False, run_name="r")
-    assert len(drawn) == 2 and len(seeds) == 12  # one root per cell, one stream per node
-    needles = [str(v) for v in drawn + seeds] + [f"{v:x}" for v in drawn + seeds]
+    # one 256-bit OS key per node and cell, each the key of its stream
+    assert len(keys) == 12 and sorted(keys) == sorted(drawn) and len(set(keys)) == 12
+    needles = [k.hex() for k in keys] + [k.hex().upper() for k in keys]
     files = [p for p in (tmp_path / "r").rglob("*") if p.is_file()]
     assert {p.name for p in files} >= {"config.json", "config.toml", "metrics.csv", "results.json"}
     for path in files:
-        text = path.read_bytes().decode("latin-1")
+        raw = path.read_bytes()
+        text = raw.decode("latin-1")
         assert not any(n in text for n in needles), f"{path.name} holds a secret"
+        assert not any(k in raw for k in keys), f"{path.name} holds a secret key"
 
 
 def test_cells_of_one_seed_draw_their_own_streams():
-    def first_draws(entropy, cell):
-        (g,) = make_node_generators(1, cell_noise_root(entropy, 7, cell))
-        return torch.randn(5, generator=g)
+    def first_draws(entropy, settings):
+        (g,) = make_node_generators(1, randomness.stream_root(entropy, 7, settings))
+        return g.words(4)
 
     for entropy in ("seed", "os"):
-        a, b = first_draws(entropy, "const-d2p|1.0"), first_draws(entropy, "const-d2p|0.3")
-        assert not torch.equal(a, b)
-    assert torch.equal(first_draws("seed", "dyn-d2p|1.0"), first_draws("seed", "dyn-d2p|1.0"))
-    assert not torch.equal(first_draws("os", "dyn-d2p|1.0"), first_draws("os", "dyn-d2p|1.0"))
+        a = first_draws(entropy, {"algorithm": "const-d2p", "epsilon": 1.0})
+        b = first_draws(entropy, {"algorithm": "const-d2p", "epsilon": 0.3})
+        assert not np.array_equal(a, b)
+    same = {"algorithm": "dyn-d2p", "epsilon": 1.0, "lr": 0.03}
+    assert np.array_equal(first_draws("seed", same), first_draws("seed", dict(same)))
+    assert not np.array_equal(first_draws("seed", same), first_draws("seed", same | {"lr": 0.06}))
+    assert not np.array_equal(first_draws("os", same), first_draws("os", same))
 
 
 def test_a_private_step_needs_explicit_positive_noise():
@@ -116,22 +125,23 @@ def test_a_private_step_needs_explicit_positive_noise():
 
 
 def test_secure_sampler_matches_sigma_and_is_used_when_asked(tmp_path):
-    g = SecureGenerator()
-    z = g.normal(200_000)
+    g = SecretStream(hardened=True)
+    z = g.hardened_normals(200_000)
     assert abs(z.mean()) < 5 / np.sqrt(len(z))
     assert abs(z.std() - 1.0) < 0.01
     assert stats.kstest(z, "norm").pvalue > 1e-4
-    u = g.uniform(100_000)
+    u = g.doubles(100_000)
     assert 0 < u.min() and u.max() <= 1 and stats.kstest(u, "uniform").pvalue > 1e-4
     # The state restores the stream exactly; a fresh key draws other numbers.
     state = g.get_state()
-    ahead = g.normal(10)
-    g2 = SecureGenerator()
+    ahead = g.hardened_normals(10)
+    g2 = SecretStream(hardened=True)
     g2.set_state(state)
-    assert np.array_equal(g2.normal(10), ahead)
-    assert not np.array_equal(SecureGenerator().normal(10), ahead)
-    noise = draw_node_noise([SecureGenerator(), SecureGenerator()], 50_000)
+    assert np.array_equal(g2.hardened_normals(10), ahead)
+    assert not np.array_equal(SecretStream().hardened_normals(10), ahead)
+    noise = draw_node_noise([SecretStream(hardened=True), SecretStream(hardened=True)], 50_000)
     assert abs(float(noise.std()) - 1.0) < 0.02
+    assert all(g.hardened for g in make_node_generators(3, None, secure=True))
 
     cfg = config()
     cfg["privacy"]["secure_noise"] = True
@@ -209,8 +219,11 @@ def cfg_spec():
 
 
 def test_node_streams_do_not_depend_on_the_block_or_on_earlier_calls():
-    root = cell_noise_root("seed", 5, "dyn-d2p|1.0")
-    whole = [g.initial_seed() for g in make_node_generators(6, root)]
-    again = [g.initial_seed() for g in make_node_generators(6, root)]  # same root, second call
-    block = [g.initial_seed() for g in make_node_generators(6, root, first_node=2, count=3)]
-    assert whole == again and block == whole[2:5]
+    root = randomness.stream_root("seed", 5, {"algorithm": "dyn-d2p", "epsilon": 1.0})
+
+    def keys(**block):
+        return [g.get_state().tolist() for g in make_node_generators(6, root, **block)]
+
+    whole = keys()
+    assert keys() == whole  # same root, second call
+    assert keys(first_node=2, count=3) == whole[2:5]

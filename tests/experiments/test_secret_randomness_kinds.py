@@ -47,7 +47,7 @@ CONFIGS = {
 # The file whose numbers depend on the noise, and the (cell) streams one seed draws:
 # linreg: eps and non-private; netdp: local, network, non-private;
 # fdp: random walk (local, non-private) and DECOR (rdp-simple, fdp).
-NOISY_FILE = {"linreg": "errors.csv", "netdp-logreg": "metrics.csv",
+NOISY_FILE = {"linreg": "test_mse.csv", "netdp-logreg": "metrics.csv",
               "fdp-random-walk": "metrics.csv"}  # fmt: skip
 CELLS = {"linreg": 2, "netdp-logreg": 3, "fdp-random-walk": 4}
 
@@ -74,27 +74,30 @@ def entropies(results: dict) -> set[str]:
 @pytest.mark.parametrize("kind", sorted(CONFIGS))
 def test_default_runs_draw_fresh_secret_noise_that_no_file_holds(kind, tmp_path, monkeypatch):
     drawn = []
-    real_randbits = randomness.secrets.randbits
+    real_urandom = randomness.os.urandom
 
-    def recording_randbits(k):
-        drawn.append(real_randbits(k))
-        return drawn[-1]
+    def recording_urandom(k):
+        value = real_urandom(k)
+        if k == randomness.KEY_BYTES:
+            drawn.append(value)
+        return value
 
-    monkeypatch.setattr(randomness.secrets, "randbits", recording_randbits)
+    monkeypatch.setattr(randomness.os, "urandom", recording_urandom)
     validate_experiment_config(CONFIGS[kind])
     a = run(kind, tmp_path / "a")
     b = run(kind, tmp_path / "b")
-    assert len(drawn) == 2 * CELLS[kind]  # one root per cell and run
+    assert len(drawn) == 2 * CELLS[kind]  # one 256-bit key per cell and run
     assert len(set(drawn)) == len(drawn)
     assert entropies(a) == entropies(b) == {"os"} and a["noise_entropy"] == "os"
     files_a, files_b = run_files(a), run_files(b)
     assert files_a[NOISY_FILE[kind]] != files_b[NOISY_FILE[kind]]
     if kind == "linreg":  # its own report marks only reproducible noise
         assert b"entropy = seed" not in files_a["final.md"]
-    needles = [str(v) for v in drawn] + [f"{v:x}" for v in drawn]
+    needles = [k.hex() for k in drawn] + [str(int.from_bytes(k, "little")) for k in drawn]
     for name, content in [*files_a.items(), *files_b.items()]:
         text = content.decode("latin-1")
         assert not any(n in text for n in needles), f"{name} holds a secret"
+        assert not any(k in content for k in drawn), f"{name} holds a secret key"
 
 
 @pytest.mark.parametrize("kind", sorted(CONFIGS))

@@ -322,7 +322,11 @@ class LinRegResult:
     consensus: (len(steps),) max_i ‖β_i(t) − mean_j β_j(t)‖; beta: final β(T), (k, m);
     released: P_Ω(β(T) + ω(T)), the private estimate a node may publish (= β(T) when
     non-private); released_errors: (k,) its distance to β*; noise_scale: v(t) per step t < T
-    (zeros when non-private).
+    (zeros when non-private); shared: (len(steps), k, m) what the nodes released at the
+    recorded t, P_Ω(β♭_i(t)) (the projection of the shared noisy β♭, post-processing), and
+    ``released`` at t = T.  ``errors``, ``consensus``, ``beta`` and ``released_errors`` are
+    noise-free functions of the private data (β* is the pooled solution); ``shared`` and
+    ``released`` are what the privacy guarantee covers.
     """
 
     steps: np.ndarray
@@ -333,6 +337,7 @@ class LinRegResult:
     released_errors: np.ndarray
     beta_star: np.ndarray
     noise_scale: np.ndarray
+    shared: np.ndarray
     trajectory: np.ndarray | None = None  # (len(steps), k, m) when requested
 
 
@@ -361,7 +366,7 @@ def run_linreg(
     Privacy-critical: a private run must have both (the guarantee needs ‖β♯‖ ≤ B_Ω), so
     noise without a domain is refused. ``beta0`` (default 0) may be (m,) or (k, m);
     ``beta_star`` defaults to the pooled least-squares solution. Laplace draws come from
-    ``numpy.random.default_rng(seed)`` (None: OS entropy).
+    :func:`dpdl.algorithms.randomness.secret_rng` (seed None: a ChaCha20 key from the OS).
     """
     return run_linreg_replicas(
         problems, mixing, steps=steps, alpha=alpha, noises=[noise], domain=domain,
@@ -433,14 +438,17 @@ def run_linreg_replicas(
     errors = np.empty((len(record_at), replicas, k))
     consensus = np.empty((len(record_at), replicas))
     trajectory = np.empty((len(record_at), replicas, k, m)) if keep_trajectory else None
+    shared_path = np.empty((len(record_at), replicas, k, m))
     unit_noise = np.zeros((_NOISE_BLOCK, k, replicas, m))
     slot = 0
 
-    def record(state: np.ndarray) -> None:
+    def record(state: np.ndarray, sent: np.ndarray) -> None:
+        """``state`` β(t) and ``sent`` what was released at t, both (k, R, m)."""
         nonlocal slot
         errors[slot] = np.linalg.norm(state - beta_star, axis=-1).T
         consensus[slot] = np.linalg.norm(state - state.mean(axis=0, keepdims=True),
                                          axis=-1).max(axis=0)
+        shared_path[slot] = sent.transpose(1, 0, 2)
         if trajectory is not None:
             trajectory[slot] = state.transpose(1, 0, 2)
         slot += 1
@@ -459,9 +467,6 @@ def run_linreg_replicas(
                 block = min(_NOISE_BLOCK, steps - t)
                 for r in np.flatnonzero(private):
                     unit_noise[:block, :, r] = rngs[r].laplace(0.0, 1.0, (block, k, m))
-            if record_at[slot] == t:
-                check_finite(t)
-                record(beta)
             shared = beta + scales[:, t, None] * unit_noise[t % _NOISE_BLOCK]
             if project_all:
                 projected = domain.project(shared)
@@ -469,16 +474,19 @@ def run_linreg_replicas(
                 projected = np.where(private[:, None], domain.project(shared), shared)
             else:
                 projected = shared
+            if record_at[slot] == t:
+                check_finite(t)
+                record(beta, projected)
             mixed = (w @ projected.reshape(k, -1)).reshape(k, replicas, m)
             beta = mixed - step_sizes[t] * problems.replica_gradients(projected)
         check_finite(steps - 1)
-    record(beta)
-
+    state = beta
     beta = beta.transpose(1, 0, 2)  # (R, k, m)
     released = beta.copy()
     for r in np.flatnonzero(private):
         final_noise = rngs[r].laplace(0.0, scales[r, steps], (k, m))
         released[r] = domain.project(beta[r] + final_noise)
+    record(state, released.transpose(1, 0, 2))
     released_errors = np.linalg.norm(released - beta_star, axis=-1)
     return [
         LinRegResult(
@@ -490,6 +498,7 @@ def run_linreg_replicas(
             released_errors=released_errors[r],
             beta_star=beta_star,
             noise_scale=scales[r, :-1],
+            shared=shared_path[:, r],
             trajectory=None if trajectory is None else trajectory[:, r],
         )
         for r in range(replicas)

@@ -267,17 +267,17 @@ def secret_rng(seed: Any = None) -> np.random.Generator:
     """A ``numpy.random.Generator`` on ChaCha20 (randomgen's ``ChaCha``, 20 rounds).
 
     ``seed``: None -- a 256-bit key from ``os.urandom`` (secret); a Generator -- used as
-    given (the caller's stream); a ``SeedSequence`` -- 256 bits of its state; an int --
-    a key derived from it (reproducible noise, for tests and research only).
+    given (the caller's stream); a ``SeedSequence`` -- 256 bits of its state, and an int as
+    ``SeedSequence(seed)`` (reproducible noise, for tests and research only).
     """
     if isinstance(seed, np.random.Generator):
         return seed
     if seed is None:
         return _chacha_generator(os.urandom(KEY_BYTES))
+    if isinstance(seed, int | np.integer) and not isinstance(seed, bool):
+        seed = np.random.SeedSequence(int(seed))
     if isinstance(seed, np.random.SeedSequence):
         return _chacha_generator(seed.generate_state(KEY_BYTES // 4, dtype=np.uint32).tobytes())
-    if isinstance(seed, int | np.integer) and not isinstance(seed, bool):
-        return _chacha_generator(derive_key("int seed", int(seed)))
     raise DPDLError(f"secret randomness takes None, an int, a SeedSequence or a numpy "
                     f"Generator, got {type(seed).__name__}")  # fmt: skip
 

@@ -10,7 +10,11 @@ import numpy as np
 
 from dpdl.data.dataset import Dataset
 from dpdl.data.download import download_file, file_md5, safe_extract_tar
-from dpdl.data.preprocessing import histogram_mean_std, standardize_uint8_images
+from dpdl.data.preprocessing import (
+    PUBLIC_STATISTICS,
+    histogram_mean_std,
+    standardize_uint8_images,
+)
 from dpdl.errors import DatasetNotFound, DPDLError
 
 FOLDER = "cifar-10-batches-py"
@@ -127,9 +131,9 @@ def load_cifar10(
 ) -> Dataset:
     """CIFAR-10 as (N, 3, 32, 32) float32, 50 000 train / 10 000 test, 10 classes.
 
-    Pixels are scaled to [0, 1] and standardised per channel with the training set's channel
-    means and stds (about (0.4914, 0.4822, 0.4465) and (0.2470, 0.2435, 0.2616); exact values
-    in ``info``). With ``download=True`` and no local copy, the official tarball is fetched into
+    Pixels are scaled to [0, 1] and standardised per channel with the public test split's
+    channel means and stds (exact values in ``info``; the training records are private).
+    With ``download=True`` and no local copy, the official tarball is fetched into
     ``data_dir`` (else $DPDL_DATA, else ~/.cache/dpdl) and verified by md5. ``seed`` is unused.
     """
     folder = find_cifar10(data_dir, download)
@@ -138,7 +142,7 @@ def load_cifar10(
     y_train = np.concatenate([labels for _, labels in train])
     x_test_raw, y_test = read_batch(folder / TEST_BATCH)
 
-    stats = [histogram_mean_std(x_train_raw[:, c]) for c in range(CHANNELS)]
+    stats = [histogram_mean_std(x_test_raw[:, c]) for c in range(CHANNELS)]  # public split
     means = np.array([m for m, _ in stats])
     stds = np.array([s for _, s in stats])
 
@@ -147,6 +151,6 @@ def load_cifar10(
         x_train=standardize_uint8_images(x_train_raw, means, stds), y_train=y_train,
         x_test=standardize_uint8_images(x_test_raw, means, stds), y_test=y_test,
         num_classes=NUM_CLASSES, input_shape=(CHANNELS, SIDE, SIDE),
-        info={"preprocessing": "pixels/255 then per-channel (x - mean)/std, train statistics",
+        info={"preprocessing": f"pixels/255 then per-channel (x - mean)/std, {PUBLIC_STATISTICS}",
               "mean": means.tolist(), "std": stds.tolist(), "source": str(folder)},
     )

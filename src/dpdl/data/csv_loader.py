@@ -9,7 +9,12 @@ from pathlib import Path
 import numpy as np
 
 from dpdl.data.dataset import Dataset
-from dpdl.data.preprocessing import l2_normalize_rows, seeded_split, standardize
+from dpdl.data.preprocessing import (
+    PUBLIC_STATISTICS,
+    l2_normalize_rows,
+    seeded_split,
+    standardize,
+)
 from dpdl.errors import DatasetNotFound, DPDLError
 
 MAX_CLASSES_AUTO = 20
@@ -61,10 +66,11 @@ def load_csv(
 ) -> Dataset:
     """Load a CSV (header optional, ``,`` ``;`` or tab separated) whose last column is the label.
 
-    Features are standardised with train statistics (seeded split, stratified for
-    classification); ``normalize_rows=True`` then scales each row to unit norm (SPEC §6).
+    Features are standardised with the public test split's statistics (seeded split,
+    stratified for classification); ``normalize_rows=True`` then scales each row to unit
+    norm (SPEC §6).
     ``binarize`` turns a numeric label into classes {0, 1}: ``"median"`` thresholds at the
-    train median (label > median -> 1), a number thresholds there. ``task`` defaults to
+    test split's median (label > median -> 1), a number thresholds there. ``task`` defaults to
     classification when the label is non-numeric or has at most 20 distinct integer values,
     otherwise regression. Non-numeric labels are mapped to 0..K-1 in sorted order.
     """
@@ -117,11 +123,11 @@ def load_csv(
     train_idx, test_idx = seeded_split(len(rows), test_fraction, seed, stratify=stratify)
 
     info: dict = {"source": str(path), "split_seed": int(seed), "test_fraction": test_fraction,
-                  "preprocessing": "features standardised with train statistics"
+                  "preprocessing": f"features standardised with {PUBLIC_STATISTICS}"
                   + (", rows L2-normalised" if normalize_rows else "")}
     if binarize is not None:
         if binarize == "median":
-            threshold = float(np.median(label_values[train_idx]))
+            threshold = float(np.median(label_values[test_idx]))  # the public split's
         elif isinstance(binarize, int | float) and not isinstance(binarize, bool):
             threshold = float(binarize)
         else:

@@ -1,4 +1,11 @@
-"""Train-statistics standardisation shared by the loaders (test data never leaks into them)."""
+"""Standardisation shared by the loaders, with statistics of the public split only.
+
+The training records are private (each node's data); a mean or std computed over them, pooled,
+would be a noise-free function of every node's records applied to every record (and, in a
+real deployment, nobody could even compute it).  The loaders therefore standardise with the
+statistics of the *test split*, which the threat model declares public evaluation data
+(docs/THREAT_MODEL.md), and say so in ``Dataset.info``.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +13,24 @@ import numpy as np
 
 from dpdl.errors import DPDLError
 
+PUBLIC_STATISTICS = "statistics of the public test split"
+
 
 def standardize(
     x_train: np.ndarray, x_test: np.ndarray, axis: int | tuple[int, ...] | None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Subtract the train mean and divide by the train std, both reduced over ``axis``.
+    """Subtract the mean and divide by the std of the public ``x_test``, reduced over ``axis``,
+    from both splits (never a statistic of the private ``x_train``).
 
     Constant features (std 0) are only centred, so they become 0 instead of NaN.
     Returns float32 ``(x_train, x_test, mean, std)``.
     """
-    x_train64 = np.asarray(x_train, dtype=np.float64)
-    mean = x_train64.mean(axis=axis, keepdims=True)
-    std = x_train64.std(axis=axis, keepdims=True)
+    x_public = np.asarray(x_test, dtype=np.float64)
+    mean = x_public.mean(axis=axis, keepdims=True)
+    std = x_public.std(axis=axis, keepdims=True)
     std = np.where(std > 0, std, 1.0)
-    x_train_std = ((x_train64 - mean) / std).astype(np.float32)
-    x_test_std = ((np.asarray(x_test, dtype=np.float64) - mean) / std).astype(np.float32)
+    x_train_std = ((np.asarray(x_train, dtype=np.float64) - mean) / std).astype(np.float32)
+    x_test_std = ((x_public - mean) / std).astype(np.float32)
     return x_train_std, x_test_std, mean.squeeze(), std.squeeze()
 
 
@@ -72,7 +82,8 @@ def standardize_uint8_images(
     means = np.broadcast_to(np.asarray(means, dtype=np.float64), (images.shape[1],))
     stds = np.broadcast_to(np.asarray(stds, dtype=np.float64), (images.shape[1],))
     levels = np.arange(256) / 255.0
-    lookups = ((levels[None, :] - means[:, None]) / np.maximum(stds, 1e-12)[:, None])
+    stds = np.where(stds > 0, stds, 1.0)  # a constant channel is only centred, as standardize
+    lookups = ((levels[None, :] - means[:, None]) / stds[:, None])
     lookups = lookups.astype(np.float32)
     out = np.empty(images.shape, dtype=np.float32)
     for start in range(0, len(images), chunk):

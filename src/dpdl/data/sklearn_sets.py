@@ -1,12 +1,18 @@
 """Small real data sets shipped inside scikit-learn (no download): digits, breast cancer,
-diabetes. Each gets a deterministic seeded 80/20 split; preprocessing uses train statistics."""
+diabetes. Each gets a deterministic seeded 80/20 split; preprocessing uses statistics of the
+public test split only (``dpdl.data.preprocessing``)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from dpdl.data.dataset import Dataset
-from dpdl.data.preprocessing import l2_normalize_rows, seeded_split, standardize
+from dpdl.data.preprocessing import (
+    PUBLIC_STATISTICS,
+    l2_normalize_rows,
+    seeded_split,
+    standardize,
+)
 
 TEST_FRACTION = 0.2
 
@@ -14,8 +20,8 @@ TEST_FRACTION = 0.2
 def load_digits(*, data_dir=None, download: bool = False, seed: int = 0) -> Dataset:
     """8x8 hand-written digits (1797 images, 10 classes) as (N, 1, 8, 8).
 
-    Pixels (0..16) are scaled to [0, 1], then standardised with the scalar train mean/std,
-    the same recipe as Fashion-MNIST so the CNN sees comparable inputs.
+    Pixels (0..16) are scaled to [0, 1], then standardised with the scalar mean/std of the
+    public test split, the same recipe as Fashion-MNIST so the CNN sees comparable inputs.
     """
     from sklearn.datasets import load_digits as sk_load_digits
 
@@ -28,7 +34,7 @@ def load_digits(*, data_dir=None, download: bool = False, seed: int = 0) -> Data
         name="digits", task="classification",
         x_train=x_train, y_train=labels[train_idx], x_test=x_test, y_test=labels[test_idx],
         num_classes=10, input_shape=(1, 8, 8),
-        info={"preprocessing": "pixels/16 then (x - mean)/std with train statistics",
+        info={"preprocessing": f"pixels/16 then (x - mean)/std with {PUBLIC_STATISTICS}",
               "mean": float(mean), "std": float(std), "split_seed": int(seed),
               "test_fraction": TEST_FRACTION},
     )
@@ -37,7 +43,7 @@ def load_digits(*, data_dir=None, download: bool = False, seed: int = 0) -> Data
 def load_breast_cancer(*, data_dir=None, download: bool = False, seed: int = 0) -> Dataset:
     """Wisconsin breast cancer (569 records, 30 features, binary) as (N, 30).
 
-    SPEC §6 preprocessing: standardise every feature with train statistics, then scale each
+    SPEC §6 preprocessing: standardise every feature (public test-split statistics), then scale each
     row to unit L2 norm so the logistic loss is 1-Lipschitz.
     """
     from sklearn.datasets import load_breast_cancer as sk_load
@@ -52,7 +58,7 @@ def load_breast_cancer(*, data_dir=None, download: bool = False, seed: int = 0) 
         x_train=l2_normalize_rows(x_train), y_train=labels[train_idx],
         x_test=l2_normalize_rows(x_test), y_test=labels[test_idx],
         num_classes=2, input_shape=(features.shape[1],),
-        info={"preprocessing": "per-feature standardisation (train statistics), "
+        info={"preprocessing": f"per-feature standardisation ({PUBLIC_STATISTICS}), "
                                "then each row L2-normalised (SPEC §6)",
               "split_seed": int(seed), "test_fraction": TEST_FRACTION},
     )
@@ -61,8 +67,8 @@ def load_breast_cancer(*, data_dir=None, download: bool = False, seed: int = 0) 
 def load_diabetes(*, data_dir=None, download: bool = False, seed: int = 0) -> Dataset:
     """Diabetes progression (442 records, 10 features, regression) as (N, 10).
 
-    Features are standardised with train statistics, and so is the target (its train mean and
-    std are in ``info`` to convert predictions back to disease-progression units).
+    Features are standardised with the public test split's statistics, and so is the target
+    (its mean and std are in ``info`` to convert predictions back to disease-progression units).
     """
     from sklearn.datasets import load_diabetes as sk_load
 
@@ -76,7 +82,7 @@ def load_diabetes(*, data_dir=None, download: bool = False, seed: int = 0) -> Da
         name="diabetes", task="regression",
         x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test,
         num_classes=None, input_shape=(features.shape[1],),
-        info={"preprocessing": "features and target standardised with train statistics",
+        info={"preprocessing": f"features and target standardised with {PUBLIC_STATISTICS}",
               "target_mean": float(y_mean), "target_std": float(y_std),
               "split_seed": int(seed), "test_fraction": TEST_FRACTION},
     )

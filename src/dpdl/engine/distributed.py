@@ -19,6 +19,7 @@ failed first.
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import signal
 import socket
@@ -304,10 +305,20 @@ def launch_local(argv: list[str], procs: int, *, grace_s: float = 10.0) -> int:
 
 
 def from_main_process(value):
-    """Rank 0's ``value`` on every rank (a collective: every rank calls it once)."""
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+    """Rank 0's JSON-able ``value`` on every rank (a collective: every rank calls it once).
+
+    Sent as UTF-8 JSON in a byte tensor (length first): no rank unpickles what another sent.
+    """
+    device = torch.device("cuda", torch.cuda.current_device()) if (
+        dist.get_backend() == "nccl") else torch.device("cpu")  # fmt: skip
+    payload = json.dumps(value).encode() if dist.get_rank() == 0 else b""
+    length = torch.tensor([len(payload)], dtype=torch.int64, device=device)
+    dist.broadcast(length, src=0)
+    data = torch.zeros(int(length.item()), dtype=torch.uint8, device=device)
+    if dist.get_rank() == 0:
+        data.copy_(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
+    dist.broadcast(data, src=0)
+    return json.loads(bytes(data.cpu().tolist()).decode())
 
 
 def worker_output_dir(output_dir: Path) -> Path:

@@ -49,7 +49,8 @@ __all__ = [
 class ConfigSection(BaseModel):
     """A table of a config (any experiment kind): unknown keys are errors."""
 
-    model_config = ConfigDict(extra="forbid", validate_default=True)
+    # Infinite or NaN numbers are refused everywhere (epochs = inf would run forever).
+    model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
 
 
 _Section = ConfigSection
