@@ -186,13 +186,12 @@ class SecretStream:
         return ((self.words(count) >> np.uint64(11)) + 1.0) * 2.0**-53
 
     def hardened_normals(self, count: int) -> np.ndarray:
-        """Standard normals (float64), each the sum of four Box-Muller draws, halved."""
-        half = 2 * int(count)  # Box-Muller pairs for 4 * count normals
-        u = self.doubles(2 * half).reshape(2, half)
-        radius = np.sqrt(-2.0 * np.log(u[0]))
-        angle = (2.0 * math.pi) * u[1]
-        draws = np.concatenate((radius * np.cos(angle), radius * np.sin(angle)))
-        return draws.reshape(4, int(count)).sum(axis=0) * 0.5
+        """Standard normals (float64), each the sum of four Box-Muller draws, halved (the
+        sampler of :func:`fill_normals` for a hardened stream)."""
+        import torch
+
+        words = torch.from_numpy(self.read(_HARDENED_BYTES * int(count))).view(torch.int64)
+        return _hardened_normals(words.view(1, -1), int(count))[0].numpy()
 
     def get_state(self) -> torch.Tensor:
         import torch
@@ -233,8 +232,11 @@ def fill_normals(streams: Sequence[SecretStream], out: torch.Tensor) -> torch.Te
     if m == 0 or d == 0:
         return out
     if hardened == {True}:
-        rows = np.stack([s.hardened_normals(d) for s in streams])
-        return out.copy_(torch.from_numpy(rows))
+        words = np.empty((m, _HARDENED_BYTES * d), dtype=np.uint8)
+        for i, stream in enumerate(streams):
+            stream.read_into(words[i])
+        words = torch.from_numpy(words).view(torch.int64).to(out.device)
+        return out.copy_(_hardened_normals(words, d))
     pairs = -(-d // 2)
     radius = np.empty((m, 8 * pairs), dtype=np.uint8)
     angle = np.empty((m, 4 * pairs), dtype=np.uint8)
@@ -249,17 +251,60 @@ def fill_normals(streams: Sequence[SecretStream], out: torch.Tensor) -> torch.Te
     return out
 
 
+_HARDENED_BYTES = 32  # four 53-bit uniforms per hardened normal
+# The transforms run over column blocks of about this many elements: temporaries small enough
+# to stay in cache and to be reused, instead of fresh multi-megabyte tensors whose page faults
+# cost more than the arithmetic.
+_BLOCK_ELEMENTS = 1 << 16
+
+
+def _column_blocks(rows: int, columns: int):
+    width = max(1, _BLOCK_ELEMENTS // max(rows, 1))
+    for lo in range(0, columns, width):
+        yield lo, min(lo + width, columns)
+
+
+def _hardened_normals(words: torch.Tensor, count: int) -> torch.Tensor:
+    """(m, count) float64 normals from (m, 4 count) words: per row, 4 count uniforms on
+    (0, 1] of 53 bits, (k + 1) 2^-53, give 2 count Box-Muller pairs (radii from the first
+    half, angles from the second); the 4 count normals are summed in fours and halved."""
+    import torch
+
+    m = len(words)
+    halves = words.view(m, 2, 2 * count)
+    out = torch.empty((m, count), dtype=torch.float64, device=words.device)
+    for lo, hi in _column_blocks(4 * m, count):
+        # the pairs feeding outputs lo..hi: 4 normals each, pairs j and j + count in a half
+        cols = torch.cat((torch.arange(lo, hi), torch.arange(count + lo, count + hi)))
+        cols = cols.to(words.device)
+        u = ((halves[:, :, cols] >> 11) & ((1 << 53) - 1)).add_(1).to(torch.float64)
+        u.mul_(2.0**-53)
+        radius = u[:, 0].log_().mul_(-2.0).sqrt_()
+        angle = u[:, 1].mul_(2.0 * math.pi)
+        cos, sin = torch.cos(angle).mul_(radius), angle.sin_().mul_(radius)
+        width = hi - lo  # draws r cos | r sin, each (2 count); output q sums draws q + k count
+        out[:, lo:hi] = (cos[:, :width] + cos[:, width:] + sin[:, :width] + sin[:, width:]) * 0.5
+    return out
+
+
 def _box_muller_(out: torch.Tensor, radius: torch.Tensor, angle: torch.Tensor) -> None:
     """out[:, :P] = r cos(theta), out[:, P:] = r sin(theta) from signed words:
     u = (|w| + 1/2) 2^-63 in (0, 1] (never 0: r <= 9.42), theta = w' pi 2^-31 in [-pi, pi)."""
     import torch
 
-    d, pairs = out.shape[1], radius.shape[1]
+    (m, d), pairs = out.shape, radius.shape[1]
     dtype = out.dtype if out.dtype in (torch.float32, torch.float64) else torch.float32
-    r = radius.to(dtype).abs_().add_(0.5).mul_(2.0**-63).log_().mul_(-2.0).sqrt_()
-    theta = angle.to(dtype).mul_(math.pi * 2.0**-31)
-    out[:, :pairs] = torch.cos(theta).mul_(r)
-    out[:, pairs:] = torch.sin(theta[:, : d - pairs]).mul_(r[:, : d - pairs])
+    width = min(pairs, max(1, _BLOCK_ELEMENTS // max(m, 1)))
+    r_buf = torch.empty((m, width), dtype=dtype, device=out.device)
+    t_buf = torch.empty((m, width), dtype=dtype, device=out.device)
+    for lo, hi in _column_blocks(m, pairs):
+        r, theta = r_buf[:, : hi - lo], t_buf[:, : hi - lo]
+        r.copy_(radius[:, lo:hi]).abs_().add_(0.5).mul_(2.0**-63).log_().mul_(-2.0).sqrt_()
+        theta.copy_(angle[:, lo:hi]).mul_(math.pi * 2.0**-31)
+        out[:, lo:hi] = torch.cos(theta).mul_(r)
+        k = min(hi, d - pairs) - lo  # the sines fill columns pairs .. d - 1
+        if k > 0:
+            out[:, pairs + lo : pairs + lo + k] = torch.sin(theta[:, :k]).mul_(r[:, :k])
 
 
 # --------------------------------------------------------------------------- numpy
