@@ -16,3 +16,21 @@ def rng():
     import numpy as np
 
     return np.random.default_rng(12345)
+
+
+@pytest.fixture
+def os_keys(monkeypatch):
+    """Every 256-bit key drawn from ``os.urandom`` during the test, in order."""
+    from dpdl.algorithms import randomness
+
+    drawn = []
+    real = randomness.os.urandom
+
+    def recording(k):
+        value = real(k)
+        if k == randomness.KEY_BYTES:
+            drawn.append(value)
+        return value
+
+    monkeypatch.setattr(randomness.os, "urandom", recording)
+    return drawn

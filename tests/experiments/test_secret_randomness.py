@@ -59,15 +59,8 @@ def test_default_runs_draw_fresh_noise_and_seed_runs_repeat(tmp_path):
     assert c["cells"][0]["noise_entropy"] == "seed"
 
 
-def test_no_output_file_holds_the_secret(tmp_path, monkeypatch):
-    drawn, keys = [], []
-    real_urandom = randomness.os.urandom
-
-    def recording_urandom(k):
-        value = real_urandom(k)
-        if k == randomness.KEY_BYTES:
-            drawn.append(value)
-        return value
+def test_no_output_file_holds_the_secret(tmp_path, monkeypatch, os_keys):
+    drawn, keys = os_keys, []
 
     class Recording(Simulator):
         def __init__(self, *args, **kwargs):
@@ -75,7 +68,6 @@ def test_no_output_file_holds_the_secret(tmp_path, monkeypatch):
             keys.extend(bytes(g.get_state()[: randomness.KEY_BYTES].tolist())
                         for g in self.generators)  # fmt: skip
 
-    monkeypatch.setattr(randomness.os, "urandom", recording_urandom)
     monkeypatch.setattr(runner, "Simulator", Recording)
     cfg = config()
     cfg["experiment"]["algorithms"] = ["const-d2p@clt", "dyn-d2p@clt"]

@@ -72,17 +72,8 @@ def entropies(results: dict) -> set[str]:
 
 
 @pytest.mark.parametrize("kind", sorted(CONFIGS))
-def test_default_runs_draw_fresh_secret_noise_that_no_file_holds(kind, tmp_path, monkeypatch):
-    drawn = []
-    real_urandom = randomness.os.urandom
-
-    def recording_urandom(k):
-        value = real_urandom(k)
-        if k == randomness.KEY_BYTES:
-            drawn.append(value)
-        return value
-
-    monkeypatch.setattr(randomness.os, "urandom", recording_urandom)
+def test_default_runs_draw_fresh_secret_noise_that_no_file_holds(kind, tmp_path, os_keys):
+    drawn = os_keys
     validate_experiment_config(CONFIGS[kind])
     a = run(kind, tmp_path / "a")
     b = run(kind, tmp_path / "b")

@@ -54,14 +54,12 @@ def linear(d=4, classes=3, seed=0) -> nn.Module:
 
 
 # ------------------------------------------------------------------ 1. 32-bit secret streams
-def test_default_streams_are_chacha20_under_fresh_256_bit_os_keys(monkeypatch):
+def test_default_streams_are_chacha20_under_fresh_256_bit_os_keys(os_keys):
     """The attack searched 2^32 Mersenne-Twister seeds.  Now: no torch.Generator; every node's
     stream is keyed with 32 fresh bytes of os.urandom and is the ChaCha20 keystream itself."""
     from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
-    drawn = []
-    real = os.urandom
-    monkeypatch.setattr(randomness.os, "urandom", lambda k: drawn.append(real(k)) or drawn[-1])
+    drawn = os_keys
     streams = make_node_generators(5, None)
     assert not any(isinstance(g, torch.Generator) for g in streams)
     assert [len(k) for k in drawn] == [32] * 5 and len(set(drawn)) == 5
