@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import hashlib
 import json
 import math
 import time
@@ -47,7 +48,12 @@ from dpdl.accounting.schedules import (
     make_schedule,
 )
 from dpdl.algorithms.dyn_d2p import LOSSES, NodeBatch, NonFiniteUpdate, per_record_grads
-from dpdl.algorithms.randomness import DEFAULT_ENTROPY, ENTROPY_MODES, stream_root
+from dpdl.algorithms.randomness import (
+    DEFAULT_ENTROPY,
+    ENTROPY_MODES,
+    settings_digest,
+    stream_root,
+)
 from dpdl.engine import checkpoint as checkpoints
 from dpdl.engine.simulator import NodeData, Simulator, accuracy, resolve_device, stack_params
 from dpdl.errors import DPDLError, require
@@ -289,7 +295,8 @@ class CellCheckpointer:
     write: bool  # the main process writes; the other ranks only join the gather
     resume: dict[str, Any] | None = None
 
-    def save(self, sim, ledger: PrivacyLedger | None, rows: list[dict[str, Any]]) -> None:
+    def save(self, sim, ledger: PrivacyLedger | None, rows: list[dict[str, Any]],
+             run_digest: str) -> None:  # fmt: skip
         state = checkpoints.capture(sim)  # collective in the distributed runtime
         shard = state.pop("rank_generators", None)
         if shard is not None:  # every rank keeps its own nodes' secret streams, locally
@@ -301,6 +308,7 @@ class CellCheckpointer:
                     "engine": state,
                     "ledger": None if ledger is None else ledger.to_json(),
                     "rows": json.dumps(rows),
+                    "run_digest": run_digest,
                 },
             )
 
@@ -349,9 +357,26 @@ def _module_with(template: nn.Module, params: dict[str, torch.Tensor]) -> nn.Mod
     return module
 
 
-def _parameters_digest(model: nn.Module) -> str:
-    import hashlib
+def _code_fingerprint(fn) -> Any:
+    """A stable description of a Python callable's code (nested code objects included, never
+    their memory addresses); the qualified name of anything without Python code."""
+    import types
 
+    def describe(code: types.CodeType) -> list:
+        consts = [describe(c) if isinstance(c, types.CodeType) else repr(c)
+                  for c in code.co_consts]  # fmt: skip
+        return [code.co_code.hex(), consts, list(code.co_names)]
+
+    fn = getattr(fn, "__func__", fn)
+    code = getattr(fn, "__code__", None)
+    if code is None and callable(fn):  # a callable object: its class's __call__
+        code = getattr(type(fn).__dict__.get("__call__"), "__code__", None)
+    if code is None:
+        return getattr(fn, "__qualname__", type(fn).__qualname__)
+    return describe(code)
+
+
+def _parameters_digest(model: nn.Module) -> str:
     digest = hashlib.sha256()
     for name, p in model.state_dict().items():
         digest.update(name.encode())
@@ -515,6 +540,7 @@ class DecentralizedTrainer:
         self.run_name, self.name, self.resume = run_name, name, bool(resume)
         self.progress, self.checkpoint = progress, checkpoint
         self.engine_factory = engine_factory
+        self._run_digest: str | None = None
 
         # --- model, data, topology, loss
         from dpdl.models import validate_model
@@ -587,6 +613,8 @@ class DecentralizedTrainer:
                 f"({count},) for {count} records), got {shape}; use reduction='none'"
             )
         self._check_records_independent()
+        if self.loss == "cross_entropy":
+            self._check_class_labels(int(out.shape[-1]))
         params = stack_params(self.model, 1, self.device)
         batch = NodeBatch(x, y, torch.zeros(count, dtype=torch.int64, device=self.device), 1)
         buffers = {k: b.to(self.device) for k, b in self.model.named_buffers()}
@@ -597,6 +625,21 @@ class DecentralizedTrainer:
                 "per-record gradients of this model cannot be computed with torch.func "
                 f"(vmap over records): {type(err).__name__}: {_first_line(err)}"
             ) from None
+
+    def _check_class_labels(self, classes: int) -> None:
+        """Every node's labels are class indices the model can score, checked for all records
+        before anything runs: a bad label found mid-run would stop the run at the first step
+        that samples it, which would tell when that record was sampled."""
+        targets, mask = self.node_data.targets, self.node_data.mask
+        require(not targets.is_floating_point(),
+                "the cross_entropy loss needs integer class labels, got real-valued targets")
+        bad = (((targets < 0) | (targets >= classes)) & mask).any(dim=1).nonzero()
+        if len(bad):
+            node = int(bad[0])
+            values = targets[node][mask[node]]
+            wrong = values[(values < 0) | (values >= classes)]
+            raise DPDLError(f"node {node} has labels outside 0..{classes - 1} (the model's "
+                            f"{classes} outputs), e.g. {int(wrong[0])}")  # fmt: skip
 
     def _check_records_independent(self) -> None:
         """Refuse a model whose output for one record depends on the other records of its
@@ -817,20 +860,44 @@ class DecentralizedTrainer:
             "runtime": self.runtime,
         }
 
+    def run_digest(self) -> str:
+        """SHA-256 of :meth:`stream_settings` and the schedule's clip bounds and noise stds: a
+        checkpoint records it, and a resume by any other run is refused."""
+        if self._run_digest is None:
+            digest = hashlib.sha256(settings_digest(self.stream_settings()).encode())
+            for values in (self.schedule.clip, self.schedule.sigma):
+                if values is not None:
+                    digest.update(np.ascontiguousarray(values, dtype=np.float64).tobytes())
+            self._run_digest = digest.hexdigest()
+        return self._run_digest
+
     def stream_settings(self) -> dict[str, Any]:
         """What a seeded run's streams are derived from: every setting that shapes training
         (not where it runs, how it is evaluated or how often it saves), the initial model's
-        parameters, and the seed.  The data enter per node (their fingerprints)."""
+        parameters and what it computes, the loss, and the seed.  The data enter per node
+        (their fingerprints)."""
         settings = self.describe()
         settings["privacy"] = {k: v for k, v in settings["privacy"].items()
                                if k not in _REPORTING_PRIVACY}  # fmt: skip
         settings["training"] = {k: v for k, v in settings["training"].items()
                                 if k in _TRAINING_SHAPING}  # fmt: skip
         settings["model"]["initial"] = _parameters_digest(self.model)
+        settings["model"]["computes"] = self._behaviour_digest()
         settings["seed"] = self.seed
         for where in ("runtime", "entropy"):
             settings.pop(where)
         return settings
+
+    def _behaviour_digest(self) -> str:
+        """SHA-256 of what the model and the loss compute, as code: the module tree and the
+        code of every module class's ``forward``, and the loss's code.  Two models (or
+        losses) of one class and parameters that compute different things (a relu for a
+        tanh, another lambda) thus get other streams; unlike outputs, code does not depend
+        on the device or the thread count."""
+        classes = sorted({type(m) for m in self.model.modules()}, key=lambda c: c.__qualname__)
+        forwards = [_code_fingerprint(getattr(c, "forward", None)) for c in classes]
+        loss = self.loss if isinstance(self.loss, str) else _code_fingerprint(self.loss)
+        return settings_digest([repr(self.model), forwards, loss])
 
     def fit(self) -> TrainingResult:
         """Train; returns a :class:`TrainingResult` (see there).  With ``output_dir``, the run
@@ -900,6 +967,14 @@ class DecentralizedTrainer:
         first_step = 0
         if checkpoint is not None and checkpoint.resume is not None:
             saved = checkpoint.resume
+            # Replayed steps re-send the noise already sent: only the very same run may do so
+            # (another clip bound or schedule would release the difference without noise).
+            require(
+                saved.get("run_digest") == self.run_digest(),
+                f"checkpoint {checkpoint.path} was saved by a run with other settings (clip, "
+                "schedule, model, seed or topology): resuming would re-send its noise under "
+                "them; refusing",
+            )
             checkpoints.restore(sim, saved["engine"])
             if ledger is not None:
                 # The saved ledger, not a fresh one: the steps already spent stay spent.  It must
@@ -922,7 +997,7 @@ class DecentralizedTrainer:
             if checkpoint is not None and checkpoint.every:
                 # Before the first step: a resume after a crash at any later step replays the very
                 # noise already sent, never fresh noise for steps whose messages left the node.
-                checkpoint.save(sim, ledger, rows)
+                checkpoint.save(sim, ledger, rows, self.run_digest())
         every = self.training.eval_every
         save_every = checkpoint.every if checkpoint is not None else None
         try:
@@ -943,7 +1018,7 @@ class DecentralizedTrainer:
                         acc=f"{row['test_accuracy']:.3f}", eps=f"{row['epsilon_certified']:.3g}"
                     )
                 if save_every and done % save_every == 0 and done < self.steps:
-                    checkpoint.save(sim, ledger, rows)
+                    checkpoint.save(sim, ledger, rows, self.run_digest())
         except NonFiniteUpdate as err:
             status, message = "diverged", str(err)
         finally:
@@ -960,6 +1035,8 @@ class DecentralizedTrainer:
         eps_clt, eps_cert, method = spent
         final_row = rows[-1] | {"epsilon_clt": eps_clt, "epsilon_certified": eps_cert}
         unaccounted = [UNACCOUNTED_TRAIN_LOSS] if self.training.unsafe_train_metrics else []
+        if not schedule.private:  # a non-private baseline: everything it releases
+            unaccounted = ["model", "metrics", *unaccounted]
         cell = {
             "algorithm": spec.label,
             "base_algorithm": spec.name,
@@ -969,6 +1046,7 @@ class DecentralizedTrainer:
             "calibrated_with": schedule.calibrated_with,
             "noise_entropy": self.entropy,
             "secure_noise": privacy.secure_noise,
+            "private": schedule.private,
             "status": status,
             "message": message,
             "steps": self.steps,

@@ -32,7 +32,8 @@ CONFIGS = {
         "kind": "netdp-logreg",
         "experiment": {"name": "secret", "seeds": [0]},
         "algorithm": {"steps": 60, "eval_every": 30},
-        "privacy": {"epsilons": [10.0], "approaches": ["local", "network"]},
+        "privacy": {"epsilons": [10.0], "approaches": ["local", "network"],
+                    "include_non_private": True},
     },
     "fdp-random-walk": {
         "kind": "fdp-random-walk",
@@ -40,7 +41,7 @@ CONFIGS = {
         "data": {"dataset": "breast-cancer", "nodes": 8},
         "graph": {"topology": "hypercube"},
         "privacy": {"epsilons": [4.0], "steps": 40, "accountants": ["local"]},
-        "train": {"lr": 0.05, "batch_size": 8, "eval_every": 20},
+        "train": {"lr": 0.05, "batch_size": 8, "eval_every": 20, "include_non_private": True},
         "decor": {"enabled": True, "steps": 10, "sigma_cor": 5.0, "lr": 0.01},
     },
 }

@@ -23,7 +23,7 @@ def tiny_config(**privacy):
         "data": {"dataset": "breast-cancer", "nodes": 8},
         "graph": {"topology": "hypercube"},
         "privacy": {"epsilons": [4.0], "steps": 80, "relative_slack": 2e-3, **privacy},
-        "train": {"lr": 0.05, "batch_size": 8, "eval_every": 40},
+        "train": {"lr": 0.05, "batch_size": 8, "eval_every": 40, "include_non_private": True},
         "decor": {"enabled": True, "steps": 20, "sigma_cor": 5.0, "lr": 0.01},
     }
 

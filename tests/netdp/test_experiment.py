@@ -21,7 +21,7 @@ def small_config(**privacy):
         "experiment": {"name": "t", "seeds": [0], "entropy": "seed"},  # fixed draws
         "algorithm": {"steps": 300, "eval_every": 100,
                       "lr": {"local": 0.001, "network": 0.001, "central": 0.001}},
-        "privacy": {"epsilons": [10.0], "delta": 1e-6, **privacy},
+        "privacy": {"epsilons": [10.0], "delta": 1e-6, "include_non_private": True, **privacy},
     }
 
 

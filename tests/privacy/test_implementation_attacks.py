@@ -144,8 +144,9 @@ def test_the_training_loss_no_longer_gives_a_hidden_label_back(tmp_path, unsafe)
     seen = []
     result = dpdl.train(
         linear(), nodes, algorithm="const-d2p", epsilon=1.0, delta=1e-5, batch_size=2,
-        lr=0.1, steps=4, eval_every=2, eval_data=(x_eval, y_eval), unsafe_train_metrics=unsafe,
+        lr=0.1, steps=4, eval_every=2, eval_data=(x_eval, y_eval),
         callbacks=[lambda e: seen.append(e.metrics)], output_dir=tmp_path, run_name="r",
+        **({"unsafe_train_metrics": True} if unsafe else {}),  # the default: not passed at all
     )  # fmt: skip
     truth = int(nodes[1][1][3])
     candidates = _candidate_losses(linear(), nodes, node=1, record=3)
@@ -218,6 +219,49 @@ def test_the_trainer_refuses_a_model_that_mixes_records():
                                   batch_size=2)  # fmt: skip
 
 
+class TwoPositions(nn.Module):
+    """A linear layer applied at two positions of each record: its per-record gradient is a
+    sum over positions, which float arithmetic can cancel."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = nn.Linear(d, d)
+
+    def forward(self, x):  # x: (batch, 2, d)
+        h = self.fc(x)
+        return h[:, 0] - h[:, 1]
+
+
+@pytest.mark.parametrize("method", ["auto", "per-record"])
+def test_a_record_of_nearly_cancelling_positions_moves_its_nodes_sum_by_at_most_c(method):
+    """Huge, nearly cancelling positions: a Gram-matrix ("ghost") norm, or a norm of terms that
+    are summed another way, let one record contribute up to 2e7 C or erase the others."""
+    model, d = TwoPositions(), 16
+    params = stack_params(model, 1, torch.device("cpu"))
+    rng = np.random.default_rng(0)
+    ordinary = torch.as_tensor(rng.normal(size=(1, 2, d)).astype(np.float32)) * 5
+    x = ordinary.repeat(8, 1, 1)  # eight aligned records: their clipped sum has norm 8 C
+    y = torch.zeros(8, dtype=torch.long)
+    base = clipped_record_sums(model, params, NodeBatch(x, y, torch.zeros(8, dtype=torch.long),
+                                                        1), 1.0, method=method)  # fmt: skip
+    worst = 0.0
+    for scale in (1e6, 1e8, 1e12, 1e16):
+        a = torch.as_tensor(rng.uniform(0.5, 1, size=d).astype(np.float32)) * scale
+        for canary in (torch.stack([a, a]), torch.stack([a, torch.nextafter(a, 2 * a)])):
+            for at in (0, 4, 8):
+                xb = torch.cat([x[:at], canary[None], x[at:]])
+                got = clipped_record_sums(
+                    model, params, NodeBatch(xb, torch.zeros(9, dtype=torch.long),
+                                             torch.zeros(9, dtype=torch.long), 1),
+                    1.0, method=method,
+                )  # fmt: skip
+                moved = math.sqrt(sum(float((got[k] - base[k]).double().pow(2).sum())
+                                      for k in got))  # fmt: skip
+                worst = max(worst, moved)
+    assert worst <= 1 + 1e-4
+
+
 def test_a_record_with_a_non_finite_gradient_contributes_nothing():
     model, n = nn.Linear(4, 3), 2
     params = stack_params(model, n, torch.device("cpu"))
@@ -285,6 +329,86 @@ def test_a_resume_on_changed_data_is_refused(tmp_path):
     assert resumed.status == "ok" and resumed.ledger.steps_taken == 20
 
 
+def test_a_resume_under_other_settings_is_refused(tmp_path):
+    """A resume replays the steps since the checkpoint with the noise already sent: under
+    another clip bound the two messages of a step would give the noise away."""
+    nodes = nodes_data(j=12)
+    settings = dict(algorithm="const-d2p", epsilon=2.0, batch_size=2, lr=0.1, steps=20,
+                    eval_every=10, checkpoint_every=5, output_dir=tmp_path, run_name="r")
+
+    def stop_at_10(evaluation):
+        if evaluation.iteration == 10:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        dpdl.train(linear(), nodes, callbacks=[stop_at_10], **settings)
+    from dpdl.trainer import CellCheckpointer
+
+    path = tmp_path / "r" / "checkpoints" / "run.pt"
+    for change in ({"clip": 0.5}, {"lr": 0.2}):
+        checkpoint = CellCheckpointer(path, 5, write=False, resume=checkpoints.load(path))
+        trainer = dpdl.DecentralizedTrainer(
+            linear(), nodes, checkpoint=checkpoint,
+            **({k: v for k, v in settings.items() if k not in ("output_dir", "run_name")}
+               | change),
+        )  # fmt: skip
+        with pytest.raises(DPDLError, match="saved by a run with other settings"):
+            trainer.fit()
+
+
+def test_a_label_the_model_cannot_score_is_refused_before_anything_runs():
+    nodes = nodes_data()
+    nodes[2][1][7] = 5  # three classes: 5 would crash the first step that samples it
+    with pytest.raises(DPDLError, match="node 2 has labels outside 0..2"):
+        dpdl.DecentralizedTrainer(linear(), nodes, epsilon=1.0, steps=2, batch_size=2)
+
+
+def test_a_stream_reads_across_the_32_bit_block_counter():
+    """OpenSSL refuses to wrap its 32-bit block counter (256 GiB per stream, ~4000 steps of
+    ResNet-18): reads across it must go on with block 2^32, as randomgen's ChaCha does."""
+    from randomgen import ChaCha
+
+    key = os.urandom(32)
+    start = (2**32 - 2) * 64 + 10
+    state = torch.frombuffer(bytearray(key + start.to_bytes(32, "little")), dtype=torch.uint8)
+    reference = ChaCha(key=int.from_bytes(key, "little"), counter=16 * (2**32 - 2), rounds=20)
+    want = reference.random_raw(80).tobytes()[10:310]  # randomgen counts 32-bit words
+    stream = SecretStream()
+    stream.set_state(state.clone())
+    assert stream.read(300).tobytes() == want
+    stream.set_state(state.clone())
+    assert b"".join(stream.read(k).tobytes() for k in (50, 64, 1, 185)) == want
+
+
+def test_seeded_streams_differ_for_models_that_compute_differently():
+    def keys(model, **loss):
+        trainer = dpdl.DecentralizedTrainer(model, nodes_data(), algorithm="const-d2p",
+                                            epsilon=1.0, steps=3, batch_size=2, entropy="seed",
+                                            **loss)  # fmt: skip
+        sim, _ = trainer._engine()
+        return [g.get_state().tolist() for g in sim.generators]
+
+    def mlp(act):
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(4, 5), act, nn.Linear(5, 3))
+
+    assert keys(mlp(nn.ReLU())) == keys(mlp(nn.ReLU()))
+    assert keys(mlp(nn.ReLU())) != keys(mlp(nn.Tanh()))
+    ce = nn.functional.cross_entropy
+    one = keys(linear(), loss=lambda o, t: ce(o, t, reduction="none"))
+    two = keys(linear(), loss=lambda o, t: 2 * ce(o, t, reduction="none"))
+    assert one != two
+
+
+def test_a_non_private_baseline_is_labelled_and_never_a_default():
+    from dpdl.experiments.config import ExperimentSection
+
+    assert "sgp" not in ExperimentSection().algorithms
+    result = dpdl.train(linear(), nodes_data(), algorithm="sgp", steps=2, batch_size=2)
+    assert result.record["private"] is False and math.isinf(result.epsilon)
+    assert result.record["unaccounted_outputs"][:2] == ["model", "metrics"]
+
+
 # ------------------------------------------------------------------ minor items
 @pytest.mark.parametrize("p", [1e-6, 1e-3, 1 / 3, 0.1, 0.5, 1 - 2**-40, 2**-60])
 def test_poisson_inclusion_probability_never_exceeds_p(p):
@@ -325,15 +449,20 @@ def test_seeded_streams_derive_from_every_training_setting_and_the_data():
 
 
 def test_checkpoints_are_created_exclusively_under_a_fresh_name(tmp_path):
+    from dpdl.experiments import runner
+
     victim = tmp_path / "victim"
     victim.write_text("untouched")
     target = tmp_path / "ckpt" / "run.pt"
     target.parent.mkdir()
-    (target.parent / "run.pt.tmp").symlink_to(victim)  # the old fixed temporary name
+    (target.parent / "run.pt.tmp").symlink_to(victim)  # the old fixed temporary names
+    (target.parent / "finished.json.tmp").symlink_to(victim)
     checkpoints.save_atomic(target, {"engine": {}})
+    runner._save_finished(target.parent, {"cell": {"status": "ok"}})
     assert victim.read_text() == "untouched"
     assert oct(target.stat().st_mode & 0o777) == "0o600"
     assert checkpoints.load(target)["engine"] == {}
+    assert runner._load_finished(target.parent) == {"cell": {"status": "ok"}}
 
 
 def test_rank_zero_broadcasts_json_not_a_pickle(tmp_path, monkeypatch):

@@ -3,8 +3,7 @@
 The plain way (:func:`dpdl.algorithms.dyn_d2p.per_record_grads`) gives every sampled record
 its own copy of its node's parameters and ``vmap``-s ``grad`` over (parameters, record); at
 b = 16 that is ~R x d floats copied and as many per-record gradients written, most of them for
-the first fully connected layer.  Here instead (book-keeping clipping, Bu et al. 2023; ghost
-norms, Li et al. 2021):
+the first fully connected layer.  Here instead (book-keeping clipping, Bu et al. 2023):
 
 1. nodes are grouped by batch size and each chunk of nodes runs one ``vmap`` over nodes, with
    that node's (shared) parameters, of a ``vmap`` over its records, each a batch of one:
@@ -14,12 +13,19 @@ norms, Li et al. 2021):
 2. one backward gives, for every layer that holds parameters, its input ``a_r`` and the
    gradient ``g_r`` of record r's loss with respect to its output (zero "probe" tensors added
    to the outputs are what autograd differentiates);
-3. each layer's per-record gradient norm comes from (a_r, g_r): for a linear layer on a vector
-   ||g_r a_r^T||^2 = ||g_r||^2 ||a_r||^2 (no per-record gradient at all); for a convolution
-   the per-record gradient (O x C k k, small) from the unfolded input, or the Gram-matrix
-   "ghost" norm when that is cheaper; GroupNorm / LayerNorm from the normalised input;
-4. the clip factors c_r = min(1, C / ||g_r||) weight one batched product per layer and node:
-   sum_r c_r g_r a_r^T, the node's clipped sum, with no second backward.
+3. each layer's per-record gradient comes from (a_r, g_r): for a linear layer on a vector it
+   is the rank-one g_r a_r^T, whose norm is ||g_r|| ||a_r|| (no per-record gradient at all);
+   for a linear layer on several positions and for a convolution, the per-record gradient
+   P_r = sum_t g_rt a_rt^T itself (O x C k k for a convolution, from the unfolded input);
+   GroupNorm / LayerNorm from the normalised input;
+4. the clip factors c_r = min(1, C / ||g_r||) weight one batched product per layer and node,
+   sum_r c_r g_r a_r^T or sum_r c_r P_r, the node's clipped sum, with no second backward.
+
+No Gram-matrix ("ghost") norms: a record's several positions may nearly cancel in float
+arithmetic, and a norm computed one way from terms that are summed another way does not bound
+what is summed (a record could then move its node's sum by far more than C, or erase the
+other records by absorption).  Every term that enters a sum over records is a record's own
+clipped contribution, of norm <= C.
 
 Supported layers: ``nn.Linear``, ``nn.Conv2d`` (zero padding), ``nn.GroupNorm``,
 ``nn.LayerNorm``, each called once per forward and owning its own parameters, which nothing
@@ -72,7 +78,6 @@ class _Layer:
     bias: str | None
     in_shape: tuple[int, ...] = ()  # one record's input / output shape
     out_shape: tuple[int, ...] = ()
-    ghost: bool = False  # norm from Gram matrices instead of per-record gradients
 
     @property
     def params(self) -> list[str]:
@@ -161,22 +166,16 @@ def _make_plan(model: nn.Module, record_shape: tuple[int, ...], params: Params) 
         if layer.kind == "linear":
             width_in, width_out = layer.in_shape[-1] if layer.in_shape else 1, layer.out_shape[-1]
             positions = n_in // max(width_in, 1)
-            layer.ghost = positions > 1 and positions * (width_in + width_out) < (
-                width_in * width_out
-            )
             macs += 3.0 * positions * width_in * width_out
-            if positions > 1:
-                bytes_ += 4.0 * (positions**2 * 2 if layer.ghost else width_in * width_out)
+            if positions > 1:  # the per-record gradient
+                bytes_ += 4.0 * width_in * width_out
         elif layer.kind == "conv2d":
             conv = layer.module
             kk = conv.in_channels // conv.groups * math.prod(conv.kernel_size)
             positions = math.prod(layer.out_shape[1:])
-            layer.ghost = conv.groups == 1 and positions * (kk + conv.out_channels) < (
-                kk * conv.out_channels
-            )
             macs += 3.0 * positions * kk * conv.out_channels
             bytes_ += 4.0 * (positions * kk * conv.groups)  # unfolded input
-            bytes_ += 4.0 * (positions**2 * 2 if layer.ghost else conv.weight.numel())
+            bytes_ += 4.0 * conv.weight.numel()  # the per-record gradient
         else:
             macs += 4.0 * n_out
             bytes_ += 8.0 * n_out
@@ -307,41 +306,37 @@ def _unfold(layer: _Layer, a: torch.Tensor) -> torch.Tensor:
 
 def _layer_terms(layer: _Layer, a: torch.Tensor, g: torch.Tensor):
     """Per-record squared gradient norms of the layer's parameters, (N,), and what the clipped
-    sum needs: ("outer", g2, a2) for sum_r c_r g_r^T a_r, or {param: per-record grads}."""
+    sum needs: ("outer", g2, a2) for sum_r c_r g_r^T a_r (a linear layer on one position: a
+    rank-one gradient), or {param: per-record grads}.  Either way the norm is that of exactly
+    what is summed (see the module doc)."""
     N = a.shape[0]
     if layer.kind == "linear":
         a2, g2 = a.reshape(N, -1, a.shape[-1]), g.reshape(N, -1, g.shape[-1])
         bias = g2.sum(dim=1)
         if a2.shape[1] == 1:
             sq = a2.square().sum((1, 2)) * g2.square().sum((1, 2))
-        elif layer.ghost:
-            sq = (torch.bmm(a2, a2.transpose(1, 2)) * torch.bmm(g2, g2.transpose(1, 2))).sum((1, 2))
+            terms = ("outer", g2, a2, bias)
         else:
-            sq = torch.bmm(g2.transpose(1, 2), a2).square().sum((1, 2))
+            psg = torch.bmm(g2.transpose(1, 2), a2)  # (N, out, in): record r's P_r
+            sq = psg.flatten(1).square().sum(1)
+            terms = {"weight": psg, "bias": bias} if layer.bias is not None else {"weight": psg}
         if layer.bias is not None:
             sq = sq + bias.square().sum(1)
-        return sq, ("outer", g2, a2, bias)
+        return sq, terms
     if layer.kind == "conv2d":
         conv = layer.module
         u = _unfold(layer, a)  # (N, C/groups * k*k * groups, T)
         g2 = g.reshape(N, conv.out_channels, -1)  # (N, O, T)
-        bias = g2.sum(dim=2)
-        if layer.ghost:
-            sq = (torch.bmm(u.transpose(1, 2), u) * torch.bmm(g2.transpose(1, 2), g2)).sum((1, 2))
-            terms = ("outer", g2.transpose(1, 2), u.transpose(1, 2), bias)
-        else:
-            G = conv.groups
-            T = u.shape[-1]
-            psg = torch.einsum(
-                "ngot,ngkt->ngok",
-                g2.reshape(N, G, conv.out_channels // G, T),
-                u.reshape(N, G, -1, T),
-            ).reshape(N, *conv.weight.shape)
-            sq = psg.flatten(1).square().sum(1)
-            terms = {"weight": psg}
-            if layer.bias is not None:
-                terms["bias"] = bias
+        G, T = conv.groups, u.shape[-1]
+        psg = torch.einsum(
+            "ngot,ngkt->ngok",
+            g2.reshape(N, G, conv.out_channels // G, T),
+            u.reshape(N, G, -1, T),
+        ).reshape(N, *conv.weight.shape)
+        sq = psg.flatten(1).square().sum(1)
+        terms = {"weight": psg}
         if layer.bias is not None:
+            terms["bias"] = bias = g2.sum(dim=2)
             sq = sq + bias.square().sum(1)
         return sq, terms
     mod = layer.module
@@ -429,10 +424,10 @@ def _chunk_clipped_sums(
     )
     with torch.no_grad():
         sq, all_terms = _all_layer_terms(plan, acts, out_grads, m * B, mask.device)
-        if not bool(sq.isfinite().all()):
+        if not bool((sq.isfinite() & (sq >= 0)).all()):
             # A record whose gradient is not finite contributes nothing (a zero vector: norm
             # 0 <= C), whatever the others: its inputs and output gradients are zeroed.
-            keep = sq.isfinite()
+            keep = sq.isfinite() & (sq >= 0)
             acts = [a.flatten(0, 1).mul(keep.view(-1, *[1] * (a.dim() - 2))).view_as(a)
                     .nan_to_num_(0.0, 0.0, 0.0) for a in acts]  # fmt: skip
             out_grads = [g.flatten(0, 1).mul(keep.view(-1, *[1] * (g.dim() - 2))).view_as(g)

@@ -56,12 +56,14 @@ DEFAULT_ENTROPY = "os"
 KEY_BYTES = 32
 STATE_BYTES = 64  # key (32) + keystream position in bytes (32, little-endian)
 _BLOCK = 64  # a ChaCha20 block: the counter advances one per 64 bytes of keystream
+_SEGMENT_BLOCKS = 1 << 32  # blocks one OpenSSL encryptor may produce (its 32-bit counter)
 _TWO_POW_64 = 1 << 64
 
 __all__ = [
     "DEFAULT_ENTROPY",
     "ENTROPY_MODES",
     "SecretStream",
+    "array_digest",
     "check_entropy",
     "derive_key",
     "fill_normals",
@@ -98,6 +100,16 @@ def settings_digest(settings: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def array_digest(*arrays: Any) -> str:
+    """SHA-256 of numpy arrays (dtype, shape and bytes): a seeded key of numpy data."""
+    digest = hashlib.sha256()
+    for array in arrays:
+        array = np.ascontiguousarray(array)
+        digest.update(f"{array.dtype.str}{array.shape}".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
 def stream_root(entropy: str, seed: int, settings: Any) -> bytes | None:
     """The root of one run's secret streams: None with ``entropy="os"`` (every stream draws
     its own key from the OS), else a key derived from ``seed`` and the run's ``settings``."""
@@ -130,13 +142,14 @@ class SecretStream:
     never log or pickle it.
     """
 
-    __slots__ = ("_key", "_position", "_cipher", "hardened")
+    __slots__ = ("_key", "_position", "_cipher", "_segment_end", "hardened")
 
     def __init__(self, key: bytes | None = None, *, hardened: bool = False):
         self._key = os.urandom(KEY_BYTES) if key is None else bytes(key)
         require(len(self._key) == KEY_BYTES, f"a secret stream needs a {KEY_BYTES}-byte key")
         self._position = 0  # bytes of keystream handed out so far
         self._cipher = None
+        self._segment_end = 0  # where the current encryptor's 32-bit block counter wraps
         self.hardened = bool(hardened)
 
     def __repr__(self) -> str:  # the key is secret
@@ -147,12 +160,17 @@ class SecretStream:
                         "checkpoint it with get_state()")  # fmt: skip
 
     def _encryptor(self):
-        if self._cipher is None:
+        """The encryptor at the current position.  Block b of the stream is the ChaCha20 block
+        under the 128-bit little-endian counter b (words 12-15 of the state, as randomgen
+        counts).  OpenSSL advances only the low 32 bits within one encryptor and refuses to
+        wrap, so each encryptor serves one segment of 2^32 blocks; the next starts afresh."""
+        if self._cipher is None or self._position == self._segment_end:
             from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
             block, skip = divmod(self._position, _BLOCK)
-            nonce = block.to_bytes(16, "little")  # a 128-bit block counter, RFC 7539 layout
+            nonce = block.to_bytes(16, "little")
             self._cipher = Cipher(algorithms.ChaCha20(self._key, nonce), mode=None).encryptor()
+            self._segment_end = (block // _SEGMENT_BLOCKS + 1) * _SEGMENT_BLOCKS * _BLOCK
             if skip:
                 self._cipher.update(bytes(skip))
         return self._cipher
@@ -160,9 +178,13 @@ class SecretStream:
     def read_into(self, out: np.ndarray) -> np.ndarray:
         """Fill the contiguous uint8 array ``out`` with the next keystream bytes."""
         require(out.dtype == np.uint8 and out.flags.c_contiguous, "read_into needs uint8 bytes")
-        if out.size:
-            self._encryptor().update_into(_zeros(out.size), out.data.cast("B"))
-            self._position += out.size
+        view, done = out.data.cast("B"), 0
+        while done < out.size:
+            cipher = self._encryptor()
+            take = min(out.size - done, self._segment_end - self._position)
+            cipher.update_into(_zeros(take), view[done : done + take])
+            self._position += take
+            done += take
         return out
 
     def read(self, nbytes: int) -> np.ndarray:

@@ -18,14 +18,13 @@ files are created owner-only (0600): treat them like the model and the data.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from dpdl.errors import DPDLError
+from dpdl.files import write_atomic
 
 CHECKPOINT_VERSION = 2  # 2: ChaCha20 stream states and the nodes' data fingerprints
 
@@ -115,22 +114,10 @@ def restore(sim, state: dict[str, Any]) -> None:
 
 
 def save_atomic(path: Path, payload: dict[str, Any]) -> None:
-    """Write ``payload`` to ``path`` atomically, readable and writable by its owner only.
-
-    The temporary file is created exclusively under a fresh random name (``mkstemp``:
-    O_CREAT | O_EXCL, mode 0600), so a file or link planted beside the checkpoint is never
-    opened, followed or truncated.
-    """
+    """Write ``payload`` to ``path`` atomically, readable and writable by its owner only."""
     path = Path(path)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save({"version": CHECKPOINT_VERSION, **payload}, fh)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, lambda fh: torch.save({"version": CHECKPOINT_VERSION, **payload}, fh))
 
 
 def load(path: Path) -> dict[str, Any]:

@@ -77,12 +77,15 @@ Epsilons = Annotated[
 # Where a kind's secret randomness comes from (dpdl.algorithms.randomness): "os" (secret, the
 # default) or "seed" (reproducible noise, an explicit research choice); shared by the kinds.
 NoiseEntropy = Literal["os", "seed"]
-def seeded_cell_name(config: BaseModel, cell: str, grid: tuple[str, ...] = ()) -> str:
+def seeded_cell_name(
+    config: BaseModel, cell: str, grid: tuple[str, ...] = (), data: Any = ()
+) -> str:
     """What a numpy kind's seeded stream of one cell is derived from (with the seed): the cell's
-    own name and a digest of every setting of the run but the ``experiment`` table and the
-    dotted ``grid`` keys whose value the cell names, so runs that differ in any other setting
-    (a step size, a clip bound, the data) never share noise."""
-    from dpdl.algorithms.randomness import settings_digest
+    own name, a digest of the training ``data`` arrays, and a digest of every setting of the
+    run but the ``experiment`` table and the dotted ``grid`` keys whose value the cell names, so
+    runs that differ in any other setting (a step size, a clip bound) or in the data never
+    share noise."""
+    from dpdl.algorithms.randomness import array_digest, settings_digest
 
     settings = config.model_dump(mode="json")
     settings.pop("experiment", None)
@@ -92,7 +95,7 @@ def seeded_cell_name(config: BaseModel, cell: str, grid: tuple[str, ...] = ()) -
         for parent in parents:
             table = table.get(parent, {})
         table.pop(leaf, None)
-    return f"{settings_digest(settings)}|{cell}"
+    return f"{settings_digest(settings)}|{array_digest(*data)}|{cell}"
 
 
 # How every written report marks a run whose noise is derived from its seed.
@@ -129,7 +132,9 @@ class AlgorithmSpec(BaseModel):
 
 class ExperimentSection(_Section):
     name: str = "experiment"
-    algorithms: list[str] = Field(default_factory=lambda: ["sgp", "const-d2p", "dyn-d2p"])
+    # Private algorithms only by default: a non-private baseline ("sgp") releases a noise-free
+    # function of the training data and runs only when a config names it.
+    algorithms: list[str] = Field(default_factory=lambda: ["const-d2p", "dyn-d2p"])
     seed: int | list[int] = 0
     # Where the secret randomness (sampling, noise) comes from: "os" (secret, default) or
     # "seed" (reproducible noise: an explicit research choice, recorded in every result).

@@ -57,6 +57,10 @@ KIND = "fdp-random-walk"
 _GRID = ("privacy.epsilons", "privacy.accountants", "train.include_non_private")
 
 
+def _data(nodes: dict) -> tuple:
+    return nodes["x"], nodes["y"], nodes["mask"]
+
+
 class ExperimentSection(_Section):
     name: str = "fdp-random-walk"
     seeds: list[int] = Field(default_factory=lambda: [0])
@@ -116,7 +120,8 @@ class TrainSection(_Section):
     lr: float = Field(0.1, gt=0)
     batch_size: int = Field(8, ge=1)
     eval_every: int = Field(200, ge=1)
-    include_non_private: bool = True
+    # A non-private baseline is a noise-free function of the data: it runs only when asked.
+    include_non_private: bool = False
 
 
 class DecorSection(_Section):
@@ -323,7 +328,7 @@ def run_experiment(config: dict, output_dir: Path, *, progress: bool = True) -> 
                 clip=privacy.clip, sigma=sigma, batch_size=cfg.train.batch_size,
                 local_steps=privacy.local_steps, cap=cap if epsilon is not None else None,
                 seed=numpy_secret_rng(seed, entropy, seeded_cell_name(
-                    cfg, f"random-walk|{accountant}|{epsilon!r}", _GRID)),
+                    cfg, f"random-walk|{accountant}|{epsilon!r}", _GRID, _data(nodes))),
                 eval_every=cfg.train.eval_every, eval_data=nodes["eval"],
                 unsafe_zero_noise=epsilon is None)  # the non-private baseline
             for h in out["history"]:
@@ -396,7 +401,8 @@ def _run_decor(cfg: FdpRandomWalkConfig, topology, nodes: dict, metric_rows: lis
                                 lr=cfg.decor.lr, clip=cfg.privacy.clip, sigma=sigma,
                                 sigma_cor=cfg.decor.sigma_cor, batch_size=cfg.decor.batch_size,
                                 seed=numpy_secret_rng(seed, entropy, seeded_cell_name(
-                                    cfg, f"decor|{accountant}|{epsilon!r}", _GRID)),
+                                    cfg, f"decor|{accountant}|{epsilon!r}", _GRID,
+                                    _data(nodes))),
                                 eval_every=cfg.train.eval_every, eval_data=nodes["eval"])
                 for h in out.history:
                     metric_rows.append({"algorithm": "decor", "accountant": accountant,

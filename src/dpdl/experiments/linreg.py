@@ -158,7 +158,8 @@ class AlgorithmSection(_Section):
 
 class PrivacySection(_Section):
     epsilons: Epsilons = Field(default_factory=lambda: [1e7, 1e8, 1e9])
-    include_non_private: bool = True
+    # A non-private baseline is a noise-free function of the data: it runs only when asked.
+    include_non_private: bool = False
 
 
 class LinRegConfig(_Section):
@@ -315,7 +316,8 @@ def run_experiment(
             noises=[noises[eps] for eps, _ in grid], domain=domain,
             seeds=[numpy_secret_rng(seed, entropy, seeded_cell_name(
                 cfg, f"{spec.model_dump_json()}|{eps!r}",
-                ("privacy.epsilons", "privacy.include_non_private", "topologies")))
+                ("privacy.epsilons", "privacy.include_non_private", "topologies"),
+                (*bounded.x_parts, *bounded.y_parts)))
                 for eps, seed in grid],
             beta_star=beta_star, record_every=algo.record_every)
         for (eps, seed), result in zip(grid, results, strict=True):

@@ -97,7 +97,8 @@ class PrivacySection(_Section):
     epsilons: Epsilons = Field(default_factory=lambda: [1.0, 10.0])
     delta: float = Field(1e-6, gt=0, lt=1)
     approaches: list[str] = Field(default_factory=lambda: list(APPROACHES))
-    include_non_private: bool = True
+    # A non-private baseline is a noise-free function of the data: it runs only when asked.
+    include_non_private: bool = False
 
     @field_validator("approaches")
     @classmethod
@@ -290,7 +291,8 @@ def run_experiment(
         for approach, eps in cells:
             secret = numpy_secret_rng(seed, entropy, seeded_cell_name(
                 cfg, f"{approach}|{eps!r}",
-                ("privacy.epsilons", "privacy.approaches", "privacy.include_non_private")))
+                ("privacy.epsilons", "privacy.approaches", "privacy.include_non_private"),
+                (data["x"], data["y"])))
             if approach in ("central", NON_PRIVATE):  # one uniformly drawn user per step
                 walk = secret.integers(0, n, size=T)
             else:

@@ -18,7 +18,6 @@ the config, the (first seed's) data, topology and model have been validated.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from dpdl.errors import DPDLError, require
 from dpdl.experiments.config import AlgorithmSpec, RunConfig, parse_config
 from dpdl.experiments.registry import make_run_dir
 from dpdl.experiments.results import write_results
+from dpdl.files import write_atomic
 from dpdl.trainer import (
     METRIC_COLUMNS,
     UNACCOUNTED_TRAIN_LOSS,
@@ -370,9 +370,8 @@ def _load_finished(state_dir: Path) -> dict[str, dict[str, Any]]:
 
 def _save_finished(state_dir: Path, finished: dict[str, dict[str, Any]]) -> None:
     state_dir.mkdir(parents=True, exist_ok=True)
-    tmp = state_dir / "finished.json.tmp"
-    tmp.write_text(json.dumps(finished, default=str))
-    os.replace(tmp, state_dir / "finished.json")
+    text = json.dumps(finished, default=str).encode()
+    write_atomic(state_dir / "finished.json", lambda fh: fh.write(text))
 
 
 CONFIG_DIGEST = "config.sha256"

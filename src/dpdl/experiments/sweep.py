@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dpdl.errors import DPDLError
+from dpdl.files import write_atomic
 
 CELL_FILE = "cell.json"
 SWEEP_FILE = "sweep.json"
@@ -297,9 +298,8 @@ def commit_cell(job: CellJob, outcome: CellOutcome) -> dict:
         else outcome.results,
         "seconds": outcome.seconds,
     }
-    tmp = partial / (CELL_FILE + ".tmp")
-    tmp.write_text(json.dumps(record, indent=2, default=str))
-    os.replace(tmp, partial / CELL_FILE)
+    text = json.dumps(record, indent=2, default=str).encode()
+    write_atomic(partial / CELL_FILE, lambda fh: fh.write(text), mode=0o644)
     os.replace(partial, final)
     return record
 
