@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "graph": "Inspect a topology: period, connectivity, mixing metrics; draw it.",
     "run": "Train with the simulator (or the distributed runtime) from a config or preset.",
     "sweep": "Run a grid of configurations in parallel, resumably.",
+    "tune": "Tune every algorithm on validation data with the same budget, then test.",
     "report": "Build Markdown/HTML reports from a sweep directory.",
     "netdp": "Network DP: local vs network DP for token algorithms.",
     "fdp": "f-DP accounting: PN-f-DP pairwise matrices, DECOR's Sec-f-LDP.",

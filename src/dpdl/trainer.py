@@ -91,7 +91,7 @@ _TRAINING = {name: f.default for name, f in TrainingSection.model_fields.items()
 # Privacy settings that only change how the epsilon spent is reported, and the training
 # settings that shape training (the others say how it is evaluated or saved).
 _REPORTING_PRIVACY = ("certified_accountant", "eval_blocks", "final_mode", "final_blocks")
-_TRAINING_SHAPING = ("steps", "epochs", "batch_size", "lr")
+_TRAINING_SHAPING = ("steps", "epochs", "batch_size", "lr", "lr_decay")
 
 # Row entries that describe the evaluation rather than measure the model.
 _ROW_LABELS = ("iteration", "algorithm", "seed", "epsilon_target", "epsilon_certified_method")
@@ -450,6 +450,7 @@ class DecentralizedTrainer:
         secure_noise: bool = _PRIVACY["secure_noise"],
         batch_size: float = _TRAINING["batch_size"],
         lr: float = _TRAINING["lr"],
+        lr_decay: float = _TRAINING["lr_decay"],
         steps: int | None = None,
         epochs: float | None = None,
         loss: str | Callable = "cross_entropy",
@@ -503,7 +504,8 @@ class DecentralizedTrainer:
         self.training = validate_config(
             TrainingSection,
             dict(
-                steps=steps, epochs=epochs, batch_size=batch_size, lr=lr, eval_every=eval_every,
+                steps=steps, epochs=epochs, batch_size=batch_size, lr=lr, lr_decay=lr_decay,
+                eval_every=eval_every,
                 eval_train_samples=eval_train_samples, eval_test_samples=eval_test_samples,
                 unsafe_train_metrics=unsafe_train_metrics,
                 eval_node_samples=eval_node_samples, checkpoint_every=checkpoint_every,
@@ -860,6 +862,11 @@ class DecentralizedTrainer:
             "runtime": self.runtime,
         }
 
+    def step_sizes(self) -> np.ndarray:
+        """γ_k = lr · lr_decay^(−k/K) for k < K (the constant lr when lr_decay = 1)."""
+        k = np.arange(self.steps)
+        return self.training.lr * self.training.lr_decay ** (-k / self.steps)
+
     def run_digest(self) -> str:
         """SHA-256 of :meth:`stream_settings` and the schedule's clip bounds and noise stds: a
         checkpoint records it, and a resume by any other run is refused."""
@@ -1001,15 +1008,14 @@ class DecentralizedTrainer:
         every = self.training.eval_every
         save_every = checkpoint.every if checkpoint is not None else None
         try:
-            z = schedule.noise_multipliers
+            z, lrs = schedule.noise_multipliers, self.step_sizes()
             for k in range(first_step, self.steps):
                 if schedule.private:
                     ledger.record_step(float(z[k]))
-                    sim.step(
-                        private=True, clip=float(schedule.clip[k]), sigma=float(schedule.sigma[k])
-                    )
+                    sim.step(private=True, clip=float(schedule.clip[k]),
+                             sigma=float(schedule.sigma[k]), lr=float(lrs[k]))  # fmt: skip
                 else:
-                    sim.step(private=False)
+                    sim.step(private=False, lr=float(lrs[k]))
                 bar.update(1)
                 done = k + 1
                 if done % every == 0 and done < self.steps:

@@ -112,6 +112,7 @@ class DistributedSimulator(Simulator):
         clip: float | None = None,
         sigma: float | None = None,
         unsafe_zero_noise: bool = False,
+        lr: float | None = None,
     ):
         k = self.iteration
         _maybe_inject_fault(self.rank, k)
@@ -119,7 +120,7 @@ class DistributedSimulator(Simulator):
         half = local_update(
             self.model, self.local_params, self.local_weights,
             data.inputs, data.targets, data.mask, self.generators,
-            step=k, lr=self.lr, expected_batch_size=self.expected_batch_size,
+            step=k, lr=self.lr if lr is None else lr, expected_batch_size=self.expected_batch_size,
             sample_rate=self.sample_rate, private=private, clip=clip, sigma=sigma,
             loss=self.loss, buffers=self.buffers, first_node=self.lo,
             unsafe_zero_noise=unsafe_zero_noise, clip_method=self.clip_method,

@@ -237,10 +237,12 @@ class Simulator:
         clip: float | None = None,
         sigma: float | None = None,
         unsafe_zero_noise: bool = False,
+        lr: float | None = None,
     ) -> torch.Tensor:
         """One iteration for every node; returns the sampled batch sizes |S_i^k| (n,).
 
         A private step needs ``sigma`` > 0 (``unsafe_zero_noise=True`` allows 0, for tests).
+        ``lr`` is this step's γ_k (default: the simulator's constant ``lr``).
         """
         k = self.iteration
         if private and self._noise_buffer is None:
@@ -252,7 +254,7 @@ class Simulator:
         half = local_update(
             self.model, self.params, self.weights,
             self.data.inputs, self.data.targets, self.data.mask, self.generators,
-            step=k, lr=self.lr, expected_batch_size=self.expected_batch_size,
+            step=k, lr=self.lr if lr is None else lr, expected_batch_size=self.expected_batch_size,
             sample_rate=self.sample_rate, private=private, clip=clip, sigma=sigma,
             loss=self.loss, buffers=self.buffers, noise_buffer=self._noise_buffer,
             unsafe_zero_noise=unsafe_zero_noise,

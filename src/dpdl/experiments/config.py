@@ -203,6 +203,10 @@ class TrainingSection(_Section):
     epochs: float | None = Field(None, gt=0)
     batch_size: float = Field(1.0, gt=0)
     lr: float = Field(0.03, gt=0)
+    # Step-size decay: gamma_k = lr * lr_decay^(-k/K), shaped like Dyn[C]'s clip decay
+    # C0 rho_c^(-k/K) (1: constant).  Const-D2P with lr_decay = rho_c has Dyn[C]-D2P's
+    # effective step gamma_k C_k and Const's noise multiplier: it isolates step-size scheduling.
+    lr_decay: float = Field(1.0, ge=1)
     eval_every: int = Field(50, ge=1)
     # The training loss on the nodes' own records is a noise-free function of private data:
     # only with unsafe_train_metrics = true is it computed (on this many records) and released,

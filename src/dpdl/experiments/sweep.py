@@ -230,19 +230,24 @@ class LocalExecutor:
     """A pool of ``workers`` single-threaded processes on this machine; each writes its cell
     straight into ``<cell>.partial`` (same file system as the driver)."""
 
-    def __init__(self, workers: int):
+    def __init__(self, workers: int, *, persistent: bool = False):
         self.workers = workers
         self._pending: dict = {}
+        # persistent: one pool for every run() until close() (several sweeps, one start-up)
+        self.persistent, self._pool = persistent, None
 
     @property
     def running(self) -> int:
         return min(len(self._pending), self.workers)
 
     def run(self, jobs: list[CellJob]) -> Iterator[tuple[CellJob, CellOutcome]]:
-        ctx = get_context("spawn")  # fork + torch threads is unsafe; spawn is portable
-        pool = ProcessPoolExecutor(
-            max_workers=self.workers, mp_context=ctx, initializer=_init_worker
+        pool = self._pool or ProcessPoolExecutor(
+            max_workers=self.workers,
+            mp_context=get_context("spawn"),  # fork + torch threads is unsafe; spawn is portable
+            initializer=_init_worker,
         )
+        if self.persistent:
+            self._pool = pool
         try:
             self._pending = {
                 pool.submit(_run_cell_local, job.config, str(partial_dir(job.final_dir))): job
@@ -259,8 +264,19 @@ class LocalExecutor:
                         yield job, CellOutcome(error=f"{type(err).__name__}: {err}")
                     else:
                         yield job, CellOutcome(results=results, seconds=seconds, workdir=workdir)
+        except BaseException:
+            self.close(pool)
+            raise
         finally:
             self._pending = {}
+            if not self.persistent:
+                pool.shutdown(wait=True, cancel_futures=True)
+
+    def close(self, pool=None) -> None:
+        """Stop the workers (a persistent executor's pool, or ``pool``)."""
+        pool = pool or self._pool
+        self._pool = None
+        if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
 
 
@@ -337,6 +353,7 @@ def run_sweep(
     ray_address: str | None = None,
     ray_max_retries: int | None = None,
     only: list[tuple[str, Any]] | None = None,
+    runner: Any = None,
 ) -> dict[str, Any]:
     """Run every unfinished cell of the sweep; return a summary {done, skipped, failed}.
 
@@ -349,9 +366,10 @@ def run_sweep(
     base, sweep = split_sweep(config)
     cells = select_cells(expand_grid(sweep), only or [])
     workers = workers or sweep.get("workers", 1)
-    runner = make_executor(
-        executor, workers=workers, ray_address=ray_address, ray_max_retries=ray_max_retries
-    )
+    if runner is None:  # else an executor the caller owns (several sweeps, one pool)
+        runner = make_executor(
+            executor, workers=workers, ray_address=ray_address, ray_max_retries=ray_max_retries
+        )
     sweep_dir = Path(sweep_dir)
     cells_dir = sweep_dir / "cells"
     cells_dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,45 @@
+"""``dpdl tune CONFIG``: tune every algorithm on validation data with one budget, then test."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+HELP = "Tune every algorithm on validation data with the same budget, then run the test seeds."
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("config", nargs="?", help="tune config (a run config with a [tune] table)")
+    parser.add_argument("--preset", help="a shipped tune preset, e.g. tune-table2")
+    parser.add_argument("--output", type=Path, help="output directory (default runs/tune/NAME)")
+    parser.add_argument("--workers", type=int, help="parallel worker processes")
+    from dpdl.commands.run import add_noise_arguments
+
+    add_noise_arguments(parser)
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def run(args) -> int:
+    from dpdl.commands.run import apply_command_overrides, warn_if_reproducible
+    from dpdl.errors import DPDLError
+    from dpdl.experiments.registry import load_config_file
+    from dpdl.experiments.tune import run_tuning
+
+    if args.workers is not None and args.workers < 1:
+        raise DPDLError(f"--workers must be >= 1, got {args.workers}")
+    config = load_config_file(args.config, preset=args.preset)
+    noise = {"entropy": args.entropy, "secure_noise": args.secure_noise}
+    tune = config.pop("tune", None)
+    config = apply_command_overrides(config, {k: v for k, v in noise.items() if v is not None})
+    if tune is not None:
+        config["tune"] = tune
+    warn_if_reproducible(config)
+    name = args.preset or Path(args.config).stem
+    out = args.output or Path("runs") / "tune" / name
+    summary = run_tuning(config, out, workers=args.workers, progress=not args.no_progress)
+    picks = {name: {eps: by["pick"] for eps, by in entry["by_epsilon"].items()}
+             for name, entry in summary["candidates"].items()}  # fmt: skip
+    print(json.dumps({"output": str(out), "picks": picks, "failed": summary["failed"]},
+                     indent=2, default=str))  # fmt: skip
+    print(f"report: {out / 'tune.md'}")
+    return 1 if summary["failed"] else 0
