@@ -288,29 +288,27 @@ def _csv_value(v):
 # --------------------------------------------------------------------------- checkpoints
 @dataclass
 class CellCheckpointer:
-    """Where and how often a run saves its state, and the state to resume from (if any)."""
+    """Where and how often a run saves its state, and the state to resume from (if any).
+
+    Every process writes its own file (:func:`dpdl.engine.checkpoint.process_path` of
+    ``path``) with its own nodes' state and what a resume needs besides (the ledger, the
+    metrics rows, the run's settings digest): public numbers, the same on every rank."""
 
     path: Path
     every: int | None
-    write: bool  # the main process writes; the other ranks only join the gather
     resume: dict[str, Any] | None = None
 
     def save(self, sim, ledger: PrivacyLedger | None, rows: list[dict[str, Any]],
              run_digest: str) -> None:  # fmt: skip
-        state = checkpoints.capture(sim)  # collective in the distributed runtime
-        shard = state.pop("rank_generators", None)
-        if shard is not None:  # every rank keeps its own nodes' secret streams, locally
-            checkpoints.save_atomic(checkpoints.shard_path(self.path, shard["rank"]), shard)
-        if self.write:
-            checkpoints.save_atomic(
-                self.path,
-                {
-                    "engine": state,
-                    "ledger": None if ledger is None else ledger.to_json(),
-                    "rows": json.dumps(rows),
-                    "run_digest": run_digest,
-                },
-            )
+        checkpoints.save_atomic(
+            checkpoints.process_path(self.path),
+            {
+                "engine": checkpoints.capture(sim),
+                "ledger": None if ledger is None else ledger.to_json(),
+                "rows": json.dumps(rows),
+                "run_digest": run_digest,
+            },
+        )
 
 
 # --------------------------------------------------------------------------- result
@@ -337,16 +335,23 @@ class TrainingResult:
     message: str
     record: dict[str, Any]
     run_dir: Path | None = None
+    node_indices: list[int] = field(default_factory=list)
     _template: nn.Module | None = field(default=None, repr=False)
     _node_params: dict[str, torch.Tensor] | None = field(default=None, repr=False)
 
     @property
     def node_models(self) -> list[nn.Module]:
-        n = next(iter(self._node_params.values())).shape[0]
-        return [self.node_model(i) for i in range(n)]
+        """The de-biased models of the nodes in :attr:`node_indices`: every node with the
+        simulator; in the distributed runtime this process's own nodes, or every node when
+        the trainer was built with ``gather_node_models=True``."""
+        return [self.node_model(i) for i in self.node_indices]
 
     def node_model(self, i: int) -> nn.Module:
-        return _module_with(self._template, {k: v[i] for k, v in self._node_params.items()})
+        """Node ``i``'s model (``i`` a node index, one of :attr:`node_indices`)."""
+        require(i in self.node_indices, f"node {i}'s model is not held by this process "
+                "(gather_node_models=True gathers every node's)")  # fmt: skip
+        row = self.node_indices.index(i)
+        return _module_with(self._template, {k: v[row] for k, v in self._node_params.items()})
 
 
 def _module_with(template: nn.Module, params: dict[str, torch.Tensor]) -> nn.Module:
@@ -374,6 +379,15 @@ def _code_fingerprint(fn) -> Any:
     if code is None:
         return getattr(fn, "__qualname__", type(fn).__qualname__)
     return describe(code)
+
+
+def _all_true(flag: bool, runtime: str) -> bool:
+    """``flag`` on every rank (distributed runtime), else ``flag``."""
+    if runtime != "distributed":
+        return flag
+    from dpdl.engine import distributed
+
+    return not distributed.ranks_that_failed(not flag)
 
 
 def _parameters_digest(model: nn.Module) -> str:
@@ -464,6 +478,9 @@ class DecentralizedTrainer:
         eval_test_samples: int | None = _TRAINING["eval_test_samples"],
         eval_node_samples: int = _TRAINING["eval_node_samples"],
         callbacks: Sequence[Callable[[Evaluation], Any]] = (),
+        callbacks_on: str = "main",
+        nodes: int | None = None,
+        gather_node_models: bool = False,
         device: str | torch.device = "cpu",
         runtime: str = "simulator",
         entropy: str = DEFAULT_ENTROPY,
@@ -538,6 +555,12 @@ class DecentralizedTrainer:
             self.device = distributed.local_device(self.device)
         self.callbacks = list(callbacks)
         require(all(callable(c) for c in self.callbacks), "every callback must be a callable")
+        require(callbacks_on in ("main", "all"),
+                f"callbacks_on must be 'main' or 'all', got {callbacks_on!r}")  # fmt: skip
+        self.callbacks_on, self.gather_node_models = callbacks_on, bool(gather_node_models)
+        require(not (self.training.unsafe_train_metrics and runtime == "distributed"),
+                "unsafe_train_metrics needs every node's records in one process: not with the "
+                "distributed runtime")  # fmt: skip
         self.output_dir = None if output_dir is None else Path(output_dir)
         self.run_name, self.name, self.resume = run_name, name, bool(resume)
         self.progress, self.checkpoint = progress, checkpoint
@@ -548,14 +571,15 @@ class DecentralizedTrainer:
         from dpdl.models import validate_model
 
         self.model = validate_model(model)
-        self.node_data = self._node_data(data)
-        counts = [int(c) for c in self.node_data.counts]
-        self.records_per_node = counts
-        self.topology = _as_topology(
-            topology, self.node_data.n_nodes, topology_params or {}, self.seed
-        )
+        n = _node_count(data, topology, nodes)
+        self.topology = _as_topology(topology, n, topology_params or {}, self.seed)
+        self.first_node, hosted = self._hosted_block(n)
         self.loss = _check_loss(loss)
-        self._probe_model()
+        # Every process loads, checks and probes only the nodes it hosts; in the distributed
+        # runtime all ranks then agree that every rank passed (no record crosses a rank).
+        self._agree(lambda: self._load_and_probe(data, n, hosted))
+        counts = self._all_counts([int(c) for c in self.node_data.counts])
+        self.records_per_node = counts
 
         # --- steps, sampling, schedule, and the ledger's approval of all of it
         b = self.training.batch_size
@@ -579,16 +603,53 @@ class DecentralizedTrainer:
         self._probe_metric()
 
     # ------------------------------------------------------------------ validation
-    def _node_data(self, data) -> NodeData:
-        if isinstance(data, NodeData):
-            return data
-        from dpdl.data import stack_local_datasets
+    def _hosted_block(self, n: int) -> tuple[int, int]:
+        """(first node, count) of the nodes this process hosts: all, or the rank's block."""
+        if self.runtime != "distributed":
+            return 0, n
+        from dpdl.engine import distributed
+        from dpdl.engine.comm import block_bounds
 
-        X, Y, mask = stack_local_datasets(data)
-        return NodeData.from_arrays(X, Y, mask, device=self.device)
+        rank, world = distributed.init_from_environment(self.device)
+        lo, hi = block_bounds(n, world, rank)
+        return lo, hi - lo
+
+    def _agree(self, check: Callable[[], None]) -> None:
+        """Run ``check``; in the distributed runtime every rank learns whether every rank
+        passed: a refusal stops all of them, each rank's own message staying on its rank
+        (it may name its data)."""
+        if self.runtime != "distributed":
+            check()
+            return
+        from dpdl.engine import distributed
+
+        error = None
+        try:
+            check()
+        except DPDLError as err:
+            error = err
+        failed = distributed.ranks_that_failed(error is not None)
+        if error is not None:
+            raise error
+        if failed:
+            raise DPDLError(f"rank {failed[0]} refused its nodes' data or the model (its own "
+                            "message is on its output)")  # fmt: skip
+
+    def _all_counts(self, local: list[int]) -> list[int]:
+        """Every node's size (public by the threat model): gathered in the distributed runtime."""
+        if self.runtime != "distributed":
+            return local
+        from dpdl.engine import distributed
+
+        return distributed.all_node_counts(local, self.topology.n)
+
+    def _load_and_probe(self, data, n: int, hosted: int) -> None:
+        self.node_data = _local_node_data(data, n, self.first_node, hosted, self.device)
+        self._probe_model()
 
     def _probe_model(self) -> None:
-        """Run the model and the loss on a few of node 0's records, one record at a time."""
+        """Run the model and the loss on a few of the first hosted node's records, one record
+        at a time."""
         count = min(3, int(self.node_data.counts[0]))
         x = self.node_data.inputs[0, :count].to(self.device)
         y = self.node_data.targets[0, :count].to(self.device)
@@ -598,8 +659,8 @@ class DecentralizedTrainer:
                 out = self.model(x)
         except Exception as err:
             raise DPDLError(
-                f"the model cannot take node 0's records of shape {tuple(x.shape[1:])}: "
-                f"{type(err).__name__}: {_first_line(err)}"
+                f"the model cannot take node {self.first_node}'s records of shape "
+                f"{tuple(x.shape[1:])}: {type(err).__name__}: {_first_line(err)}"
             ) from None
         try:
             values = _per_record_loss(self.loss)(out, y)
@@ -640,8 +701,8 @@ class DecentralizedTrainer:
             node = int(bad[0])
             values = targets[node][mask[node]]
             wrong = values[(values < 0) | (values >= classes)]
-            raise DPDLError(f"node {node} has labels outside 0..{classes - 1} (the model's "
-                            f"{classes} outputs), e.g. {int(wrong[0])}")  # fmt: skip
+            raise DPDLError(f"node {self.first_node + node} has labels outside 0..{classes - 1} "
+                            f"(the model's {classes} outputs), e.g. {int(wrong[0])}")  # fmt: skip
 
     def _check_records_independent(self) -> None:
         """Refuse a model whose output for one record depends on the other records of its
@@ -770,7 +831,7 @@ class DecentralizedTrainer:
         row["test_loss"] = self._held_out_loss(out, sets["y_test"])
         if classification:
             nodes = slice(0, min(self.training.eval_node_samples, len(sets["x_test"])))
-            node_acc = accuracy(sim.predict_nodes(sets["x_test"][nodes]), sets["y_test"][nodes])
+            node_acc = sim.node_accuracies(sets["x_test"][nodes], sets["y_test"][nodes])
             row |= {
                 "test_accuracy": float(accuracy(out, sets["y_test"])),
                 "node_accuracy_mean": float(node_acc.mean()),
@@ -814,33 +875,53 @@ class DecentralizedTrainer:
         return sim, main_process
 
     def _open_run_folder(self, main_process: bool):
-        """The run folder of a standalone run (``output_dir``): its CSV logger, checkpointer."""
+        """The run folder of a standalone run (``output_dir``): its CSV logger, checkpointer.
+
+        In the distributed runtime the main process writes the run folder; every process
+        keeps its own checkpoint file in the folder's ``checkpoints/`` on its own machine
+        (:func:`dpdl.engine.checkpoint.process_path`).  Under torchrun the folder is named
+        after the job (``TORCHELASTIC_RUN_ID``) unless ``run_name`` says otherwise, so a job
+        restarted by ``--max-restarts`` resumes from its checkpoints by itself.
+        """
         from dpdl.experiments.registry import make_run_dir
 
-        output_dir = self.output_dir
+        run_name, resume = self.run_name, self.resume
         if self.runtime == "distributed":
             from dpdl.engine import distributed
 
-            output_dir = distributed.worker_output_dir(output_dir)
-        run_dir = make_run_dir(output_dir, self.name, self.run_name, exist_ok=self.resume)
+            run_name = run_name or distributed.job_run_name(self.name)
+        if main_process:
+            run_dir = make_run_dir(self.output_dir, self.name, run_name, exist_ok=True)
+        if self.runtime == "distributed":
+            run_name = distributed.from_main_process(run_dir.name if main_process else None)
+            run_dir = Path(self.output_dir) / run_name
+            if not resume and distributed.restarted():
+                resume = _all_true(checkpoints.process_path(run_dir / "checkpoints" / "run.pt")
+                                   .is_file(), self.runtime)  # fmt: skip
         settings = json.dumps(self.describe(), indent=2, default=str) + "\n"
         settings_path = run_dir / "trainer.json"
         state_path = run_dir / "checkpoints" / "run.pt"
-        if self.resume:
-            require(
-                settings_path.is_file() and settings_path.read_text() == settings,
-                f"{run_dir} was started with other settings (trainer.json): refusing to resume",
-            )
-            require(state_path.is_file(), f"{run_dir} has no checkpoint to resume from")
-        elif state_path.exists():
-            raise DPDLError(f"{run_dir} holds a checkpoint: resume it or choose another run_name")
-        settings_path.write_text(settings)
-        checkpoint = self.checkpoint or CellCheckpointer(
-            state_path, self.training.checkpoint_every, write=main_process
-        )
-        if self.resume and checkpoint.resume is None:
-            checkpoint.resume = checkpoints.load_for_resume(state_path, self._factory())
-        return run_dir, CSVLogger(run_dir / "metrics.csv"), checkpoint
+        if resume:
+            if main_process:
+                require(
+                    settings_path.is_file() and settings_path.read_text() == settings,
+                    f"{run_dir} was started with other settings (trainer.json): refusing to "
+                    "resume",
+                )
+            self._agree(lambda: require(checkpoints.process_path(state_path).is_file(),
+                                        f"{run_dir} has no checkpoint to resume from"))
+        else:
+            self._agree(lambda: require(
+                not checkpoints.process_path(state_path).exists() and not (
+                    main_process and settings_path.exists()),
+                f"{run_dir} holds a run: resume it or choose another run_name"))  # fmt: skip
+        if main_process:
+            settings_path.write_text(settings)
+        checkpoint = self.checkpoint or CellCheckpointer(state_path, self.training.checkpoint_every)
+        if resume and checkpoint.resume is None:
+            checkpoint.resume = checkpoints.load_for_resume(state_path)
+        logger = CSVLogger(run_dir / "metrics.csv") if main_process else None
+        return run_dir, logger, checkpoint
 
     def describe(self) -> dict[str, Any]:
         """The run's settings, JSON-friendly (written to ``trainer.json``; no data, no secret)."""
@@ -908,29 +989,34 @@ class DecentralizedTrainer:
 
     def fit(self) -> TrainingResult:
         """Train; returns a :class:`TrainingResult` (see there).  With ``output_dir``, the run
-        folder is written as it goes (metrics.csv row by row, results.json at the end)."""
+        folder is written as it goes (metrics.csv row by row, results.json at the end).  In
+        the distributed runtime the callbacks run on the main process only, unless
+        ``callbacks_on="all"``."""
         sim, main_process = self._engine()
-        callbacks = list(self.callbacks)
+        callbacks = list(self.callbacks) if main_process or self.callbacks_on == "all" else []
         run_dir, logger, checkpoint = None, None, self.checkpoint
         if self.output_dir is not None:
             run_dir, logger, checkpoint = self._open_run_folder(main_process)
-            callbacks.insert(0, logger)
+            if logger is not None:
+                callbacks.insert(0, logger)
         try:
-            result = self._train(sim, callbacks, checkpoint)
+            result = self._train(sim, callbacks, checkpoint, main_process)
         finally:
             if logger is not None:
                 logger.close()
         if run_dir is not None:
-            from dpdl.experiments.results import write_results
+            if main_process:
+                from dpdl.experiments.results import write_results
 
-            cell = {k: v for k, v in result.record.items() if k != "rows"}
-            write_results(run_dir, [cell], plot_title=self.name)
+                cell = {k: v for k, v in result.record.items() if k != "rows"}
+                write_results(run_dir, [cell], plot_title=self.name)
             if result.status == "ok" and checkpoint is not None:
                 checkpoints.remove(checkpoint.path)  # finished: nothing left to resume
             result.run_dir = run_dir
         return result
 
-    def _train(self, sim: Simulator, callbacks, checkpoint: CellCheckpointer | None):
+    def _train(self, sim: Simulator, callbacks, checkpoint: CellCheckpointer | None,
+               main_process: bool = True):  # fmt: skip
         spec, schedule, ledger, privacy = self.spec, self.schedule, self.ledger, self.privacy
         rows: list[dict[str, Any]] = []
         eps_target = self.epsilon
@@ -965,7 +1051,7 @@ class DecentralizedTrainer:
         bar = tqdm(
             total=self.steps,
             desc=f"{label} seed={self.seed}",
-            disable=None if self.progress else True,
+            disable=None if self.progress and main_process else True,
             leave=False,
             dynamic_ncols=True,
         )
@@ -983,6 +1069,12 @@ class DecentralizedTrainer:
                 "them; refusing",
             )
             checkpoints.restore(sim, saved["engine"])
+            if self.runtime == "distributed":
+                from dpdl.engine import distributed
+
+                require(distributed.same_on_every_rank(sim.iteration),
+                        "the processes' checkpoints are at different steps (the job stopped "
+                        "while one was saving): refusing to resume")  # fmt: skip
             if ledger is not None:
                 # The saved ledger, not a fresh one: the steps already spent stay spent.  It must
                 # describe this very run (same p, δ, budget, accountant) and this very iteration.
@@ -1084,7 +1176,10 @@ class DecentralizedTrainer:
             message=message,
             record=cell,
             _template=self.model,
-            _node_params=sim.debiased_params(),
+            _node_params=sim.gather_debiased_params() if self.gather_node_models
+            else sim.debiased_params(),
+            node_indices=list(range(self.topology.n)) if self.gather_node_models
+            else list(range(self.first_node, self.first_node + self.node_data.n_nodes)),
         )
 
 
@@ -1094,6 +1189,59 @@ def train(model: nn.Module, data: Sequence | NodeData, **options: Any) -> Traini
 
 
 # --------------------------------------------------------------------------- helpers
+def _node_count(data, topology, nodes: int | None) -> int:
+    """How many nodes the run has: ``nodes``, else what the topology or the data say."""
+    import networkx as nx
+
+    from dpdl.topology import Topology
+
+    if nodes is not None:
+        require(isinstance(nodes, int) and not isinstance(nodes, bool) and nodes >= 2,
+                f"nodes must be an integer >= 2, got {nodes!r}")  # fmt: skip
+        return nodes
+    if isinstance(topology, Topology):
+        return int(topology.n)
+    if isinstance(topology, nx.Graph):
+        return int(topology.number_of_nodes())
+    if isinstance(data, NodeData):
+        return data.n_nodes
+    if isinstance(data, Sequence) and not isinstance(data, str | bytes):
+        return len(data)
+    raise DPDLError("with data given as a function of the node index, say how many nodes there "
+                    "are: nodes=N, or a topology that knows (a Topology or networkx graph)")
+
+
+def _local_node_data(data, n: int, first: int, count: int, device) -> NodeData:
+    """The padded data of nodes first .. first + count - 1 only: from a NodeData of every node
+    (or of just those), a sequence of one data set per node, or a function of the node index
+    called for those nodes alone (the distributed runtime's parties keep their own data)."""
+    from dpdl.data import stack_local_datasets
+
+    if isinstance(data, NodeData):
+        if data.n_nodes == count:
+            return data
+        require(data.n_nodes == n, f"the node data hold {data.n_nodes} nodes, the run has {n}")
+        return data.block(first, count)
+    if callable(data) and not isinstance(data, Sequence):
+        local = []
+        for i in range(first, first + count):
+            try:
+                local.append(data(i))
+            except DPDLError:
+                raise
+            except Exception as err:
+                raise DPDLError(f"the data function failed for node {i}: {type(err).__name__}: "
+                                f"{_first_line(err)}") from None  # fmt: skip
+    else:
+        require(isinstance(data, Sequence) and not isinstance(data, str | bytes),
+                "data must be a list with one local data set per node, a function of the node "
+                f"index, or NodeData; got {type(data).__name__}")  # fmt: skip
+        require(len(data) == n, f"the data list has {len(data)} nodes, the topology {n}")
+        local = list(data[first : first + count])
+    X, Y, mask = stack_local_datasets(local, first_node=first, min_nodes=1 if count < n else 2)
+    return NodeData.from_arrays(X, Y, mask, device=device, first_node=first)
+
+
 def _as_topology(topology, n: int, params: dict[str, Any], seed: int):
     from dpdl.topology import Topology, from_mixing_function, from_networkx, make_topology
 

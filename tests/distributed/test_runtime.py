@@ -133,9 +133,153 @@ def test_a_killed_rank_stops_the_others_and_the_run_resumes(tmp_path, simulator_
     assert elapsed < 120
 
     (run_dir,) = [p for p in out.iterdir() if not p.name.startswith(".")]
-    assert (run_dir / "checkpoints" / "dyn-d2p-default_seed3_eps2.pt").is_file()
+    for rank in (0, 1):  # every process keeps its own nodes' checkpoint
+        assert (run_dir / "checkpoints" / f"dyn-d2p-default_seed3_eps2.rank{rank}.pt").is_file()
+    assert not list(out.rglob(".ranks"))  # no scratch folders
     resume = [sys.executable, "-m", "dpdl", "run", "--resume", str(run_dir), "--no-progress",
               "--runtime", "distributed", "--procs", "2"]  # fmt: skip
     result = subprocess.run(resume, env=_env(), capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-2000:]
+    _assert_same(_metrics(out), simulator_metrics)
+
+
+# ------------------------------------------------------------------ each party its own data
+PARTIES = """
+kind = "decentralized"
+[experiment]
+name = "parties"
+algorithms = ["dyn-d2p"]
+seed = 3
+entropy = "seed"
+[data]
+per_node = "{pattern}"
+eval_file = "{eval}"
+[model]
+name = "logreg"
+[topology]
+name = "exp"
+nodes = 8
+[training]
+steps = 8
+batch_size = 4
+lr = 0.3
+eval_every = 4
+{extra}
+[privacy]
+epsilon = 2.0
+delta = 1e-4
+calibrate = "clt"
+certified_accountant = "rdp"
+"""
+
+
+def _torchrun(*options: str) -> list[str]:
+    """torchrun with 2 processes on one machine, a c10d rendezvous on loopback and a job id
+    (the run folder keeps it across restarts)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node",
+            "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
+            "--rdzv-id", "job", *options]  # fmt: skip
+
+
+def _party_files(tmp_path: Path) -> tuple[Path, Path]:
+    """Digits split over 8 nodes, written twice: every node's file in all/, and each rank's
+    nodes only in rank0/ (nodes 0-3) and rank1/ (nodes 4-7)."""
+    from dpdl.data import load_dataset, partition
+
+    data = load_dataset("digits", seed=0)
+    parts = partition(data.y_train, 8, seed=0)
+    for i, part in enumerate(parts):
+        for folder in ("all", f"rank{i // 4}"):
+            (tmp_path / folder).mkdir(exist_ok=True)
+            np.savez(tmp_path / folder / f"node-{i}.npz", x=data.x_train[part],
+                     y=data.y_train[part])  # fmt: skip
+    np.savez(tmp_path / "eval.npz", x=data.x_test, y=data.y_test)
+    return tmp_path / "all" / "node-{i}.npz", tmp_path / "eval.npz"
+
+
+def _parties_config(tmp_path: Path, pattern, extra: str = "") -> Path:
+    _, eval_file = _party_files(tmp_path)
+    path = tmp_path / "parties.toml"
+    path.write_text(PARTIES.format(pattern=pattern, eval=eval_file, extra=extra))
+    return path
+
+
+def test_each_rank_reads_only_its_own_nodes_files_and_equals_the_simulator(tmp_path):
+    import tomllib
+
+    all_nodes, _ = _party_files(tmp_path)
+    reference = _parties_config(tmp_path, all_nodes)
+    run_experiment(tomllib.loads(reference.read_text()), tmp_path / "sim", progress=False)
+    # under torchrun, rank r reads rank{r}/node-{i}.npz: the other rank's files are absent
+    own = _parties_config(tmp_path, str(tmp_path / "rank{rank}" / "node-{i}.npz"))
+    cmd = [*_torchrun(), "-m", "dpdl", "run", str(own), "--output", str(tmp_path / "dist"),
+           "--no-progress", "--runtime", "distributed"]  # fmt: skip
+    result = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    _assert_same(_metrics(tmp_path / "dist"), _metrics(tmp_path / "sim"))
+    assert not list((tmp_path / "dist").rglob(".ranks"))
+    assert result.stdout.count("run folder:") == 1  # one voice
+
+
+API_SCRIPT = """
+import json, os, sys
+import numpy as np, torch
+import dpdl
+
+rank, out = int(os.environ.get("RANK", "0")), sys.argv[1]
+calls = []
+
+def data(i):  # a party's own records: only ever asked for the nodes its process hosts
+    calls.append(i)
+    rng = np.random.default_rng(i)
+    return rng.normal(size=(12, 4)).astype(np.float32), rng.integers(0, 3, size=12)
+
+rng = np.random.default_rng(99)
+torch.manual_seed(0)
+result = dpdl.train(torch.nn.Linear(4, 3), data, nodes=6, topology="exp",
+                    runtime=sys.argv[2], algorithm="const-d2p", epsilon=2.0, steps=6,
+                    batch_size=2, lr=0.2, eval_every=3, entropy="seed",
+                    eval_data=(rng.normal(size=(50, 4)).astype(np.float32),
+                               rng.integers(0, 3, size=50)),
+                    output_dir=out, run_name="api", gather_node_models=sys.argv[3] == "all")
+with open(os.path.join(out, f"calls{rank}.json"), "w") as fh:
+    json.dump({"calls": calls, "nodes": result.node_indices, "epsilon": result.epsilon,
+               "history": result.history}, fh)
+"""
+
+
+def test_the_data_function_is_called_only_for_hosted_nodes(tmp_path):
+    import json
+
+    script = tmp_path / "train.py"
+    script.write_text(API_SCRIPT)
+    sim = subprocess.run([sys.executable, str(script), str(tmp_path / "sim"), "simulator",
+                          "local"], env=_env(), capture_output=True, text=True, timeout=240)
+    assert sim.returncode == 0, sim.stderr[-2000:]
+    cmd = [*_torchrun(), str(script), str(tmp_path / "dist"), "distributed", "local"]
+    result = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    want = json.loads((tmp_path / "sim" / "calls0.json").read_text())
+    assert want["calls"] == list(range(6)) and want["nodes"] == list(range(6))
+    for rank, block in ((0, [0, 1, 2]), (1, [3, 4, 5])):
+        got = json.loads((tmp_path / "dist" / f"calls{rank}.json").read_text())
+        assert got["calls"] == block and got["nodes"] == block
+        assert got["epsilon"] == want["epsilon"]
+        for g, w in zip(got["history"], want["history"], strict=True):
+            np.testing.assert_allclose(g["test_loss"], w["test_loss"], rtol=1e-5)
+
+
+def test_a_rank_killed_under_torchrun_max_restarts_resumes_by_itself(tmp_path, simulator_metrics):
+    """kill -9 of rank 1 at step 3; torchrun restarts the job, which resumes from the
+    processes' own step-2 checkpoints and ends with the uninterrupted (simulator) result."""
+    config_file = tmp_path / "dist.toml"
+    config_file.write_text(CONFIG.replace("eval_every = 4", "eval_every = 4\ncheckpoint_every = 2"))
+    out = tmp_path / "out"
+    cmd = [*_torchrun("--max-restarts", "1"), "-m", "dpdl", "run", str(config_file), "--output",
+           str(out), "--no-progress", "--runtime", "distributed"]  # fmt: skip
+    env = _env() | {"DPDL_FAULT_INJECT": "1:3"}
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = [p for p in out.iterdir() if p.is_dir()]
+    assert len(runs) == 1  # the restarted job continued the same run folder
     _assert_same(_metrics(out), simulator_metrics)

@@ -165,7 +165,7 @@ def test_the_tune_table2_preset_gives_every_algorithm_twelve_points():
         for cell in cells:
             cfg = parse_config(cell_config(b, cell))
             assert cfg.experiment.algorithms == [cand["algorithm"]]
-    for name, line in tune["baselines"].items():
+    for _name, line in tune["baselines"].items():
         b, sweep = split_sweep(_test_sweep(base, tune, line["algorithm"], line["set"], 0.3))
         assert len(expand_grid(sweep)) == 5
         parse_config(cell_config(b, expand_grid(sweep)[0]))

@@ -346,7 +346,7 @@ def test_a_resume_under_other_settings_is_refused(tmp_path):
 
     path = tmp_path / "r" / "checkpoints" / "run.pt"
     for change in ({"clip": 0.5}, {"lr": 0.2}):
-        checkpoint = CellCheckpointer(path, 5, write=False, resume=checkpoints.load(path))
+        checkpoint = CellCheckpointer(path, 5, resume=checkpoints.load(path))
         trainer = dpdl.DecentralizedTrainer(
             linear(), nodes, checkpoint=checkpoint,
             **({k: v for k, v in settings.items() if k not in ("output_dir", "run_name")}

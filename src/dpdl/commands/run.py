@@ -69,12 +69,18 @@ def warn_if_reproducible(config: dict) -> None:
     """One line on stderr when a run's noise is derived from its seed."""
     import sys
 
-    if config.get("experiment", {}).get("entropy") == "seed":
+    if config.get("experiment", {}).get("entropy") == "seed" and main_process():
         print(
             "warning: entropy = seed: the noise is reproducible from the seed, so it protects "
             "nothing against anyone who knows it; use it for research, never on real data",
             file=sys.stderr,
         )
+
+
+def main_process() -> bool:
+    """Whether this is the process that speaks: every one outside the distributed runtime,
+    rank 0 within it (the others keep quiet: one voice)."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 def apply_command_overrides(config: dict, overrides: dict) -> dict:
@@ -196,9 +202,12 @@ def dyn_vs_const_notes(summary: list[dict]) -> list[str]:
 
 
 def _launch_local(args) -> int:
-    """Re-run this command in ``--procs`` local processes of the distributed runtime."""
+    """Re-run this command in ``--procs`` local processes of the distributed runtime, once the
+    config, the data and the number of processes have been checked (a bad one is one line
+    here, not an error in every process)."""
     if args.runtime != "distributed":
         raise DPDLError("--procs needs --runtime distributed")
+    _check_before_launch(args)
     from dpdl.engine.distributed import launch_local
 
     argv = ["run"] + ([args.config] if args.config else [])
@@ -215,6 +224,32 @@ def _launch_local(args) -> int:
     return launch_local(argv, args.procs)
 
 
+def _check_before_launch(args) -> None:
+    import json
+
+    from dpdl.experiments.config import parse_config
+    from dpdl.experiments.runner import prepare_workload
+
+    if args.procs < 1:
+        raise DPDLError(f"--procs must be >= 1, got {args.procs}")
+    if args.resume:
+        path = Path(args.resume) / "config.json"
+        if not path.is_file():
+            raise DPDLError(f"{args.resume} is not a dpdl run folder (no config.json)")
+        config = json.loads(path.read_text())
+    else:
+        config = apply_command_overrides(_load(args), _overrides(args))
+    if config.get("kind", "decentralized") != "decentralized":
+        raise DPDLError(f"the distributed runtime runs the decentralized kind, not "
+                        f"{config.get('kind')!r}")  # fmt: skip
+    cfg = parse_config(config)
+    nodes = cfg.topology.nodes
+    if args.procs > nodes:
+        raise DPDLError(f"--procs {args.procs} for {nodes} nodes: every process needs at least "
+                        "one node")  # fmt: skip
+    prepare_workload(cfg, cfg.experiment.seeds[0], block=(0, 1))  # the data are there
+
+
 def _resume(args) -> int:
     from dpdl.experiments.runner import resume_run
 
@@ -224,7 +259,8 @@ def _resume(args) -> int:
         args.resume, progress=not args.no_progress, runtime=args.runtime, device=args.device,
         seed=args.seed, steps=args.steps, entropy=args.entropy, secure_noise=args.secure_noise,
     )  # fmt: skip
-    print_summary(results)
+    if main_process():
+        print_summary(results)
     failed = [c for c in results.get("cells", []) if c.get("status", "ok") != "ok"]
     return 1 if failed else 0
 
@@ -256,7 +292,9 @@ def run(args) -> int:
     config = apply_command_overrides(config, _overrides(args))
     warn_if_reproducible(config)
     results = module.run_experiment(config, Path(args.output), progress=not args.no_progress)
-    if "summary" in results:
+    if not main_process():
+        pass
+    elif "summary" in results:
         print_summary(results)
     else:
         print(f"run folder: {results.get('run_dir', args.output)}")

@@ -12,7 +12,7 @@ from dpdl.data.csv_loader import load_csv
 from dpdl.data.dataset import Dataset, dataset_names, load_dataset, register_loader
 from dpdl.data.fashion_mnist import find_fashion_mnist, load_fashion_mnist
 from dpdl.data.idx import parse_idx, read_idx, write_idx
-from dpdl.data.nodes import local_arrays, stack_local_datasets
+from dpdl.data.nodes import local_arrays, read_records, stack_local_datasets
 from dpdl.data.partition import SCHEMES, label_distribution, partition, stack_node_data
 from dpdl.data.sklearn_sets import load_breast_cancer, load_diabetes, load_digits
 
@@ -41,6 +41,7 @@ __all__ = [
     "parse_idx",
     "partition",
     "read_batch",
+    "read_records",
     "read_idx",
     "register_loader",
     "stack_node_data",

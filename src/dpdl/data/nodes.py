@@ -16,7 +16,9 @@ import numpy as np
 from dpdl.data.partition import stack_node_data
 from dpdl.errors import DPDLError
 
-__all__ = ["local_arrays", "stack_local_datasets"]
+__all__ = ["local_arrays", "read_records", "stack_local_datasets"]
+
+NPZ_KEYS = (("x", "y"), ("inputs", "targets"))
 
 
 def _array(value, what: str) -> np.ndarray:
@@ -67,41 +69,45 @@ def local_arrays(data, what: str = "node data") -> tuple[np.ndarray, np.ndarray]
     return x, y
 
 
-def stack_local_datasets(datasets: Sequence) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def stack_local_datasets(
+    datasets: Sequence, *, first_node: int = 0, min_nodes: int = 2
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Pad the nodes' local data sets into ``(X, Y, mask)`` (see the module docstring).
 
     Inputs become float32; integer targets stay integers (class indices), others float32.
-    Refused: fewer than two nodes, an empty node, records whose shape or target kind differs
-    from node 0's (non-finite values are refused by ``dpdl.engine.NodeData.from_arrays``, the
-    one door of every run's data).
+    ``first_node`` is the index of ``datasets[0]`` in messages (a process's block of nodes);
+    ``min_nodes`` the fewest accepted (a block may hold one node of a larger network).
+    Refused: fewer than ``min_nodes`` nodes, an empty node, records whose shape or target kind
+    differs from the first node's (non-finite values are refused by
+    ``dpdl.engine.NodeData.from_arrays``, the one door of every run's data).
     """
     if not isinstance(datasets, Sequence) or isinstance(datasets, str | bytes):
         raise DPDLError(
             "the nodes' data must be a list with one local data set per node, got "
             f"{type(datasets).__name__}"
         )
-    if len(datasets) < 2:
+    if len(datasets) < min_nodes:
         raise DPDLError(f"decentralized training needs at least 2 nodes, got {len(datasets)}")
     xs, ys = [], []
-    for i, data in enumerate(datasets):
+    for i, data in enumerate(datasets, start=first_node):
         x, y = local_arrays(data, f"node {i}'s data")
         if len(x) == 0:
             raise DPDLError(f"node {i}'s data has no records (every node needs at least one)")
-        if i > 0 and x.shape[1:] != xs[0].shape[1:]:
+        if xs and x.shape[1:] != xs[0].shape[1:]:
             raise DPDLError(
-                f"node {i}'s inputs have record shape {x.shape[1:]} but node 0's have "
+                f"node {i}'s inputs have record shape {x.shape[1:]} but node {first_node}'s have "
                 f"{xs[0].shape[1:]}: every node's records must have the same shape"
             )
-        if i > 0 and y.shape[1:] != ys[0].shape[1:]:
+        if ys and y.shape[1:] != ys[0].shape[1:]:
             raise DPDLError(
-                f"node {i}'s targets have shape {y.shape[1:]} per record but node 0's have "
-                f"{ys[0].shape[1:]}"
+                f"node {i}'s targets have shape {y.shape[1:]} per record but node "
+                f"{first_node}'s have {ys[0].shape[1:]}"
             )
         integer = np.issubdtype(y.dtype, np.integer) or y.dtype == np.bool_
-        if i > 0 and integer != (np.issubdtype(ys[0].dtype, np.integer) or ys[0].dtype == np.bool_):
+        if ys and integer != (np.issubdtype(ys[0].dtype, np.integer) or ys[0].dtype == np.bool_):
             raise DPDLError(
-                f"node {i}'s targets are {y.dtype} but node 0's are {ys[0].dtype}: class "
-                "indices (integers) on some nodes and real values on others"
+                f"node {i}'s targets are {y.dtype} but node {first_node}'s are {ys[0].dtype}: "
+                "class indices (integers) on some nodes and real values on others"
             )
         xs.append(x.astype(np.float32, copy=False))
         ys.append(y.astype(np.int64 if integer else np.float32, copy=False))
@@ -109,3 +115,38 @@ def stack_local_datasets(datasets: Sequence) -> tuple[np.ndarray, np.ndarray, np
     bounds = np.concatenate([[0], np.cumsum(sizes)])
     parts = [np.arange(bounds[i], bounds[i + 1]) for i in range(len(xs))]
     return stack_node_data(np.concatenate(xs), np.concatenate(ys), parts)
+
+
+def read_records(path, what: str = "data file") -> tuple[np.ndarray, np.ndarray]:
+    """``(inputs, targets)`` of one file: ``.npz`` with arrays ``x``/``y`` (or ``inputs``/
+    ``targets``), or ``.csv`` (comma-separated numbers, an optional header line, the target in
+    the last column: integer-valued targets become class indices).  Read as they are: any
+    preprocessing is the data owner's, with public constants."""
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.is_file():
+        raise DPDLError(f"{what} {str(path)!r} does not exist")
+    if path.suffix == ".npz":
+        with np.load(path, allow_pickle=False) as arrays:
+            for x_key, y_key in NPZ_KEYS:
+                if x_key in arrays and y_key in arrays:
+                    return local_arrays((arrays[x_key], arrays[y_key]), what)
+            raise DPDLError(f"{what} {str(path)!r} needs arrays named x and y (or inputs and "
+                            f"targets), it has {sorted(arrays.files)}")  # fmt: skip
+    if path.suffix == ".csv":
+        lines = path.read_text().strip().splitlines()
+        try:
+            float(lines[0].split(",")[0])
+        except (ValueError, IndexError):
+            lines = lines[1:]  # a header
+        try:
+            table = np.array([[float(v) for v in line.split(",")] for line in lines])
+        except ValueError as err:
+            raise DPDLError(f"{what} {str(path)!r}: not a table of numbers: {err}") from None
+        if table.ndim != 2 or table.shape[1] < 2 or not len(table):
+            raise DPDLError(f"{what} {str(path)!r}: expected rows of features and a target")
+        y = table[:, -1]
+        y = y.astype(np.int64) if np.all(y == np.round(y)) else y.astype(np.float32)
+        return local_arrays((table[:, :-1].astype(np.float32), y), what)
+    raise DPDLError(f"{what} {str(path)!r}: use a .npz or a .csv file")

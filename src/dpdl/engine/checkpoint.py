@@ -1,19 +1,19 @@
 """Checkpoints of a training run: everything needed to continue exactly where it stopped.
 
-A checkpoint holds every node's model x_i and push-sum weight w_i, every node's secret stream
-state (so the resumed run draws the very numbers it would have drawn), a SHA-256 fingerprint
-of every node's data (a resume on changed data is refused: it would re-send the same noise on
-other records), the iteration, the privacy ledger (steps spent are never forgotten), and the
-metrics rows written so far.
-Files are written atomically (a temporary file, then ``os.replace``): a crash while saving
-leaves the previous checkpoint intact.
+A checkpoint holds the hosted nodes' models x_i and push-sum weights w_i, their secret stream
+states (so the resumed run draws the very numbers it would have drawn), a SHA-256 fingerprint
+of every hosted node's data (a resume on changed data is refused: it would re-send the same
+noise on other records), the iteration, the privacy ledger (steps spent are never forgotten),
+the metrics rows written so far and the run's settings digest.  Files are written atomically
+(a temporary file created exclusively, then ``os.replace``): a crash while saving leaves the
+previous checkpoint intact.
 
-Works for the simulator and for the distributed runtime (whose ranks gather their models;
-the main process writes them).  Stream states are the secret that protects the data (they
-replay every node's batches and noise): the simulator's checkpoint holds them, and in the
-distributed runtime every rank keeps its own nodes' states and data fingerprints in a shard
-of its own (:func:`shard_path`), so no rank ever receives another rank's secrets.  Checkpoint
-files are created owner-only (0600): treat them like the model and the data.
+The simulator writes one file.  In the distributed runtime every process writes its own,
+:func:`process_path` (``run.rank<R>.pt`` beside ``run.pt``), with its own nodes only: no rank
+ever receives another rank's models, secrets or fingerprints, and a process resumes from its
+own file, on its own machine (no shared file system needed).  Stream states are the secret
+that protects the data (they replay every node's batches and noise): checkpoint files are
+created owner-only (0600); treat them like the model and the data.
 """
 
 from __future__ import annotations
@@ -26,20 +26,40 @@ import torch
 from dpdl.errors import DPDLError
 from dpdl.files import write_atomic
 
-CHECKPOINT_VERSION = 2  # 2: ChaCha20 stream states and the nodes' data fingerprints
+CHECKPOINT_VERSION = 3  # 3: one file per process, with its own nodes only
 
 
 def capture(sim) -> dict[str, Any]:
-    """The engine's state (a collective call in the distributed runtime: every rank calls it)."""
-    if hasattr(sim, "gather_state"):
-        return sim.gather_state()
-    return {
-        "iteration": sim.iteration,
-        "params": {k: v.detach().cpu() for k, v in sim.params.items()},
-        "weights": sim.weights.detach().cpu(),
-        "generators": [g.get_state() for g in sim.generators],
-        "data_fingerprints": [f.hex() for f in sim.data_fingerprints],
-    }
+    """The engine's state: its hosted nodes' (:meth:`Simulator.state_dict`)."""
+    return sim.state_dict()
+
+
+def restore(sim, state: dict[str, Any]) -> None:
+    """Put ``state`` (from :func:`capture`) back into a freshly built engine."""
+    sim.load_state_dict(state)
+
+
+def _rank() -> int | None:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else None
+
+
+def process_path(path: Path) -> Path:
+    """This process's checkpoint file for ``path``: ``path`` itself in a single process,
+    ``<stem>.rank<R><suffix>`` beside it for rank R of the distributed runtime."""
+    path, rank = Path(path), _rank()
+    return path if rank is None else path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
+
+
+def load_for_resume(path: Path) -> dict[str, Any]:
+    """This process's checkpoint of ``path``."""
+    return load(process_path(path))
+
+
+def remove(path: Path) -> None:
+    """Delete this process's checkpoint of a finished cell."""
+    process_path(path).unlink(missing_ok=True)
 
 
 def check_fingerprints(saved: list[str] | None, current: list[bytes], first_node: int) -> None:
@@ -54,63 +74,6 @@ def check_fingerprints(saved: list[str] | None, current: list[bytes], first_node
                 f"node {first_node + offset}'s data differ from the checkpoint's (SHA-256): "
                 "refusing to resume, which would re-send its noise on other data"
             )
-
-
-def shard_path(path: Path, rank: int) -> Path:
-    """Rank ``rank``'s shard of secret generator states beside the checkpoint ``path``."""
-    path = Path(path)
-    return path.with_name(f"{path.stem}.rank{rank}.secret{path.suffix}")
-
-
-def _rank() -> int | None:
-    import torch.distributed as dist
-
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else None
-
-
-def load_for_resume(path: Path, factory=None) -> dict[str, Any]:
-    """The checkpoint at ``path`` and, in the distributed runtime, this rank's secret shard."""
-    payload = load(path)
-    rank = _rank()
-    if rank is not None and hasattr(factory, "gather_state"):
-        shard = load(shard_path(path, rank))
-        if int(shard["iteration"]) != int(payload["engine"]["iteration"]):
-            raise DPDLError(
-                f"secret shard of rank {rank} is at step {shard['iteration']}, the checkpoint "
-                f"{str(path)!r} at step {payload['engine']['iteration']}: refusing to resume"
-            )
-        payload["engine"]["rank_generators"] = shard
-    return payload
-
-
-def remove(path: Path) -> None:
-    """Delete a finished cell's checkpoint (main process) and this rank's secret shard."""
-    rank = _rank()
-    if rank in (None, 0):
-        Path(path).unlink(missing_ok=True)
-    if rank is not None:
-        shard_path(path, rank).unlink(missing_ok=True)
-
-
-def restore(sim, state: dict[str, Any]) -> None:
-    """Put ``state`` (from :func:`capture`) back into a freshly built engine."""
-    if set(state["params"]) != set(sim.params) or any(
-        state["params"][k].shape != sim.params[k].shape for k in sim.params
-    ):
-        raise DPDLError("checkpoint does not match the model: parameter names or shapes differ")
-    if state["weights"].shape != sim.weights.shape:
-        raise DPDLError(
-            f"checkpoint has {state['weights'].shape[0]} nodes, the run has {sim.weights.shape[0]}"
-        )
-    if hasattr(sim, "restore_state"):
-        sim.restore_state(state)
-        return
-    check_fingerprints(state.get("data_fingerprints"), sim.data_fingerprints, 0)
-    sim.params = {k: v.to(sim.device) for k, v in state["params"].items()}
-    sim.weights = state["weights"].to(sim.device)
-    for g, s in zip(sim.generators, state["generators"], strict=True):
-        g.set_state(s.clone())  # set_state needs a tensor that owns its storage
-    sim.iteration = int(state["iteration"])
 
 
 def save_atomic(path: Path, payload: dict[str, Any]) -> None:

@@ -95,28 +95,28 @@ class PointToPointMixer:
         # Parameters travel in their own dtype, push-sum weights in float64 (as the simulator).
         mixed = plan.local.to(flat.dtype) @ flat
         mixed_w = plan.local @ weights
-        requests, inbox = [], []
-        for r, rows in plan.recvs:
-            buf = torch.empty(len(rows), flat.shape[1], dtype=flat.dtype, device=flat.device)
-            wbuf = torch.empty(len(rows), dtype=weights.dtype, device=weights.device)
-            requests += [dist.irecv(buf, src=r), dist.irecv(wbuf, src=r)]
-            inbox.append((rows, buf, wbuf))
-        for r, _rows, coeff in plan.sends:
-            out = (coeff.to(flat.dtype) @ flat).contiguous()
-            out_w = (coeff @ weights).contiguous()
-            requests += [dist.isend(out, dst=r), dist.isend(out_w, dst=r)]
-            self.bytes_sent += (
-                out.numel() * out.element_size() + out_w.numel() * out_w.element_size()
-            )
-            self.messages_sent += 1
+        requests, inbox = [], []  # requests: (peer rank, request)
         try:
-            for request in requests:
+            for r, rows in plan.recvs:
+                buf = torch.empty(len(rows), flat.shape[1], dtype=flat.dtype, device=flat.device)
+                wbuf = torch.empty(len(rows), dtype=weights.dtype, device=weights.device)
+                requests += [(r, dist.irecv(buf, src=r)), (r, dist.irecv(wbuf, src=r))]
+                inbox.append((rows, buf, wbuf))
+            for r, _rows, coeff in plan.sends:
+                out = (coeff.to(flat.dtype) @ flat).contiguous()
+                out_w = (coeff @ weights).contiguous()
+                requests += [(r, dist.isend(out, dst=r)), (r, dist.isend(out_w, dst=r))]
+                self.bytes_sent += (
+                    out.numel() * out.element_size() + out_w.numel() * out_w.element_size()
+                )
+                self.messages_sent += 1
+        except RuntimeError as err:  # a peer is gone before anything was posted
+            raise _peer_failed(self.rank, None, k, err) from None
+        for peer, request in requests:
+            try:
                 request.wait()
-        except RuntimeError as err:  # a peer died or timed out: fail with a clear message
-            raise DPDLError(
-                f"rank {self.rank}: point-to-point exchange at step {k} failed "
-                f"(a peer process stopped or timed out): {str(err).splitlines()[0]}"
-            ) from err
+            except RuntimeError as err:  # a peer died or timed out: one line naming it
+                raise _peer_failed(self.rank, peer, k, err) from None
         for rows, buf, wbuf in inbox:
             index = torch.as_tensor(rows, device=flat.device)
             mixed.index_add_(0, index, buf)
@@ -128,6 +128,14 @@ class PointToPointMixer:
             out_params[name] = mixed[:, start : start + width].reshape(shape)
             start += width
         return out_params, mixed_w
+
+
+def _peer_failed(rank: int, peer: int | None, step: int, err: Exception) -> DPDLError:
+    who = "a peer process" if peer is None else f"rank {peer}"
+    return DPDLError(
+        f"rank {rank}: point-to-point exchange at step {step} failed: {who} stopped or timed "
+        f"out ({str(err).splitlines()[0][:120]})"
+    )
 
 
 def check_initialized() -> tuple[int, int]:

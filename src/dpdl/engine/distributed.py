@@ -26,13 +26,11 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from dpdl.algorithms.dyn_d2p import Params, local_update
-from dpdl.engine.checkpoint import check_fingerprints as checkpoint_fingerprints
+from dpdl.algorithms.dyn_d2p import local_update
 from dpdl.engine.comm import PointToPointMixer, block_bounds
 from dpdl.engine.simulator import NodeData, Simulator
 from dpdl.errors import DPDLError
@@ -66,7 +64,20 @@ def init_from_environment(device: torch.device) -> tuple[int, int]:
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_seconds()))
+    timeout = datetime.timedelta(seconds=timeout_seconds())
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if attempt != "0" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # A job torchrun restarted: its agent's store still holds the failed attempt's
+        # addresses; a prefix of this attempt's own keeps the processes from reading them.
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                              int(os.environ["WORLD_SIZE"]), False, timeout)  # fmt: skip
+        dist.init_process_group(
+            backend, store=dist.PrefixStore(f"dpdl/attempt{attempt}", store),
+            rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
+            timeout=timeout,
+        )  # fmt: skip
+    else:
+        dist.init_process_group(backend, timeout=timeout)
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -82,27 +93,35 @@ def local_device(device: torch.device) -> torch.device:
 class DistributedSimulator(Simulator):
     """The simulator's interface for one rank's block of nodes.
 
-    ``step`` updates only this rank's nodes and exchanges messages with the neighbouring
-    ranks; ``params``/``weights`` of all n nodes are gathered on demand for evaluation
-    (every rank gets them, so all ranks compute identical metrics).
+    ``data`` holds only this rank's nodes (:func:`dpdl.engine.comm.block_bounds` of the
+    topology's n); no record crosses a rank boundary.  What ranks exchange: every node's size
+    (public, for the sampling rate), the push-sum messages of the graph's edges, sums of the
+    models for the network average, per-node scores on public evaluation data, and every
+    node's model only when asked (:meth:`gather_debiased_params`).
     """
 
     def __init__(self, model, data: NodeData, topology, **kwargs):
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.lo, self.hi = block_bounds(data.n_nodes, self.world_size, self.rank)
+        self.lo, self.hi = block_bounds(int(topology.n), self.world_size, self.rank)
         # The base class keys only this rank's nodes' streams (node_block): in the default
         # OS-entropy mode each rank draws its own keys locally, so no secret crosses the network.
         super().__init__(model, data, topology, **kwargs)
-        m = self.hi - self.lo
-        self.local_data = self.data.block(self.lo, m)
-        self.local_params = {k: v[self.lo : self.hi].clone() for k, v in self.params.items()}
-        self.local_weights = self.weights[self.lo : self.hi].clone()
         self.mixer = PointToPointMixer(topology, self.n, self.rank, self.world_size, self.device)
-        self._gathered_at = self.iteration
 
     @property
     def node_block(self) -> tuple[int, int]:
         return self.lo, self.hi - self.lo
+
+    def _all_node_counts(self, local: list[int]) -> list[int]:
+        return all_node_counts(local, self.n)
+
+    def _reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        total = tensor.clone()
+        _collective(dist.all_reduce, total, what="a sum of the models")
+        return total
+
+    def _gather_nodes(self, tensor: torch.Tensor) -> torch.Tensor:
+        return _all_gather_blocks(tensor, self.n)
 
     # ------------------------------------------------------------------ stepping
     def step(
@@ -116,88 +135,40 @@ class DistributedSimulator(Simulator):
     ):
         k = self.iteration
         _maybe_inject_fault(self.rank, k)
-        data = self.local_data
         half = local_update(
-            self.model, self.local_params, self.local_weights,
-            data.inputs, data.targets, data.mask, self.generators,
+            self.model, self.params, self.weights,
+            self.data.inputs, self.data.targets, self.data.mask, self.generators,
             step=k, lr=self.lr if lr is None else lr, expected_batch_size=self.expected_batch_size,
             sample_rate=self.sample_rate, private=private, clip=clip, sigma=sigma,
             loss=self.loss, buffers=self.buffers, first_node=self.lo,
             unsafe_zero_noise=unsafe_zero_noise, clip_method=self.clip_method,
         )  # fmt: skip
-        self.local_params, self.local_weights = self.mixer.mix(half.params, self.local_weights, k)
+        self.params, self.weights = self.mixer.mix(half.params, self.weights, k)
         self.iteration += 1
         return half.batch_sizes
 
     def mix_only(self) -> None:
-        self.local_params, self.local_weights = self.mixer.mix(
-            self.local_params, self.local_weights, self.iteration
-        )
+        self.params, self.weights = self.mixer.mix(self.params, self.weights, self.iteration)
         self.iteration += 1
 
-    # ------------------------------------------------------------------ gathering
-    def _sync(self) -> None:
-        if self._gathered_at == self.iteration:
-            return
-        self.params = {k: _all_gather_blocks(v, self.n) for k, v in self.local_params.items()}
-        self.weights = _all_gather_blocks(self.local_weights, self.n)
-        self._gathered_at = self.iteration
 
-    def debiased_params(self) -> Params:
-        self._sync()
-        return super().debiased_params()
-
-    def average_params(self) -> Params:
-        self._sync()
-        return super().average_params()
-
-    def all_finite(self) -> bool:
-        self._sync()
-        return super().all_finite()
-
-    # ------------------------------------------------------------------ checkpoints
-    def gather_state(self) -> dict:
-        """The models of all nodes on every rank (collective), and this rank's own generator
-        states under ``rank_generators`` (never gathered: see :mod:`dpdl.engine.checkpoint`)."""
-        self._sync()
-        return {
-            "iteration": self.iteration,
-            "params": {k: v.detach().cpu() for k, v in self.params.items()},
-            "weights": self.weights.detach().cpu(),
-            "generators": None,
-            "rank_generators": {
-                "rank": self.rank,
-                "first_node": self.lo,
-                "iteration": self.iteration,
-                "states": [g.get_state() for g in self.generators],
-                "data_fingerprints": [f.hex() for f in self.data_fingerprints],
-            },
-        }
-
-    def restore_state(self, state: dict) -> None:
-        """Take this rank's block of the gathered models and its own secret shard."""
-        shard = state.get("rank_generators")
-        if shard is None or shard["first_node"] != self.lo:
-            raise DPDLError(
-                f"no secret shard for rank {self.rank} (nodes {self.lo}..{self.hi - 1}): "
-                "resume with the same number of processes"
-            )
-        self.params = {k: v.to(self.device) for k, v in state["params"].items()}
-        self.weights = state["weights"].to(self.device)
-        self.local_params = {k: v[self.lo : self.hi].clone() for k, v in self.params.items()}
-        self.local_weights = self.weights[self.lo : self.hi].clone()
-        checkpoint_fingerprints(shard.get("data_fingerprints"), self.data_fingerprints, self.lo)
-        for g, s in zip(self.generators, shard["states"], strict=True):
-            g.set_state(s.clone())  # set_state needs a tensor that owns its storage
-        self.iteration = int(state["iteration"])
-        self._gathered_at = self.iteration
+def _collective(op, *args, what: str) -> None:
+    """A collective that fails with one line naming what was being exchanged."""
+    try:
+        op(*args)
+    except RuntimeError as err:  # a peer died or timed out
+        raise DPDLError(
+            f"rank {dist.get_rank()}: exchanging {what} failed (a peer process stopped or "
+            f"timed out): {str(err).splitlines()[0]}"
+        ) from None
 
 
 def _maybe_inject_fault(rank: int, step: int) -> None:
     """Fault injection for tests and drills: ``DPDL_FAULT_INJECT="RANK:STEP"`` makes that rank's
-    process die abruptly (no clean-up, like a crashed machine) when it reaches that step."""
+    process die abruptly (no clean-up, like a crashed machine) when it reaches that step; not
+    in a job that torchrun restarted."""
     spec = os.environ.get("DPDL_FAULT_INJECT")
-    if not spec:
+    if not spec or restarted():  # a crash drill: the job torchrun restarts runs through
         return
     try:
         fault_rank, fault_step = (int(part) for part in spec.split(":"))
@@ -215,8 +186,34 @@ def _all_gather_blocks(block: torch.Tensor, n: int) -> torch.Tensor:
     padded = torch.zeros((longest, *block.shape[1:]), dtype=block.dtype, device=block.device)
     padded[: block.shape[0]] = block
     parts = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(parts, padded)
+    _collective(dist.all_gather, parts, padded, what="per-node values")
     return torch.cat([p[:s] for p, s in zip(parts, sizes, strict=True)])
+
+
+def same_on_every_rank(value: int) -> bool:
+    """Whether every rank holds the same integer ``value`` (a collective)."""
+    both = torch.tensor([value, -value], dtype=torch.int64, device=_comm_device())
+    _collective(dist.all_reduce, both, dist.ReduceOp.MAX, what="a value every rank must share")
+    return int(both[0]) == -int(both[1])
+
+
+def ranks_that_failed(failed: bool) -> list[int]:
+    """The ranks whose ``failed`` is true, on every rank (a collective)."""
+    flags = torch.zeros(dist.get_world_size(), dtype=torch.int64, device=_comm_device())
+    flags[dist.get_rank()] = int(failed)
+    _collective(dist.all_reduce, flags, what="whether every rank accepted its data")
+    return [int(r) for r in flags.nonzero().flatten()]
+
+
+def all_node_counts(local: list[int], n_nodes: int) -> list[int]:
+    """Every node's record count (public, for the sampling rate), from each rank's block."""
+    counts = torch.tensor(local, dtype=torch.int64, device=_comm_device())
+    return [int(c) for c in _all_gather_blocks(counts, n_nodes)]
+
+
+def _comm_device() -> torch.device:
+    return (torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl"
+            else torch.device("cpu"))  # fmt: skip
 
 
 def is_main_process() -> bool:
@@ -261,19 +258,19 @@ def launch_local(argv: list[str], procs: int, *, grace_s: float = 10.0) -> int:
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(port),
             OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+            # c10d's C++ warnings would bury the one-line error of a failed peer
+            TORCH_CPP_LOG_LEVEL=os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"),
         )
         children.append(subprocess.Popen([sys.executable, "-m", "dpdl", *argv], env=env))
-    first_failure: tuple[int, int] | None = None
+    failures: list[tuple[int, int]] = []  # (rank, status) in the order they were seen
     deadline = None
     try:
         while True:
             codes = [c.poll() for c in children]
-            if first_failure is None:
-                for rank, code in enumerate(codes):
-                    if code not in (None, 0):
-                        first_failure = (rank, code)
-                        deadline = time.monotonic() + grace_s
-                        break
+            for rank, code in enumerate(codes):
+                if code not in (None, 0) and rank not in [r for r, _ in failures]:
+                    failures.append((rank, code))
+                    deadline = deadline or time.monotonic() + grace_s
             if all(code is not None for code in codes):
                 break
             if deadline is not None and time.monotonic() > deadline:
@@ -294,8 +291,10 @@ def launch_local(argv: list[str], procs: int, *, grace_s: float = 10.0) -> int:
     finally:
         for c in children:
             c.wait()
-    if first_failure is not None:
-        rank, code = first_failure
+    if failures:
+        # The process that failed by itself, not one that stopped because a peer had gone:
+        # those end with a DPDLError (status 2) after naming the peer.
+        rank, code = next((f for f in failures if f[1] != 2), failures[0])
         print(
             f"dpdl run: error: process {rank} of {procs} exited with status {code}; "
             "the other processes were stopped",
@@ -310,8 +309,7 @@ def from_main_process(value):
 
     Sent as UTF-8 JSON in a byte tensor (length first): no rank unpickles what another sent.
     """
-    device = torch.device("cuda", torch.cuda.current_device()) if (
-        dist.get_backend() == "nccl") else torch.device("cpu")  # fmt: skip
+    device = _comm_device()
     payload = json.dumps(value).encode() if dist.get_rank() == 0 else b""
     length = torch.tensor([len(payload)], dtype=torch.int64, device=device)
     dist.broadcast(length, src=0)
@@ -322,8 +320,18 @@ def from_main_process(value):
     return json.loads(bytes(data.cpu().tolist()).decode())
 
 
-def worker_output_dir(output_dir: Path) -> Path:
-    """Rank 0 writes the run folder; the others write into a scratch folder beside it."""
-    if is_main_process():
-        return Path(output_dir)
-    return Path(output_dir) / ".ranks" / f"rank{dist.get_rank()}"
+def job_run_name(name: str) -> str | None:
+    """A run folder name that a torchrun job keeps across its restarts (``--max-restarts``):
+    ``<name>-<TORCHELASTIC_RUN_ID>``; None outside torchrun (the main process then picks)."""
+    job = os.environ.get("TORCHELASTIC_RUN_ID")
+    if not job or job == "none":
+        return None
+    return f"{name}-" + "".join(c if c.isalnum() or c in "-_" else "-" for c in job)[:40]
+
+
+def restarted() -> bool:
+    """Whether torchrun restarted this job after a failure (``TORCHELASTIC_RESTART_COUNT``)."""
+    try:
+        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    except ValueError:
+        return False

@@ -55,7 +55,11 @@ class NodeData:
     mask: torch.Tensor
 
     @classmethod
-    def from_arrays(cls, inputs, targets, mask, device: str | torch.device = "cpu") -> NodeData:
+    def from_arrays(
+        cls, inputs, targets, mask, device: str | torch.device = "cpu", *, first_node: int = 0
+    ) -> NodeData:
+        """Refuses non-finite values and padding before records; messages name nodes from
+        ``first_node`` (a process's block of nodes)."""
         x = torch.as_tensor(np.asarray(inputs), dtype=torch.float32, device=device)
         y_np = np.asarray(targets)
         y_dtype = torch.int64 if np.issubdtype(y_np.dtype, np.integer) else torch.float32
@@ -72,8 +76,8 @@ class NodeData:
             if values.is_floating_point():
                 finite = values.reshape(values.shape[0], values.shape[1], -1).isfinite().all(-1)
                 bad = (~finite & mask_t).any(dim=1).nonzero()
-                require(len(bad) == 0, f"node {int(bad[0]) if len(bad) else 0}'s {what} "
-                        "contain NaN or infinite values")  # fmt: skip
+                node = first_node + (int(bad[0]) if len(bad) else 0)
+                require(len(bad) == 0, f"node {node}'s {what} contain NaN or infinite values")
         # poisson_sample draws node i's uniforms for its first J_i slots: real records first.
         prefix = torch.arange(mask_t.shape[1], device=mask_t.device) < counts[:, None]
         require(
@@ -133,6 +137,11 @@ class Simulator:
     ``clip_method`` chooses how per-record clipped sums are computed (``"auto"``,
     ``"book-keeping"``, ``"per-record"``; see :func:`dpdl.algorithms.dyn_d2p.
     clipped_record_sums`): the numbers agree to rounding.
+
+    ``data`` holds the nodes this process hosts (:attr:`node_block`): all of the topology's
+    nodes here; a block in the distributed runtime, which exchanges only what every process
+    needs (node sizes, public) and reductions of the models.  ``params``/``weights``/
+    ``generators`` are those of the hosted nodes.
     """
 
     def __init__(
@@ -165,18 +174,24 @@ class Simulator:
         self.clip_method = clip_method
         self.device = resolve_device(device)
         self.model = model.to(self.device)
+        self.n = int(topology.n)
+        self.topology = topology
+        first, count = self.node_block
+        require(
+            data.n_nodes == count,
+            f"topology has {self.n} nodes but the data is split over {data.n_nodes}"
+            if count == self.n else
+            f"this process hosts nodes {first}..{first + count - 1} but was given data for "
+            f"{data.n_nodes} nodes",
+        )  # fmt: skip
         self.data = NodeData(
             data.inputs.to(self.device), data.targets.to(self.device), data.mask.to(self.device)
         )
-        self.n = data.n_nodes
-        require(
-            topology.n == self.n,
-            f"topology has {topology.n} nodes but the data is split over {self.n}",
-        )
-        self.topology = topology
         self.lr = float(lr)
         self.expected_batch_size = float(expected_batch_size)
-        j_min = int(self.data.counts.min())
+        # Every node's size (public): the sampling rate is the same for all, b / J_min.
+        self.node_counts = self._all_node_counts([int(c) for c in self.data.counts])
+        j_min = min(self.node_counts)
         require(
             expected_batch_size <= j_min,
             f"expected batch size b = {expected_batch_size} exceeds the smallest local data "
@@ -185,10 +200,9 @@ class Simulator:
         self.sample_rate = self.expected_batch_size / j_min
         self.loss = loss
         self.buffers = {name: b.to(self.device) for name, b in model.named_buffers()}
-        self.params = stack_params(model, self.n, self.device)
-        self.weights = torch.ones(self.n, dtype=torch.float64, device=self.device)
+        self.params = stack_params(model, count, self.device)
+        self.weights = torch.ones(count, dtype=torch.float64, device=self.device)
         self.secure_noise = bool(secure_noise)
-        first, count = self.node_block
         self._fingerprints: list[bytes] | None = None
         # Seeded streams are keyed with the node's data too: other data, other noise.
         self.generators = make_node_generators(
@@ -205,12 +219,23 @@ class Simulator:
         """(first node, count) of the nodes this process hosts: all of them here."""
         return 0, self.n
 
+    def _all_node_counts(self, local: list[int]) -> list[int]:
+        """The sizes of all the topology's nodes (a collective in the distributed runtime)."""
+        return local
+
+    def _reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The sum of ``tensor`` over the processes (only this one here)."""
+        return tensor
+
+    def _gather_nodes(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every node's rows of a (hosted nodes, ...) tensor, in node order (here: all)."""
+        return tensor
+
     @property
     def data_fingerprints(self) -> list[bytes]:
         """:meth:`NodeData.fingerprints` of this process's nodes (computed once)."""
         if self._fingerprints is None:
-            first, count = self.node_block
-            self._fingerprints = self.data.fingerprints(first, count)
+            self._fingerprints = self.data.fingerprints()
         return self._fingerprints
 
     # ------------------------------------------------------------------ stepping
@@ -248,7 +273,8 @@ class Simulator:
         if private and self._noise_buffer is None:
             first = next(iter(self.params.values()))
             d = sum(p[0].numel() for p in self.params.values())
-            self._noise_buffer = torch.empty((self.n, d), dtype=first.dtype, device=self.device)
+            m = len(self.generators)
+            self._noise_buffer = torch.empty((m, d), dtype=first.dtype, device=self.device)
         if self._work is None:
             self._work = {name: torch.empty_like(p) for name, p in self.params.items()}
         half = local_update(
@@ -273,16 +299,61 @@ class Simulator:
 
     # ------------------------------------------------------------------ models
     def debiased_params(self) -> Params:
-        """z_i = x_i / w_i, (n, *shape)."""
+        """z_i = x_i / w_i of the hosted nodes, (m, *shape)."""
         return debias(self.params, self.weights)
 
+    def gather_debiased_params(self) -> Params:
+        """z_i of every node, (n, *shape): a gather of every node's model in the distributed
+        runtime, done only when asked for (``gather_node_models``)."""
+        return {k: self._gather_nodes(v) for k, v in self.debiased_params().items()}
+
     def average_params(self) -> Params:
-        """The network average x-bar = sum_i x_i / sum_i w_i (one model, no node dim)."""
-        total = self.weights.sum()
-        return {name: p.sum(dim=0) / total.to(p.dtype) for name, p in self.params.items()}
+        """The network average x-bar = sum_i x_i / sum_i w_i (one model, no node dim): a
+        reduction of the hosted nodes' sums, never a gather of their models."""
+        total = self._reduce_sum(self.weights.sum())
+        return {name: self._reduce_sum(p.sum(dim=0)) / total.to(p.dtype)
+                for name, p in self.params.items()}  # fmt: skip
 
     def all_finite(self) -> bool:
-        return all(bool(p.isfinite().all()) for p in self.params.values())
+        finite = all(bool(p.isfinite().all()) for p in self.params.values())
+        return bool(self._reduce_sum(torch.tensor(float(not finite), device=self.device)) == 0)
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        """The hosted nodes' state: models, push-sum weights, secret stream states (the
+        secret: owner-only files) and data fingerprints."""
+        first, _ = self.node_block
+        return {
+            "iteration": self.iteration,
+            "first_node": first,
+            "params": {k: v.detach().cpu() for k, v in self.params.items()},
+            "weights": self.weights.detach().cpu(),
+            "generators": [g.get_state() for g in self.generators],
+            "data_fingerprints": [f.hex() for f in self.data_fingerprints],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Put :meth:`state_dict` back, refusing another model, block or data."""
+        from dpdl.engine.checkpoint import check_fingerprints
+
+        first, count = self.node_block
+        if set(state["params"]) != set(self.params) or any(
+            state["params"][k].shape != self.params[k].shape for k in self.params
+        ):
+            raise DPDLError("checkpoint does not match the model: parameter names or shapes "
+                            "differ (or another number of nodes per process)")  # fmt: skip
+        if state.get("first_node", 0) != first or state["weights"].shape != (count,):
+            raise DPDLError(
+                f"checkpoint holds nodes {state.get('first_node', 0)}.."
+                f"{state.get('first_node', 0) + state['weights'].shape[0] - 1}, this process "
+                f"hosts {first}..{first + count - 1}: resume with the same number of processes"
+            )
+        check_fingerprints(state.get("data_fingerprints"), self.data_fingerprints, first)
+        self.params = {k: v.to(self.device) for k, v in state["params"].items()}
+        self.weights = state["weights"].to(self.device)
+        for g, s in zip(self.generators, state["generators"], strict=True):
+            g.set_state(s.clone())  # set_state needs a tensor that owns its storage
+        self.iteration = int(state["iteration"])
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
@@ -296,7 +367,7 @@ class Simulator:
 
     @torch.no_grad()
     def predict_nodes(self, inputs: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
-        """Outputs of every node's de-biased model on shared inputs: (n, N, ...)."""
+        """Outputs of every hosted node's de-biased model on shared inputs: (m, N, ...)."""
         params = self.debiased_params()
 
         def forward(p, x):
@@ -307,6 +378,11 @@ class Simulator:
             [batched(params, inputs[i : i + chunk]) for i in range(0, inputs.shape[0], chunk)],
             dim=1,
         )
+
+    def node_accuracies(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Accuracy of every node's de-biased model on shared public inputs, (n,): each
+        process scores its own nodes; only the scores are gathered."""
+        return self._gather_nodes(accuracy(self.predict_nodes(inputs), targets))
 
     def average_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
         out = self.predict_average(inputs)

@@ -185,6 +185,25 @@ class DataSection(_Section):
     max_train_records: int | None = Field(None, ge=1)
     # Records held out of the training set as validation data (choose parameters on it).
     validation_records: int | None = Field(None, ge=1)
+    # Each party's own files instead of a split data set: a path pattern with {i} (the node)
+    # and optionally {rank} (the process) and $VARIABLES, e.g. "parties/node-{i}.npz" (.npz
+    # with x and y, or .csv with the target last).  Every process reads only the files of the
+    # nodes it hosts; the evaluation records (public) come from eval_file, else from the test
+    # split of `dataset`.
+    per_node: str | None = None
+    eval_file: str | None = None
+
+    @model_validator(mode="after")
+    def _per_node(self) -> DataSection:
+        if self.per_node is not None:
+            if "{i}" not in self.per_node:
+                raise ValueError(f"data.per_node needs {{i}} (the node) in {self.per_node!r}")
+            for key in ("validation_records", "max_train_records"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"data.{key} splits a data set: not with data.per_node")
+        elif self.eval_file is not None:
+            raise ValueError("data.eval_file goes with data.per_node")
+        return self
 
 
 class ModelSection(_Section):

@@ -18,6 +18,7 @@ the config, the (first seed's) data, topology and model have been validated.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,8 +69,8 @@ class Workload:
     loss: str
     x_test: torch.Tensor
     y_test: torch.Tensor
-    x_train_eval: torch.Tensor
-    y_train_eval: torch.Tensor
+    x_train_eval: torch.Tensor | None
+    y_train_eval: torch.Tensor | None
     x_val: torch.Tensor | None
     y_val: torch.Tensor | None
     device: torch.device
@@ -78,13 +79,31 @@ class Workload:
     records_per_node: list[int] = field(default_factory=list)
 
 
-def prepare_workload(config: RunConfig, seed: int, device: torch.device | None = None) -> Workload:
-    """Load and split the data set, build the topology, resolve the number of steps."""
-    from dpdl.data import load_dataset, partition, stack_node_data
+def prepare_workload(
+    config: RunConfig,
+    seed: int,
+    device: torch.device | None = None,
+    *,
+    block: tuple[int, int] | None = None,
+    rank: int = 0,
+) -> Workload:
+    """Load and split the data set, build the topology, resolve the number of steps.
+
+    ``block`` = (first node, count): keep only those nodes' records (a process of the
+    distributed runtime, ``rank``); with ``data.per_node`` only their files are read at all.
+    ``steps``/``sample_rate``/``records_per_node`` are those of the kept nodes.
+    """
     from dpdl.topology import make_topology
 
     cfg = config
     device = resolve_device(cfg.experiment.device) if device is None else device
+    n = cfg.topology.nodes
+    first, count = block or (0, n)
+    topology = make_topology(cfg.topology.name, n, seed=cfg.topology.seed, **cfg.topology.params)
+    if cfg.data.per_node:
+        return _per_node_workload(cfg, seed, device, topology, first, count, rank)
+    from dpdl.data import load_dataset, partition, stack_node_data
+
     dataset = load_dataset(
         cfg.data.dataset, data_dir=cfg.data.data_dir, download=cfg.data.download, seed=seed
     )
@@ -103,21 +122,12 @@ def prepare_workload(config: RunConfig, seed: int, device: torch.device | None =
         held, kept = np.sort(order[:v]), np.sort(order[v:])
         x_val, y_val = x_train[held], y_train[held]
         x_train, y_train = x_train[kept], y_train[kept]
-    n = cfg.topology.nodes
     if len(x_train) < n:
         raise DPDLError(f"topology.nodes = {n} exceeds the {len(x_train)} training records")
     parts = partition(y_train, n, scheme=cfg.data.partition, alpha=cfg.data.alpha, seed=seed)
-    X, Y, mask = stack_node_data(x_train, y_train, parts)
-    node_data = NodeData.from_arrays(X, Y, mask, device=device)
-    topology = make_topology(cfg.topology.name, n, seed=cfg.topology.seed, **cfg.topology.params)
-    counts = [int(c) for c in node_data.counts]
-    b = cfg.training.batch_size
-    if b > min(counts):
-        raise DPDLError(
-            f"training.batch_size = {b} exceeds the smallest local data set ({min(counts)})"
-        )
-    sample_rate = b / min(counts)
-    steps = resolve_steps(cfg.training.steps, cfg.training.epochs, min(counts), b)
+    X, Y, mask = stack_node_data(x_train, y_train, parts[first : first + count])
+    node_data = NodeData.from_arrays(X, Y, mask, device=device, first_node=first)
+    counts = _check_batch(cfg, node_data)
 
     classification = dataset.task == "classification"
     y_dtype = torch.int64 if classification else torch.float32
@@ -128,6 +138,7 @@ def prepare_workload(config: RunConfig, seed: int, device: torch.device | None =
         x_test, y_test = x_test[pick], y_test[pick]
     m = min(cfg.training.eval_train_samples, len(x_train))
     pick = np.sort(rng.choice(len(x_train), m, replace=False))
+    pooled = block is None or count == n  # a sample of every node's records: one process only
     return Workload(
         config=cfg,
         seed=seed,
@@ -138,15 +149,80 @@ def prepare_workload(config: RunConfig, seed: int, device: torch.device | None =
         loss="cross_entropy" if classification else "squared_error",
         x_test=x_test,
         y_test=y_test,
-        x_train_eval=torch.as_tensor(x_train[pick], dtype=torch.float32, device=device),
-        y_train_eval=torch.as_tensor(y_train[pick], dtype=y_dtype, device=device),
+        x_train_eval=torch.as_tensor(x_train[pick], dtype=torch.float32, device=device)
+        if pooled else None,
+        y_train_eval=torch.as_tensor(y_train[pick], dtype=y_dtype, device=device)
+        if pooled else None,
         x_val=None if x_val is None else torch.as_tensor(x_val, dtype=torch.float32, device=device),
         y_val=None if y_val is None else torch.as_tensor(y_val, dtype=y_dtype, device=device),
         device=device,
-        steps=steps,
-        sample_rate=sample_rate,
+        steps=resolve_steps(cfg.training.steps, cfg.training.epochs, min(counts),
+                            cfg.training.batch_size),  # fmt: skip
+        sample_rate=cfg.training.batch_size / min(counts),
         records_per_node=counts,
     )
+
+
+def _check_batch(cfg: RunConfig, node_data: NodeData) -> list[int]:
+    counts = [int(c) for c in node_data.counts]
+    b = cfg.training.batch_size
+    if b > min(counts):
+        raise DPDLError(
+            f"training.batch_size = {b} exceeds the smallest local data set ({min(counts)})"
+        )
+    return counts
+
+
+def _per_node_workload(cfg, seed, device, topology, first, count, rank) -> Workload:
+    """A workload from per-node files (``data.per_node``): this process reads its own nodes'
+    files only; the evaluation records are public (``data.eval_file`` or the test split of
+    ``data.dataset``), and so are the record shape and the classes, read from them."""
+    from dpdl.data import read_records, stack_local_datasets
+
+    local = [read_records(node_file(cfg.data.per_node, i, rank), f"node {i}'s data file")
+             for i in range(first, first + count)]  # fmt: skip
+    X, Y, mask = stack_local_datasets(local, first_node=first, min_nodes=1)
+    node_data = NodeData.from_arrays(X, Y, mask, device=device, first_node=first)
+    counts = _check_batch(cfg, node_data)
+    if cfg.data.eval_file:
+        x_test, y_test = read_records(node_file(cfg.data.eval_file, None, rank), "data.eval_file")
+    else:
+        from dpdl.data import load_dataset
+
+        dataset = load_dataset(cfg.data.dataset, data_dir=cfg.data.data_dir,
+                               download=cfg.data.download, seed=seed)  # fmt: skip
+        x_test, y_test = dataset.x_test, dataset.y_test
+    classification = np.issubdtype(np.asarray(y_test).dtype, np.integer)
+    require(
+        tuple(np.shape(x_test)[1:]) == tuple(X.shape[2:]),
+        f"the evaluation records have shape {tuple(np.shape(x_test)[1:])} but the nodes' "
+        f"{tuple(X.shape[2:])}",
+    )
+    y_dtype = torch.int64 if classification else torch.float32
+    return Workload(
+        config=cfg, seed=seed, node_data=node_data, topology=topology,
+        input_shape=tuple(X.shape[2:]),
+        num_classes=int(np.max(y_test)) + 1 if classification else None,
+        loss="cross_entropy" if classification else "squared_error",
+        x_test=torch.as_tensor(np.asarray(x_test), dtype=torch.float32, device=device),
+        y_test=torch.as_tensor(np.asarray(y_test), dtype=y_dtype, device=device),
+        x_train_eval=None, y_train_eval=None, x_val=None, y_val=None, device=device,
+        steps=resolve_steps(cfg.training.steps, cfg.training.epochs, min(counts),
+                            cfg.training.batch_size),
+        sample_rate=cfg.training.batch_size / min(counts), records_per_node=counts,
+    )  # fmt: skip
+
+
+def node_file(pattern: str, node: int | None, rank: int) -> Path:
+    """``pattern`` with ``{i}`` the node index, ``{rank}`` the process's rank and environment
+    variables (``$VAR``) expanded."""
+    text = os.path.expandvars(pattern)
+    try:
+        return Path(text.format(i=node, rank=rank) if node is not None else text.format(
+            rank=rank))  # fmt: skip
+    except (KeyError, IndexError, ValueError) as err:
+        raise DPDLError(f"path pattern {pattern!r}: use {{i}} (node) and {{rank}} only: "
+                        f"{err}") from None  # fmt: skip
 
 
 def build_model(work: Workload) -> torch.nn.Module:
@@ -277,80 +353,118 @@ def run_experiment(
     continues from its last checkpoint, and no privacy already spent is forgotten.
     """
     cfg = parse_config(config)
+    factory, device, main_process, block, rank = Simulator, None, True, None, 0
+    if cfg.experiment.runtime == "distributed":
+        # One process per block of nodes (torchrun or `dpdl run --procs R`): each loads and
+        # holds its own nodes only; the main process alone writes the run folder, every
+        # process keeps its own checkpoints (dpdl.engine.distributed).
+        from dpdl.engine import distributed
+        from dpdl.engine.comm import block_bounds
+
+        device = distributed.local_device(resolve_device(cfg.experiment.device))
+        rank, world = distributed.init_from_environment(device)
+        lo, hi = block_bounds(cfg.topology.nodes, world, rank)
+        block = (lo, hi - lo)
+        factory = distributed.DistributedSimulator
+        main_process = distributed.is_main_process()
+        progress = progress and main_process
+        run_name = run_name or distributed.job_run_name(cfg.experiment.name)
+        if not resume and distributed.restarted() and run_name:  # torchrun --max-restarts
+            resume = (Path(output_dir) / run_name / "config.json").is_file()
     if resume:
         if run_name is None or not (Path(output_dir) / run_name / "config.json").is_file():
             raise DPDLError(f"{Path(output_dir) / str(run_name)} is not a dpdl run folder")
-    state_dir = Path(output_dir) / run_name / "checkpoints" if run_name else None
-    factory, device, main_process = Simulator, None, True
-    if cfg.experiment.runtime == "distributed":
-        # One process per block of nodes (torchrun or `dpdl run --procs R`); rank 0 writes the
-        # run folder, the other ranks a scratch folder (dpdl.engine.distributed).
-        from dpdl.engine import distributed
-
-        device = distributed.local_device(resolve_device(cfg.experiment.device))
-        distributed.init_from_environment(device)
-        factory = distributed.DistributedSimulator
-        main_process = distributed.is_main_process()
+        if main_process:
+            _check_same_config(Path(output_dir) / run_name, cfg)
     # Nothing is written until validated: the config (above), the first seed's data set,
     # split and topology, and the model (a missing data set leaves no empty run folder).
     from dpdl.models import validate_model
 
-    workloads = {cfg.experiment.seeds[0]: prepare_workload(cfg, cfg.experiment.seeds[0], device)}
-    validate_model(build_model(workloads[cfg.experiment.seeds[0]]))
+    first_seed = cfg.experiment.seeds[0]
+    workloads = {first_seed: prepare_workload(cfg, first_seed, device, block=block, rank=rank)}
+    validate_model(build_model(workloads[first_seed]))
+    if main_process:
+        run_dir = make_run_dir(output_dir, cfg.experiment.name, run_name, exist_ok=resume)
     if cfg.experiment.runtime == "distributed":
-        if state_dir is None:
-            # Every rank checkpoints its secret shard beside rank 0's checkpoint (the folder a
-            # resume reads), not in its own scratch folder: rank 0 names the run folder.
-            name = make_run_dir(output_dir, cfg.experiment.name).name if main_process else None
-            name = distributed.from_main_process(name)
-            state_dir = Path(output_dir) / name / "checkpoints"
-            run_name = name if main_process else None
-        output_dir = distributed.worker_output_dir(Path(output_dir))
-        progress = progress and main_process
-    run_dir = make_run_dir(output_dir, cfg.experiment.name, run_name, exist_ok=resume)
-    state_dir = state_dir or run_dir / "checkpoints"
-    if not resume:
+        run_dir = Path(output_dir) / distributed.from_main_process(
+            run_dir.name if main_process else None)  # fmt: skip
+    state_dir = run_dir / "checkpoints"
+    if not resume and main_process:
         _write_config(run_dir, cfg)
-        if main_process and cfg.training.checkpoint_every:
+        if cfg.training.checkpoint_every:
             state_dir.mkdir(parents=True, exist_ok=True)
             (state_dir / CONFIG_DIGEST).write_text(_digest(run_dir / "config.json"))
-    finished = _load_finished(state_dir) if resume else {}
+    finished = _load_finished(state_dir) if resume and main_process else {}
+    if cfg.experiment.runtime == "distributed":  # the other ranks skip the same cells
+        done = distributed.from_main_process(sorted(finished))
+        finished = finished or dict.fromkeys(done)
     cells: list[dict[str, Any]] = []
     columns = METRIC_COLUMNS + ((UNACCOUNTED_TRAIN_LOSS,) if cfg.training.unsafe_train_metrics
                                 else ())  # fmt: skip
-    with CSVLogger(run_dir / "metrics.csv", columns=columns) as metrics:
-        try:
-            for seed in cfg.experiment.seeds:
-                work = workloads.pop(seed, None)
-                for spec in cfg.experiment.specs:
-                    epsilons = [None] if spec.name == "sgp" else cfg.privacy.epsilons
-                    for eps in epsilons:
-                        key = _cell_key(spec, seed, eps)
-                        if key in finished:
-                            cell = finished[key]
+    metrics = CSVLogger(run_dir / "metrics.csv", columns=columns) if main_process else None
+    try:
+        for seed in cfg.experiment.seeds:
+            work = workloads.pop(seed, None)
+            for spec in cfg.experiment.specs:
+                epsilons = [None] if spec.name == "sgp" else cfg.privacy.epsilons
+                for eps in epsilons:
+                    key = _cell_key(spec, seed, eps)
+                    if key in finished:
+                        cell = finished[key]
+                        if metrics is not None:
                             for row in cell["rows"]:
                                 metrics.write_row(row)
-                        else:
-                            work = work or prepare_workload(cfg, seed, device)
-                            ckpt = CellCheckpointer(
-                                state_dir / f"{key}.pt", cfg.training.checkpoint_every,
-                                write=main_process,
-                            )  # fmt: skip
-                            if resume and ckpt.path.is_file():
-                                ckpt.resume = checkpoints.load_for_resume(ckpt.path, factory)
-                            cell = run_cell(
-                                work, spec, eps, progress=progress, on_row=metrics.write_row,
-                                simulator_factory=factory, checkpoint=ckpt,
-                            )  # fmt: skip
-                            if cfg.training.checkpoint_every:
-                                if main_process:
-                                    finished[key] = cell
-                                    _save_finished(state_dir, finished)
-                                checkpoints.remove(ckpt.path)
+                    else:
+                        work = work or prepare_workload(cfg, seed, device, block=block, rank=rank)
+                        ckpt = CellCheckpointer(state_dir / f"{key}.pt",
+                                                cfg.training.checkpoint_every)  # fmt: skip
+                        if resume and _every_process_has(ckpt.path, cfg):
+                            ckpt.resume = checkpoints.load_for_resume(ckpt.path)
+                        cell = run_cell(
+                            work, spec, eps, progress=progress,
+                            on_row=None if metrics is None else metrics.write_row,
+                            simulator_factory=factory, checkpoint=ckpt,
+                        )  # fmt: skip
+                        if cfg.training.checkpoint_every:
+                            if main_process:
+                                finished[key] = cell
+                                _save_finished(state_dir, finished)
+                            checkpoints.remove(ckpt.path)
+                    if main_process:
                         cells.append({k: v for k, v in cell.items() if k != "rows"})
-        finally:
+    finally:
+        if metrics is not None:
+            metrics.close()
             write_results(run_dir, cells)
+    if not main_process:
+        return {"run_dir": str(run_dir), "cells": [], "summary": []}
     return write_results(run_dir, cells, plot_title=cfg.experiment.name)
+
+
+def _every_process_has(path: Path, cfg: RunConfig) -> bool:
+    """Whether this process (every process, in the distributed runtime) has a checkpoint of
+    ``path``; processes that disagree cannot resume together."""
+    has = checkpoints.process_path(path).is_file()
+    if cfg.experiment.runtime != "distributed":
+        return has
+    from dpdl.engine import distributed
+
+    require(distributed.same_on_every_rank(int(has)),
+            f"only some processes have a checkpoint of {path.name}: the job stopped while "
+            "they were saving it; refusing to resume")  # fmt: skip
+    return has
+
+
+def _check_same_config(run_dir: Path, cfg: RunConfig) -> None:
+    """A resume continues the run folder's own config: only where it runs may differ."""
+    saved = json.loads((run_dir / "config.json").read_text())
+    now = cfg.model_dump(mode="json")
+    for config in (saved, now):
+        for key in ("runtime", "device"):
+            config.get("experiment", {}).pop(key, None)
+    if saved != now:
+        raise DPDLError(f"{run_dir} was started with another config (config.json): refusing "
+                        "to resume, which would re-send its noise under other settings")
 
 
 def _cell_key(spec: AlgorithmSpec, seed: int, epsilon: float | None) -> str:
