@@ -267,6 +267,13 @@ def test_the_data_function_is_called_only_for_hosted_nodes(tmp_path):
         assert got["epsilon"] == want["epsilon"]
         for g, w in zip(got["history"], want["history"], strict=True):
             np.testing.assert_allclose(g["test_loss"], w["test_loss"], rtol=1e-5)
+    # every node's model only when asked, and then on every rank
+    cmd = [*_torchrun(), str(script), str(tmp_path / "all"), "distributed", "all"]
+    result = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    for rank in (0, 1):
+        got = json.loads((tmp_path / "all" / f"calls{rank}.json").read_text())
+        assert got["nodes"] == list(range(6)) and got["calls"] == [[0, 1, 2], [3, 4, 5]][rank]
 
 
 def test_a_rank_killed_under_torchrun_max_restarts_resumes_by_itself(tmp_path, simulator_metrics):
@@ -283,3 +290,13 @@ def test_a_rank_killed_under_torchrun_max_restarts_resumes_by_itself(tmp_path, s
     runs = [p for p in out.iterdir() if p.is_dir()]
     assert len(runs) == 1  # the restarted job continued the same run folder
     _assert_same(_metrics(out), simulator_metrics)
+
+
+def test_too_many_processes_are_refused_before_any_starts(tmp_path, config_file):
+    cmd = [sys.executable, "-m", "dpdl", "run", str(config_file), "--output", str(tmp_path),
+           "--no-progress", "--runtime", "distributed", "--procs", "9"]  # fmt: skip
+    result = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].endswith(
+        "--procs 9 for 8 nodes: every process needs at least one node")
+    assert not any(tmp_path.iterdir()) or not list(tmp_path.rglob("metrics.csv"))
