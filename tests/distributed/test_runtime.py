@@ -241,7 +241,9 @@ result = dpdl.train(torch.nn.Linear(4, 3), data, nodes=6, topology="exp",
                     batch_size=2, lr=0.2, eval_every=3, entropy="seed",
                     eval_data=(rng.normal(size=(50, 4)).astype(np.float32),
                                rng.integers(0, 3, size=50)),
-                    output_dir=out, run_name="api", gather_node_models=sys.argv[3] == "all")
+                    output_dir=out, gather_node_models=sys.argv[3] == "all",
+                    checkpoint_every=2 if len(sys.argv) > 4 else None,
+                    run_name=None if len(sys.argv) > 4 else "api")
 with open(os.path.join(out, f"calls{rank}.json"), "w") as fh:
     json.dump({"calls": calls, "nodes": result.node_indices, "epsilon": result.epsilon,
                "history": result.history}, fh)
@@ -300,3 +302,24 @@ def test_too_many_processes_are_refused_before_any_starts(tmp_path, config_file)
     assert result.stderr.strip().splitlines()[-1].endswith(
         "--procs 9 for 8 nodes: every process needs at least one node")
     assert not any(tmp_path.iterdir()) or not list(tmp_path.rglob("metrics.csv"))
+
+
+def test_an_api_run_killed_under_torchrun_max_restarts_resumes_by_itself(tmp_path):
+    import json
+
+    script = tmp_path / "train.py"
+    script.write_text(API_SCRIPT)
+    sim = subprocess.run([sys.executable, str(script), str(tmp_path / "sim"), "simulator",
+                          "local"], env=_env(), capture_output=True, text=True, timeout=240)
+    assert sim.returncode == 0, sim.stderr[-2000:]
+    cmd = [*_torchrun("--max-restarts", "1"), str(script), str(tmp_path / "dist"),
+           "distributed", "local", "checkpoints"]  # fmt: skip
+    env = _env() | {"DPDL_FAULT_INJECT": "1:3"}
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    want = json.loads((tmp_path / "sim" / "calls0.json").read_text())
+    got = json.loads((tmp_path / "dist" / "calls0.json").read_text())
+    assert [r["iteration"] for r in got["history"]] == [0, 3, 6]
+    for g, w in zip(got["history"], want["history"], strict=True):
+        np.testing.assert_allclose(g["test_loss"], w["test_loss"], rtol=1e-5)
+    assert got["epsilon"] == want["epsilon"]
