@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "netdp": "Network DP: local vs network DP for token algorithms.",
     "fdp": "f-DP accounting: PN-f-DP pairwise matrices, DECOR's Sec-f-LDP.",
     "audit": "Audit a private algorithm empirically: canaries, hypothesis tests, a lower ε bound.",
+    "gossip": "Privacy of gossip against non-neighbours: exact view accounting, pairwise.",
 }
 
 

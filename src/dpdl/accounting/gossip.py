@@ -1,0 +1,278 @@
+"""Exact privacy of a linear Gaussian view: what a coalition of nodes learns about node u from
+the messages of noisy gossip (SPEC §9).
+
+Protocol (the tests' convention): x^0 = 0; at round t every node i sends the message
+m_i^t = x_i^t + a_i^t + z_i^t (its contribution a and fresh noise z_i^t ~ N(0, σ²)), and
+x^{t+1} = P^t m^t with P^t column-stochastic (P^t_ij > 0 iff i receives from j).  The
+observers V see, at t = 0..T-1, the message of each of their in-neighbours j ∉ V at round t,
+and know their own contributions and noises.  Everything they see is y = A·a + B·z: node u is
+μ_u-GDP against V with
+
+    μ_u² = Δ² · c_uᵀ (σ² B Bᵀ)⁺ c_u = (Δ/σ)² · min{‖w‖² : B w = c_u},
+
+c_u the observed trace of u's contribution (Δ at every round, or once at t = 0), B the observed
+traces of the honest nodes' unit noises; μ_u = ∞ when c_u is not in B's column space (V
+reconstructs u's contribution).  Computed by least squares on B, never an explicit inverse.
+Other nodes' contributions are fixed inputs (the adversary may know them): they shift y by a
+known vector and do not enter μ.
+
+Scope (SPEC §9): exact for fixed inputs (averaging, sums, histograms) and for a gradient canary
+whose contribution does not depend on the model; a valid *lower* bound on D-SGD's pairwise
+loss, not an upper bound for D-SGD with data-dependent gradients (there only local DP, μ ≤
+√T·Δ/σ, is a guarantee).
+
+``noise="once"`` is the protocol of Muffliato (Cyffers et al. 2022): every node adds its noise
+once, at t = 0, and then only gossips (m^t = x^t); with ``contribution="once"`` too it is
+private averaging.
+
+Pitfall (why :func:`per_message_mu` exists): adding up each observed message's own Mahalanobis
+term, as Muffliato's simulation does, is not an upper bound: gossip correlates the noise across
+messages, and two messages that share noise can cancel it (with noise added once, the whole
+view is a function of n noises only).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from dpdl.accounting.gdp import epsilon_from_delta, mu_from_epsilon_delta
+from dpdl.errors import DPDLError, require
+
+CONTRIBUTIONS = ("every-round", "once")
+NOISES = ("every-round", "once")
+# A contribution is outside B's column space when the least-squares residual exceeds this
+# fraction of its norm (B is built from exact products of stochastic matrices).
+RESIDUAL_RTOL = 1e-8
+
+__all__ = [
+    "CONTRIBUTIONS",
+    "NOISES",
+    "View",
+    "build_view",
+    "view_mu",
+    "view_norms",
+    "pairwise_mu",
+    "per_message_mu",
+    "per_message_norms",
+    "epsilon_of",
+    "sigma_for_target",
+    "graph_distances",
+]
+
+
+@dataclass(frozen=True)
+class View:
+    """What observers ``V`` see over ``rounds`` rounds, as linear maps of every node's
+    per-round input (contribution + noise): ``rows`` the (round, node) of each observed
+    message, ``matrix`` (len(rows), n·rounds) the message's coefficient on the input of node k at
+    round s in column s·n + k."""
+
+    n: int
+    rounds: int
+    observers: tuple[int, ...]
+    rows: tuple[tuple[int, int], ...]
+    matrix: np.ndarray
+
+    def column(self, node: int, round_: int) -> np.ndarray:
+        return self.matrix[:, round_ * self.n + node]
+
+
+def _mixing_of(mixing, n: int | None = None) -> tuple[Callable[[int], np.ndarray], int]:
+    """``mixing`` as a function k -> P^k and the node count, every matrix validated."""
+    if callable(mixing):
+        first = np.asarray(mixing(0), dtype=np.float64)
+        fn = mixing
+    else:
+        first = np.asarray(mixing, dtype=np.float64)
+
+        def fn(k: int, P=first) -> np.ndarray:
+            return P
+
+    require(first.ndim == 2 and first.shape[0] == first.shape[1] and first.shape[0] >= 2,
+            f"a mixing matrix must be square, n >= 2; got shape {first.shape}")  # fmt: skip
+    n = first.shape[0] if n is None else n
+    cache: dict[int, np.ndarray] = {}
+
+    def checked(k: int) -> np.ndarray:
+        if k not in cache:
+            P = np.asarray(fn(k), dtype=np.float64)
+            require(P.shape == (n, n), f"mixing matrix of round {k} has shape {P.shape}")
+            require(bool(np.all(P >= 0)) and np.allclose(P.sum(axis=0), 1.0, atol=1e-9),
+                    f"mixing matrix of round {k} is not column-stochastic (columns must sum "
+                    "to 1, entries >= 0)")  # fmt: skip
+            cache[k] = P
+        return cache[k]
+
+    return checked, n
+
+
+def _check_nodes(nodes: Sequence[int] | int, n: int, what: str) -> tuple[int, ...]:
+    values = (nodes,) if isinstance(nodes, int | np.integer) else tuple(int(v) for v in nodes)
+    require(len(values) >= 1, f"{what} needs at least one node")
+    for v in values:
+        require(0 <= v < n, f"{what}: node {v} is not in 0..{n - 1}")
+    return tuple(sorted(set(values)))
+
+
+def build_view(mixing, *, rounds: int, observers: Sequence[int] | int) -> View:
+    """The observers' view over ``rounds`` rounds (see the module doc)."""
+    require(isinstance(rounds, int) and not isinstance(rounds, bool) and rounds >= 1,
+            f"rounds must be a positive integer, got {rounds!r}")  # fmt: skip
+    P_of, n = _mixing_of(mixing)
+    V = _check_nodes(observers, n, "observers")
+    inside = np.zeros(n, dtype=bool)
+    inside[list(V)] = True
+    # G: every node's message at round t as a function of all inputs so far, (n, n·rounds)
+    G = np.zeros((n, n * rounds))
+    G[:, :n] = np.eye(n)
+    rows, blocks = [], []
+    for t in range(rounds):
+        P = P_of(t)
+        seen = np.flatnonzero((P[list(V)] > 0).any(axis=0) & ~inside)  # in-neighbours ∉ V
+        rows += [(t, int(j)) for j in seen]
+        blocks.append(G[seen])
+        if t + 1 < rounds:
+            G = P @ G
+            G[:, (t + 1) * n : (t + 2) * n] += np.eye(n)
+    matrix = np.vstack(blocks) if blocks else np.zeros((0, n * rounds))
+    return View(n, rounds, V, tuple(rows), matrix)
+
+
+def _contribution(view: View, target: int, contribution: str) -> np.ndarray:
+    require(contribution in CONTRIBUTIONS,
+            f"contribution must be one of {CONTRIBUTIONS}, got {contribution!r}")  # fmt: skip
+    require(target not in view.observers, f"the target {target} is one of the observers")
+    times = range(view.rounds) if contribution == "every-round" else (0,)
+    return sum(view.column(target, t) for t in times)
+
+
+def _honest_columns(view: View, noise: str = "every-round") -> np.ndarray:
+    """B: the columns of the noises the observers do not know (every node outside V, at
+    every round, or at t = 0 only with ``noise="once"``)."""
+    require(noise in NOISES, f"noise must be one of {NOISES}, got {noise!r}")
+    keep = np.ones(view.n, dtype=bool)
+    keep[list(view.observers)] = False
+    columns = np.tile(keep, view.rounds)
+    if noise == "once":
+        columns[view.n :] = False
+    return view.matrix[:, columns]
+
+
+def view_norms(view: View, targets: Sequence[int], contribution: str = "every-round",
+               noise: str = "every-round") -> np.ndarray:
+    """min ‖w‖ with B w = c_u for each target u (∞ where c_u ∉ col(B)): μ_u = (Δ/σ) · this."""
+    B = _honest_columns(view, noise)
+    C = np.stack([_contribution(view, u, contribution) for u in targets], axis=1)
+    if B.shape[0] == 0:  # the observers see nothing
+        return np.zeros(len(targets))
+    w, *_ = np.linalg.lstsq(B, C, rcond=None)  # the minimum-norm solutions, by SVD
+    residual = np.linalg.norm(B @ w - C, axis=0)
+    scale = np.maximum(np.linalg.norm(C, axis=0), 1e-300)
+    norms = np.linalg.norm(w, axis=0)
+    return np.where(residual <= RESIDUAL_RTOL * scale, norms, math.inf)
+
+
+def _check_sigma(sigma: float, sensitivity: float) -> tuple[float, float]:
+    require(isinstance(sigma, int | float) and math.isfinite(sigma) and sigma > 0,
+            f"sigma must be a finite number > 0, got {sigma!r}")  # fmt: skip
+    require(isinstance(sensitivity, int | float) and math.isfinite(sensitivity)
+            and sensitivity > 0, f"sensitivity must be > 0, got {sensitivity!r}")  # fmt: skip
+    return float(sigma), float(sensitivity)
+
+
+def view_mu(mixing, *, rounds: int, target: int, observers: Sequence[int] | int, sigma: float,
+            sensitivity: float = 1.0, contribution: str = "every-round",
+            noise: str = "every-round") -> float:
+    """μ of node ``target`` against the coalition ``observers`` (μ = ∞: reconstructible)."""
+    sigma, sensitivity = _check_sigma(sigma, sensitivity)
+    view = build_view(mixing, rounds=rounds, observers=observers)
+    return float(sensitivity / sigma * view_norms(view, [target], contribution, noise)[0])
+
+
+def pairwise_mu(mixing, *, rounds: int, sigma: float, sensitivity: float = 1.0,
+                contribution: str = "every-round", noise: str = "every-round") -> np.ndarray:
+    """(n, n): entry [u, v] the μ of node u against the single observer v (NaN on the
+    diagonal)."""
+    sigma, sensitivity = _check_sigma(sigma, sensitivity)
+    _, n = _mixing_of(mixing)
+    out = np.full((n, n), math.nan)
+    for v in range(n):
+        view = build_view(mixing, rounds=rounds, observers=[v])
+        targets = [u for u in range(n) if u != v]
+        out[targets, v] = sensitivity / sigma * view_norms(view, targets, contribution, noise)
+    return out
+
+
+def per_message_norms(view: View, targets: Sequence[int], contribution: str = "every-round",
+                      noise: str = "every-round") -> np.ndarray:
+    """sqrt(Σ_i c_i² / Var y_i) per target, each observed message taken alone (Muffliato's
+    simulation): NOT a bound, the pitfall of the module doc, kept to show by how much it
+    under-counts.  μ = (Δ/σ) · this."""
+    C = np.stack([_contribution(view, u, contribution) for u in targets], axis=1)
+    var = (_honest_columns(view, noise) ** 2).sum(axis=1)
+    seen = var > 0
+    out = np.sqrt((C[seen] ** 2 / var[seen, None]).sum(axis=0))
+    return np.where(((C[~seen] != 0).any(axis=0)), math.inf, out)
+
+
+def per_message_mu(mixing, *, rounds: int, target: int, observers: Sequence[int] | int,
+                   sigma: float, sensitivity: float = 1.0, contribution: str = "every-round",
+                   noise: str = "every-round") -> float:
+    """:func:`per_message_norms` as a μ (the pitfall, not a bound)."""
+    sigma, sensitivity = _check_sigma(sigma, sensitivity)
+    view = build_view(mixing, rounds=rounds, observers=observers)
+    return float(sensitivity / sigma * per_message_norms(view, [target], contribution, noise)[0])
+
+
+def epsilon_of(mu: float | np.ndarray, delta: float) -> float | np.ndarray:
+    """The exact ε(δ) of μ-GDP (SPEC §1 eq. 4), elementwise; ∞ for μ = ∞, 0 for μ = 0."""
+    def one(m: float) -> float:
+        if not math.isfinite(m):
+            return math.inf
+        return 0.0 if m <= 0 else float(epsilon_from_delta(delta, m))
+
+    if np.ndim(mu) == 0:
+        return one(float(mu))
+    return np.vectorize(lambda m: math.nan if math.isnan(m) else one(m))(np.asarray(mu, float))
+
+
+def graph_distances(mixing, rounds: int) -> np.ndarray:
+    """(n, n) hop distance from u to v in the union of the rounds' graphs (j → i when
+    P_ij > 0), ∞ when v never hears from u."""
+    P_of, n = _mixing_of(mixing)
+    adj = np.zeros((n, n), dtype=bool)
+    for t in range(rounds):
+        adj |= P_of(t) > 0
+    np.fill_diagonal(adj, False)
+    dist = np.full((n, n), math.inf)
+    for u in range(n):
+        dist[u, u], frontier, d = 0, [u], 0
+        while frontier:
+            d += 1
+            nxt = [int(i) for j in frontier for i in np.flatnonzero(adj[:, j])
+                   if not math.isfinite(dist[u, i])]  # fmt: skip
+            for i in set(nxt):
+                dist[u, i] = d
+            frontier = sorted(set(nxt))
+    return dist
+
+
+def sigma_for_target(mixing, *, rounds: int, epsilon: float, delta: float,
+                     beyond_distance: int = 0, sensitivity: float = 1.0,
+                     contribution: str = "every-round", noise: str = "every-round") -> float:
+    """The smallest σ with every pair (u, v) at graph distance > ``beyond_distance`` within
+    (ε, δ): μ is exactly (Δ/σ) · the view norm, so σ = Δ · max norm / μ(ε, δ)."""
+    mu = mu_from_epsilon_delta(epsilon, delta)
+    norms = pairwise_mu(mixing, rounds=rounds, sigma=1.0, sensitivity=sensitivity,
+                        contribution=contribution, noise=noise)  # fmt: skip
+    far = graph_distances(mixing, rounds) > beyond_distance
+    np.fill_diagonal(far, False)
+    worst = float(np.nanmax(np.where(far, norms, math.nan))) if far.any() else 0.0
+    if not math.isfinite(worst):
+        raise DPDLError(f"some node beyond distance {beyond_distance} is reconstructible by a "
+                        "single observer: no noise level protects it")  # fmt: skip
+    return worst / mu
