@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 
+from dpdl.commands import audit_reconstruct
 from dpdl.errors import DPDLError, require
 
 HELP = "Audit a private algorithm empirically: canaries, hypothesis tests, a lower ε bound."
@@ -30,10 +31,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rho-mu", type=float, help="budget growth ρ_μ > 1 (default 2)")
     parser.add_argument(
         "--threat",
-        choices=("messages", "final"),
+        choices=("messages", "final", "reconstruct"),
         default="messages",
         help="messages: a curious out-neighbour sees every message of the canary's node "
-        "(white-box); final: only the final network-average model (default messages)",
+        "(white-box); final: only the final network-average model (default messages); "
+        "reconstruct: a coalition reconstructs other nodes' data (see below)",
     )
     parser.add_argument(
         "--canary",
@@ -57,8 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "little); the claim stays the calibrated epsilon",
     )
     parser.add_argument("--confidence", type=float, default=0.95, help="default 0.95")
-    parser.add_argument("--nodes", type=int, default=2, help="nodes per trial network (2)")
-    parser.add_argument("--topology", default="exp", help="trial network topology (exp)")
+    parser.add_argument("--nodes", type=int, dest="nodes_given",
+                        help="nodes per trial network (2; reconstruct: 12 or the edge list's)")
+    parser.add_argument("--topology", help="trial network topology (exp; edgelist with "
+                        "--edgelist)")
     parser.add_argument("--records", type=int, default=8, help="ordinary records per node (8)")
     parser.add_argument(
         "--seed",
@@ -76,6 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1)")
+    audit_reconstruct.add_arguments(parser)
 
 
 def _from_config(args) -> dict:
@@ -190,6 +195,11 @@ def _print(result, plot_path) -> None:
 
 
 def run(args) -> int:
+    if args.threat == "reconstruct":
+        return audit_reconstruct.run(args)
+    args.nodes = 2 if args.nodes_given is None else args.nodes_given
+    args.topology = args.topology or "exp"
+    require(args.edgelist is None, "--edgelist is for --threat reconstruct")
     _validate(args)
     import torch
 

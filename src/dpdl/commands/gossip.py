@@ -22,7 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("account", help="μ and ε of u against observers, or every pair")
     p.add_argument("--topology", "-t", default="ring" if "ring" in TOPOLOGIES else "exp",
                    metavar="NAME", help=f"one of: {', '.join(TOPOLOGIES)} (default: ring)")
-    p.add_argument("--nodes", "-n", type=int, default=16)
+    p.add_argument("--nodes", "-n", type=int, help="default 16; inferred from --edgelist")
+    p.add_argument("--edgelist", metavar="FILE", help="--topology edgelist: 'u v' lines")
     p.add_argument("--seed", type=int, default=0, help="seed of the random graph families")
     p.add_argument("--rounds", "-T", type=int, default=10)
     p.add_argument("--sigma", type=float, default=1.0, help="noise std per message")
@@ -41,11 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _topology(args):
-    from dpdl.errors import require
-    from dpdl.topology import check_b_strongly_connected, make_topology
+    from dpdl.commands.graph import topology_from
+    from dpdl.topology import check_b_strongly_connected
 
-    require(args.nodes >= 2, f"--nodes must be >= 2, got {args.nodes}")
-    topology = make_topology(args.topology, args.nodes, seed=args.seed)
+    topology = topology_from(args.topology, args.nodes, seed=args.seed, edgelist=args.edgelist,
+                             default_nodes=16)  # fmt: skip
     check_b_strongly_connected(topology)  # one line naming a window and an unreachable pair
     return topology
 

@@ -62,29 +62,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print a JSON summary")
 
 
+def topology_from(name: str, nodes: int | None, *, seed: int = 0, edgelist=None,
+                  default_nodes: int = 20, **params):
+    """The topology a command's --topology/--nodes/--edgelist name (every command's one
+    reading of them): n inferred from the edge list when --nodes is not given."""
+    from dpdl.topology import edgelist_node_count, make_topology
+
+    if name != "edgelist" and edgelist is not None:
+        raise DPDLError(f"--edgelist needs --topology edgelist, got {name!r}")
+    if name == "edgelist" and edgelist is None:
+        raise DPDLError("--topology edgelist needs --edgelist FILE")
+    if nodes is None:
+        nodes = edgelist_node_count(edgelist) if edgelist is not None else default_nodes
+    return make_topology(name, nodes, seed=seed, path=edgelist, **params)
+
+
 def summarize(args: argparse.Namespace) -> tuple[object, dict]:
     """Build the topology of ``args`` and its summary dict (what --json prints)."""
-    from dpdl.topology import (
-        check_b_strongly_connected,
-        edgelist_node_count,
-        make_topology,
-        mixing_report,
-    )
+    from dpdl.topology import check_b_strongly_connected, mixing_report
 
-    if args.topology != "edgelist" and args.edgelist is not None:
-        raise DPDLError(f"--edgelist needs --topology edgelist, got {args.topology!r}")
-    n = args.nodes
-    if n is None:
-        n = edgelist_node_count(args.edgelist) if args.edgelist is not None else 20
     params = {
         "degree": args.degree,
         "probability": args.probability,
-        "path": args.edgelist,
         "directed": args.directed,
         "rows": args.rows,
         "cols": args.cols,
     }
-    topology = make_topology(args.topology, n, seed=args.seed, **params)
+    topology = topology_from(args.topology, args.nodes, seed=args.seed, edgelist=args.edgelist,
+                             **params)  # fmt: skip
     connectivity = (
         topology.connectivity
         if args.window is None
