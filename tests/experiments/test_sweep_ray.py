@@ -213,7 +213,12 @@ def test_an_interrupted_driver_keeps_finished_cells_and_runs_the_rest(ray_cluste
         assert time.time() < deadline, driver.communicate()[0]
         time.sleep(0.1)
     driver.send_signal(signal.SIGINT)
-    assert driver.wait(timeout=60) == 130, driver.communicate()[0]
+    try:
+        code = driver.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        driver.kill()
+        raise AssertionError(f"the driver ignored Ctrl-C: {driver.communicate()[0]!r}") from None
+    assert code == 130, driver.communicate()[0]
     assert b"dpdl sweep: interrupted" in driver.communicate()[0]
     kept = {seed: (d, (d / "cell.json").read_bytes()) for seed, (d, _) in _by_seed(out).items()}
     assert {0, 1} <= set(kept) and len(kept) < 6

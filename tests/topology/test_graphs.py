@@ -31,8 +31,11 @@ CASES = [
     ("erdos-renyi", 15, {"probability": 0.3}),
     ("erdos-renyi", 12, {"probability": 0.35, "directed": True}),
     ("star", 8, {}),
+    ("geometric", 16, {}),
+    ("geometric", 10, {"radius": 0.6}),
 ]
-UNDIRECTED = {"complete", "undirected-ring", "hypercube", "torus", "random-regular", "star"}
+UNDIRECTED = {"complete", "undirected-ring", "hypercube", "torus", "random-regular", "star",
+              "geometric"}
 
 
 def shift(n, s):
@@ -40,6 +43,21 @@ def shift(n, s):
     S = np.zeros((n, n))
     S[(np.arange(n) + s) % n, np.arange(n)] = 1.0
     return S
+
+
+def test_a_geometric_graph_links_exactly_the_points_within_its_radius():
+    topology = make_topology("geometric", 12, seed=4, radius=0.5)
+    attempt_seed = int(np.random.default_rng(4).integers(0, 2**32, size=100)[
+        topology.params["attempts"] - 1])
+    graph = nx.random_geometric_graph(12, 0.5, seed=attempt_seed)
+    points = np.array([graph.nodes[i]["pos"] for i in range(12)])
+    close = np.linalg.norm(points[:, None] - points[None], axis=2) <= 0.5
+    np.fill_diagonal(close, False)
+    assert np.array_equal(topology.mixing_matrix(0) > 0, close | np.eye(12, dtype=bool))
+    with pytest.raises(DPDLError, match="geometric radius must be > 0, got -1"):
+        make_topology("geometric", 12, radius=-1)
+    with pytest.raises(DPDLError, match="geometric: no connected graph in 2 attempts"):
+        make_topology("geometric", 30, radius=0.01, max_attempts=2)
 
 
 def test_every_family_has_a_case():

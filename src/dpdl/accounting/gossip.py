@@ -53,6 +53,8 @@ __all__ = [
     "NOISES",
     "View",
     "build_view",
+    "gls_weights",
+    "schedule_view_mu",
     "view_mu",
     "view_norms",
     "pairwise_mu",
@@ -205,6 +207,45 @@ def pairwise_mu(mixing, *, rounds: int, sigma: float, sensitivity: float = 1.0,
         targets = [u for u in range(n) if u != v]
         out[targets, v] = sensitivity / sigma * view_norms(view, targets, contribution, noise)
     return out
+
+
+def gls_weights(B: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """w = (B Bᵀ)⁺ c by the SVD of B (no inverse): wᵀy is the Neyman–Pearson statistic for the
+    shift θ·c of y = θ·c + B z, wᵀy / wᵀc the best linear unbiased estimate of θ, with
+    standard deviation 1/sqrt(cᵀw) (μ = sqrt(cᵀw) for a unit shift).  Refuses a c outside
+    col(B): then the shift is seen without noise (μ = ∞)."""
+    U, s, _ = np.linalg.svd(B, full_matrices=False)
+    keep = s > s.max(initial=0.0) * max(B.shape) * np.finfo(np.float64).eps
+    U, s = U[:, keep], s[keep]
+    coefficients = U.T @ c
+    require(np.linalg.norm(U @ coefficients - c) <= RESIDUAL_RTOL * np.linalg.norm(c),
+            "the contribution is seen without noise (μ = ∞): no test statistic to weigh")
+    return U @ (coefficients / s**2)
+
+
+def schedule_view_mu(mixing, *, target: int, observers: Sequence[int] | int,
+                     sigmas: Sequence[float], sensitivities: Sequence[float]) -> float:
+    """μ of ``target`` contributing Δ_t at round t, with noise std σ_t at round t (Dyn-D2P's
+    C_k and σ_k of a gradient canary, p = 1); rounds = len(sigmas).  Constant Δ, σ give
+    :func:`view_mu` with ``contribution="every-round"``."""
+    sigmas = np.asarray(sigmas, dtype=np.float64)
+    deltas = np.asarray(sensitivities, dtype=np.float64)
+    require(sigmas.ndim == 1 and sigmas.shape == deltas.shape and len(sigmas) >= 1,
+            "sigmas and sensitivities must be equal-length sequences, one per round")
+    for sigma, delta in zip(sigmas, deltas, strict=True):
+        _check_sigma(float(sigma), float(delta))
+    view = build_view(mixing, rounds=len(sigmas), observers=observers)
+    require(target not in view.observers, f"the target {target} is one of the observers")
+    c = sum(delta * view.column(target, t) for t, delta in enumerate(deltas))
+    scale = np.repeat(sigmas, view.n)
+    keep = np.tile(~np.isin(np.arange(view.n), view.observers), view.rounds)
+    B = view.matrix[:, keep] * scale[keep]
+    if B.shape[0] == 0:
+        return 0.0
+    w, *_ = np.linalg.lstsq(B, c, rcond=None)
+    if np.linalg.norm(B @ w - c) > RESIDUAL_RTOL * max(np.linalg.norm(c), 1e-300):
+        return math.inf
+    return float(np.linalg.norm(w))
 
 
 def per_message_norms(view: View, targets: Sequence[int], contribution: str = "every-round",

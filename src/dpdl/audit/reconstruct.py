@@ -233,7 +233,7 @@ def informed_estimate(mixing, observed: np.ndarray, values: np.ndarray, noises: 
     """The strongest adversary of DP: it knows every value but ``target``'s and its own
     noises, and estimates a_target by generalised least squares (the best linear unbiased
     estimate; its standard deviation is exactly σ·Δ/(σ·μ) = Δ/μ per unit of contribution)."""
-    from dpdl.accounting.gossip import _honest_columns
+    from dpdl.accounting.gossip import _honest_columns, gls_weights
 
     knowledge = knowledge_matrix(mixing, rounds=rounds, coalition=coalition,
                                  contribution=contribution)  # fmt: skip
@@ -247,12 +247,5 @@ def informed_estimate(mixing, observed: np.ndarray, values: np.ndarray, noises: 
     own_noise = np.zeros_like(noises)
     own_noise[:, list(view.observers)] = noises[:, list(view.observers)]
     y = y - _known_part(knowledge, np.zeros_like(values), own_noise).reshape(len(y), -1)
-    c = knowledge.matrix[:, target]
-    # whiten by B = U S Vᵀ (no inverse): (B Bᵀ)⁺ = U S⁻² Uᵀ on col(B), where c lies when μ < ∞
-    U, s, _ = np.linalg.svd(_honest_columns(view, noise), full_matrices=False)
-    keep = s > s.max(initial=0.0) * max(U.shape) * np.finfo(np.float64).eps
-    U, s = U[:, keep], s[keep]
-    q = (U.T @ c) / s
-    require(np.linalg.norm(U @ (U.T @ c) - c) <= 1e-8 * np.linalg.norm(c),
-            f"node {target} is reconstructible by the coalition (μ = ∞): no noise to estimate")
-    return ((q / s) @ (U.T @ y) / (q @ q)).reshape(values.shape[1:])
+    w = gls_weights(_honest_columns(view, noise), knowledge.matrix[:, target])
+    return (w @ y / (w @ knowledge.matrix[:, target])).reshape(values.shape[1:])

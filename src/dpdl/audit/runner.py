@@ -66,6 +66,9 @@ class AuditResult:
     seeded: bool
     secure_noise: bool
     design: dict[str, Any] = field(default_factory=dict)
+    # threat "observer", p = 1: the exact privacy of the observers' view (SPEC §9)
+    mu_view: float | None = None
+    epsilon_view: float | None = None
     one_run: dict[str, Any] | None = None  # m, guesses, correct of a one-run audit
     scores: np.ndarray | None = field(default=None, repr=False)
     members: np.ndarray | None = field(default=None, repr=False)
@@ -188,14 +191,29 @@ def run_audit(
             mu_gdp, eps_gdp = gdp_epsilon_lower_bound(bounds, delta)
     elif exact_gaussian:
         mu_gdp, eps_gdp = 0.0, 0.0
+    mu_view = eps_view = None
+    if design.threat == "observer" and exact_gaussian:
+        mu_view, eps_view = _view_privacy(schedule, design)
     return _result(
         schedule, design, algorithm=algorithm, epsilon=epsilon, calibrate=calibrate,
         epsilon_clt=epsilon_clt, epsilon_certified=epsilon_certified, seed=seed,
         elapsed=elapsed, runs=trials, canary=design.canary, trials=trials,
         confidence=confidence, noise_scale=noise_scale, epsilon_lower=eps_lower,
         epsilon_lower_gdp=eps_gdp, mu_lower_gdp=mu_gdp, secure_noise=secure_noise,
-        scores=scores, members=members,
+        scores=scores, members=members, mu_view=mu_view, epsilon_view=eps_view,
     )  # fmt: skip
+
+
+def _view_privacy(schedule, design: AuditDesign) -> tuple[float, float]:
+    """The exact μ and ε(δ) of node 0's gradient canary against the observers (p = 1)."""
+    from dpdl.accounting.gossip import epsilon_of, schedule_view_mu
+    from dpdl.topology import make_topology
+
+    topology = make_topology(design.topology, design.nodes)
+    mu = schedule_view_mu(topology.mixing_matrix, target=0, observers=design.observers,
+                          sigmas=schedule.sigma[: schedule.steps],
+                          sensitivities=schedule.clip[: schedule.steps])  # fmt: skip
+    return mu, float(epsilon_of(mu, schedule.delta))
 
 
 # Guess counts r (as fractions of m) tried by the one-run audit; Bonferroni over them.

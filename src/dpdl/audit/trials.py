@@ -26,6 +26,13 @@ Scores (higher means "the canary was in"):
   scores with the Neyman–Pearson log-likelihood ratio of the claimed mechanism,
   Σ_k log(1 − p + p·exp(μ_k s_k/σ_k − μ_k²/2)), μ_k = C_k/σ_k (σ_k the *claimed* noise).
   With n > 2 the harness gives the adversary x_0^k as well (white-box, all iterates).
+* ``observer`` -- a coalition V of nodes other than node 0 (``observers``), each seeing only
+  what it receives: the messages of its in-neighbours (never node 0's own messages unless 0
+  is an in-neighbour) and knowing its own.  Along e_0 the network runs linear Gaussian gossip
+  (SPEC §9): the canary adds γ C_k / b to node 0's message at every step it is sampled, every
+  node adds noise γ σ_k / b.  The score is the generalised-least-squares estimate of the
+  canary's presence from V's view, V's own inputs removed (the Neyman–Pearson statistic when
+  p = 1, where its privacy is exactly the view μ of ``schedule_view_mu``).
 * ``final`` -- only the final network average x̄: the gradient canary is scored by x̄_0, the
   input canary by minus its loss at x̄ (a black-box membership test).
 """
@@ -53,7 +60,7 @@ __all__ = [
     "run_trials",
 ]
 
-THREATS = ("messages", "final")
+THREATS = ("messages", "final", "observer")
 CANARIES = ("gradient", "input")
 GRADIENT_CANARY_TARGET = 1e6
 INPUT_CANARY_TARGET = 2.0
@@ -72,6 +79,7 @@ class AuditDesign:
     features: int = 8
     lr: float = 0.1
     data_seed: int = 0  # the adversary's data set: public by design, not a privacy secret
+    observers: tuple[int, ...] = (1,)  # threat "observer": the curious nodes (not node 0)
 
     def validate(self) -> None:
         require(self.threat in THREATS, f"unknown threat {self.threat!r}; choose {THREATS}")
@@ -85,6 +93,16 @@ class AuditDesign:
             not (self.threat == "messages" and self.canary == "input"),
             "the input-space canary is audited under the black-box 'final' threat only",
         )
+        if self.threat == "observer":
+            require(self.nodes >= 2, "threat 'observer' needs at least 2 nodes")
+            require(self.canary == "gradient",
+                    "threat 'observer' audits the gradient canary (its propagation is linear)")
+            require(len(self.observers) >= 1, "threat 'observer' needs at least one observer")
+            for v in self.observers:
+                require(isinstance(v, int | np.integer) and 0 <= v < self.nodes,
+                        f"observer {v!r} is not a node of 0..{self.nodes - 1}")  # fmt: skip
+            require(CANARY_NODE not in self.observers,
+                    f"the canary's node {CANARY_NODE} cannot be its own observer")
         require(self.records_per_node >= 1, "records_per_node must be >= 1")
         require(self.features >= 2, "features must be >= 2 (coordinate 0 is the canary's)")
         require(math.isfinite(self.lr) and self.lr > 0, f"lr must be positive, got {self.lr}")
@@ -202,9 +220,11 @@ def run_trials(
     b = p * J  # expected batch size of an ordinary node (the canary node: one more record)
     canary_rows = torch.arange(T) * n + CANARY_NODE
     score = torch.zeros(T, dtype=torch.float64)
+    sent, inputs_along_0 = [], []  # (T, n) per step, along e_0: messages and own inputs
     for k in range(schedule.steps):
         clip, sigma = float(schedule.clip[k]), float(schedule.sigma[k])
         before = params["linear.weight"][canary_rows, 0, 0].double()
+        whole_before = params["linear.weight"][:, 0, 0].double().reshape(T, n)
         half = local_update(
             model, params, weights, inputs, targets, mask, generators,
             step=k, lr=design.lr, expected_batch_size=b, sample_rate=p, private=True,
@@ -214,6 +234,10 @@ def run_trials(
             after = half.params["linear.weight"][canary_rows, 0, 0].double()
             s = (after - before) * (b / design.lr)
             score += _log_likelihood_ratio(s, clip / sigma, sigma, p)
+        elif design.threat == "observer":
+            message = half.params["linear.weight"][:, 0, 0].double().reshape(T, n)
+            sent.append(message.numpy())
+            inputs_along_0.append((message - whole_before).numpy())
         if topology is not None:
             P, circ = _mixing(topology, k)
             params, weights = _mix_blocks(half.params, weights, T, n, P, circ)
@@ -229,12 +253,34 @@ def run_trials(
         )
     if design.threat == "messages":
         return score.numpy()
+    if design.threat == "observer":
+        return _observer_scores(topology, schedule, design, b, sent, inputs_along_0)
     total_w = weights.reshape(T, n).sum(dim=1)
     average = params["linear.weight"].reshape(T, n, d).double().sum(dim=1) / total_w[:, None]
     if design.canary == "gradient":
         return average[:, 0].numpy()
     prediction = average @ torch.as_tensor(canary_x, dtype=torch.float64)
     return (-((prediction - canary_y) ** 2)).numpy()
+
+
+def _observer_scores(topology, schedule: PrivacySchedule, design: AuditDesign, b: float,
+                     sent: list[np.ndarray], own: list[np.ndarray]) -> np.ndarray:
+    """Per trial: the GLS estimate of the canary's presence (1: in, 0: out) from what the
+    observers received along e_0, their own inputs subtracted (module doc)."""
+    from dpdl.accounting.gossip import build_view, gls_weights
+
+    K, n = schedule.steps, design.nodes
+    view = build_view(topology.mixing_matrix, rounds=K, observers=design.observers)
+    observed = np.stack([sent[t][:, j] for t, j in view.rows])  # (rows, T)
+    V = list(view.observers)
+    for t in range(K):
+        observed -= view.matrix[:, t * n : (t + 1) * n][:, V] @ own[t][:, V].T
+    gain = design.lr / b
+    c = sum(gain * float(schedule.clip[t]) * view.column(CANARY_NODE, t) for t in range(K))
+    honest = np.tile(~np.isin(np.arange(n), V), K)
+    scale = np.repeat(gain * np.asarray(schedule.sigma[:K], dtype=np.float64), n)
+    w = gls_weights(view.matrix[:, honest] * scale[honest], c)
+    return (w @ observed) / (w @ c)
 
 
 def run_one_run(
@@ -257,6 +303,8 @@ def run_one_run(
     """
     design.validate()
     require(design.canary == "gradient", "a one-run audit uses gradient canaries")
+    require(design.threat != "observer", "the observer threat is audited with independent "
+            "trials (--trials), not one run")
     require(schedule.private, f"algorithm {schedule.algorithm!r} is not private: nothing to audit")
     require(
         math.isfinite(noise_scale) and noise_scale > 0,

@@ -12,7 +12,7 @@ from dpdl.errors import DPDLError, require
 
 HELP = "Audit a private algorithm empirically: canaries, hypothesis tests, a lower ε bound."
 
-CANARY_FOR_THREAT = {"messages": "gradient", "final": "input"}
+CANARY_FOR_THREAT = {"messages": "gradient", "final": "input", "observer": "gradient"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,10 +31,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rho-mu", type=float, help="budget growth ρ_μ > 1 (default 2)")
     parser.add_argument(
         "--threat",
-        choices=("messages", "final", "reconstruct"),
+        choices=("messages", "final", "observer", "reconstruct"),
         default="messages",
         help="messages: a curious out-neighbour sees every message of the canary's node "
         "(white-box); final: only the final network-average model (default messages); "
+        "observer: only what --observer nodes receive; "
         "reconstruct: a coalition reconstructs other nodes' data (see below)",
     )
     parser.add_argument(
@@ -43,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="gradient (fixed clipped gradient of norm C) or input (a mislabelled record); "
         "default gradient for messages, input for final",
     )
+    parser.add_argument("--observer", type=int, nargs="+", metavar="NODE",
+                        help="--threat observer: the curious node(s) (the canary is on node 0)")
     parser.add_argument("--trials", type=int, help="independent trials (default 5000)")
     parser.add_argument(
         "--one-run",
@@ -159,6 +162,16 @@ def _validate(args) -> None:
         raise DPDLError(f"--threads must be >= 1, got {args.threads}")
 
 
+def _distance(design: dict) -> int:
+    """Hops from the canary's node 0 to the nearest observer."""
+    from dpdl.accounting.gossip import graph_distances
+    from dpdl.topology import make_topology
+
+    topology = make_topology(design["topology"], design["nodes"])
+    dist = graph_distances(topology.mixing_matrix, topology.period)
+    return int(min(dist[0, v] for v in design["observers"]))
+
+
 def _fmt(value) -> str:
     return "n/a" if value is None else f"{value:.4g}"
 
@@ -187,6 +200,11 @@ def _print(result, plot_path) -> None:
               f"  (mu_lower {r.mu_lower_gdp:.4g})")  # fmt: skip
     print(f"  epsilon_clt (approximation)                         {_fmt(r.epsilon_clt)}")
     print(f"  epsilon_certified (PLD)                             {_fmt(r.epsilon_certified)}")
+    if r.mu_view is not None:
+        observers = r.design["observers"]
+        print(f"  epsilon_view (exact privacy of {observers}'s view)".ljust(54)
+              + f"{r.epsilon_view:.4g}  (mu {r.mu_view:.4g}; distance "
+              f"{_distance(r.design)})")  # fmt: skip
     verdict = "REFUTED" if r.claim_refuted else "not refuted"
     speed = f"{r.trials_per_second:.0f} trials/s" if r.one_run is None else "one run"
     print(f"claim epsilon {r.epsilon_claimed:g}: {verdict} ({speed})")
@@ -200,6 +218,9 @@ def run(args) -> int:
     args.nodes = 2 if args.nodes_given is None else args.nodes_given
     args.topology = args.topology or "exp"
     require(args.edgelist is None, "--edgelist is for --threat reconstruct")
+    require(args.threat == "observer" or args.observer is None,
+            "--observer needs --threat observer")  # fmt: skip
+    require(args.threat != "observer" or args.observer, "--threat observer needs --observer")
     _validate(args)
     import torch
 
@@ -214,6 +235,7 @@ def run(args) -> int:
         nodes=args.nodes,
         topology=args.topology,
         records_per_node=args.records,
+        observers=tuple(args.observer or ()) if args.threat == "observer" else (1,),
     )
     names = ("clip", "clip0", "rho_c", "rho_mu", "blocks")
     options = {k: s[k] for k in names if s.get(k) is not None}

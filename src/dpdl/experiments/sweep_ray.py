@@ -122,7 +122,9 @@ class RayExecutor:
                 for job, need in zip(jobs, resources, strict=True)
             }
             while self._pending:
-                ready, _ = ray.wait(list(self._pending), num_returns=1)
+                # a bounded wait hands control back to Python every second, so Ctrl-C (a
+                # KeyboardInterrupt) is seen at once instead of when the next cell ends
+                ready, _ = ray.wait(list(self._pending), num_returns=1, timeout=1.0)
                 for ref in ready:
                     job = self._pending.pop(ref)
                     try:

@@ -32,6 +32,7 @@ TOPOLOGIES = (
     "erdos-renyi",
     "star",
     "edgelist",
+    "geometric",
 )
 
 DEFAULT_MAX_ATTEMPTS = 100
@@ -250,6 +251,39 @@ def erdos_renyi(
     return _undirected("erdos-renyi", A, params=params)
 
 
+def random_geometric(
+    n: int,
+    radius: float | None = None,
+    *,
+    seed: int = 0,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+) -> Topology:
+    """Random geometric graph: n points uniform in the unit square, linked within ``radius``
+    (default sqrt(2 ln n / (π n)), about twice the connectivity threshold), resampled until
+    connected; the layout of a sensor or hospital network with local links."""
+    if radius is None:
+        radius = math.sqrt(2.0 * math.log(n) / (math.pi * n))
+    try:
+        radius = float(radius)
+    except (TypeError, ValueError):
+        raise DPDLError(f"radius must be a number, got {radius!r}") from None
+    if not (math.isfinite(radius) and radius > 0):
+        raise DPDLError(f"geometric radius must be > 0, got {radius}")
+    max_attempts = _int_param("max_attempts", max_attempts, minimum=1)
+    graph, attempts = _resample_until_connected(
+        "geometric",
+        lambda s: nx.random_geometric_graph(n, radius, seed=s),
+        seed=seed,
+        max_attempts=max_attempts,
+        hint=f"try a larger radius than {radius:g}",
+    )
+    return _undirected(
+        "geometric",
+        _adjacency_from_graph(graph, n),
+        params={"radius": radius, "seed": seed, "attempts": attempts},
+    )
+
+
 # --- edge-list files -------------------------------------------------------------------------
 
 
@@ -389,6 +423,7 @@ _BUILDERS: dict[str, tuple[Callable[..., Topology], frozenset[str], bool]] = {
     "erdos-renyi": (erdos_renyi, frozenset({"probability", "directed", "max_attempts"}), True),
     "star": (star, frozenset(), False),
     "edgelist": (from_edgelist, frozenset({"path", "directed"}), False),
+    "geometric": (random_geometric, frozenset({"radius", "max_attempts"}), True),
 }
 assert tuple(_BUILDERS) == TOPOLOGIES
 
@@ -398,8 +433,8 @@ def make_topology(name: str, n: int, *, seed: int = 0, **params) -> Topology:
 
     Parameters by family: torus ``rows``/``cols``; random-regular ``degree``,
     ``max_attempts``; erdos-renyi ``probability``, ``directed``, ``max_attempts``;
-    edgelist ``path``, ``directed``. Parameters set to None are ignored; any other
-    parameter is an error. ``seed`` is used by the random families only.
+    edgelist ``path``, ``directed``; geometric ``radius``, ``max_attempts``. Parameters set
+    to None are ignored; any other parameter is an error. ``seed`` is used by the random families only.
     """
     if name not in _BUILDERS:
         raise DPDLError(f"unknown topology {name!r}; choose one of: {', '.join(TOPOLOGIES)}")
