@@ -96,7 +96,8 @@ def test_the_design_refuses_bad_observers():
 def _audit(capsys, *extra):
     code = main(["audit", "--algorithm", "const-d2p", "--epsilon", "2", "--steps", "3",
                  "--sample-rate", "1", "--delta", "1e-5", "--trials", "400", "--seed", "0",
-                 "--no-plot", "--no-progress", "--nodes", "6", "--topology", "ring", *extra])  # fmt: skip
+                 "--no-plot", "--no-progress", "--nodes", "6", "--topology", "ring",
+                 *extra])  # fmt: skip
     out = capsys.readouterr()
     return code, out.out, out.err
 

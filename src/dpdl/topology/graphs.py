@@ -434,7 +434,8 @@ def make_topology(name: str, n: int, *, seed: int = 0, **params) -> Topology:
     Parameters by family: torus ``rows``/``cols``; random-regular ``degree``,
     ``max_attempts``; erdos-renyi ``probability``, ``directed``, ``max_attempts``;
     edgelist ``path``, ``directed``; geometric ``radius``, ``max_attempts``. Parameters set
-    to None are ignored; any other parameter is an error. ``seed`` is used by the random families only.
+    to None are ignored; any other parameter is an error. ``seed`` is used by the random
+    families only.
     """
     if name not in _BUILDERS:
         raise DPDLError(f"unknown topology {name!r}; choose one of: {', '.join(TOPOLOGIES)}")
