@@ -310,7 +310,8 @@ def test_a_halted_run_reports_the_ledgers_epsilon_of_the_steps_sent(tmp_path):
 
 
 # ------------------------------------------------------------------ 5. resume on changed data
-def test_a_resume_on_changed_data_is_refused(tmp_path):
+def _interrupted_at_10(tmp_path):
+    """A 20-step run stopped after step 10 (checkpoint at 10): its data and settings."""
     nodes = nodes_data(j=12)
     settings = dict(algorithm="const-d2p", epsilon=2.0, batch_size=2, lr=0.1, steps=20,
                     eval_every=10, checkpoint_every=5, output_dir=tmp_path, run_name="r")
@@ -321,6 +322,11 @@ def test_a_resume_on_changed_data_is_refused(tmp_path):
 
     with pytest.raises(KeyboardInterrupt):
         dpdl.train(linear(), nodes, callbacks=[stop_at_10], **settings)
+    return nodes, settings
+
+
+def test_a_resume_on_changed_data_is_refused(tmp_path):
+    nodes, settings = _interrupted_at_10(tmp_path)
     changed = [(x, y.copy()) for x, y in nodes]
     changed[1][1][0] = (changed[1][1][0] + 1) % 3  # one label of node 1
     with pytest.raises(DPDLError, match="node 1's data differ from the checkpoint"):
@@ -332,16 +338,7 @@ def test_a_resume_on_changed_data_is_refused(tmp_path):
 def test_a_resume_under_other_settings_is_refused(tmp_path):
     """A resume replays the steps since the checkpoint with the noise already sent: under
     another clip bound the two messages of a step would give the noise away."""
-    nodes = nodes_data(j=12)
-    settings = dict(algorithm="const-d2p", epsilon=2.0, batch_size=2, lr=0.1, steps=20,
-                    eval_every=10, checkpoint_every=5, output_dir=tmp_path, run_name="r")
-
-    def stop_at_10(evaluation):
-        if evaluation.iteration == 10:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        dpdl.train(linear(), nodes, callbacks=[stop_at_10], **settings)
+    nodes, settings = _interrupted_at_10(tmp_path)
     from dpdl.trainer import CellCheckpointer
 
     path = tmp_path / "r" / "checkpoints" / "run.pt"
