@@ -405,6 +405,18 @@ def _json_number(v):
 
 
 # --------------------------------------------------------------------------- the trainer
+def _check_eval_labels(y: torch.Tensor, what: str, classes: int) -> None:
+    """Evaluation labels are class indices of the model's outputs, checked before the run (a
+    bad one would stop it at the first evaluation with a raw IndexError)."""
+    if y.is_floating_point():
+        require(bool(torch.all(y == torch.round(y))),
+                f"{what} has real-valued labels; the cross_entropy loss needs class indices")
+    bad = (y < 0) | (y >= classes)
+    if bool(bad.any()):
+        raise DPDLError(f"{what} has labels outside 0..{classes - 1} (the model's {classes} "
+                        f"outputs), e.g. {int(y[bad][0])}")  # fmt: skip
+
+
 class DecentralizedTrainer:
     """Private decentralized training of any model on the nodes' own data (see the module doc).
 
@@ -677,7 +689,8 @@ class DecentralizedTrainer:
             )
         self._check_records_independent()
         if self.loss == "cross_entropy":
-            self._check_class_labels(int(out.shape[-1]))
+            self._classes = int(out.shape[-1])
+            self._check_class_labels(self._classes)
         params = stack_params(self.model, 1, self.device)
         batch = NodeBatch(x, y, torch.zeros(count, dtype=torch.int64, device=self.device), 1)
         buffers = {k: b.to(self.device) for k, b in self.model.named_buffers()}
@@ -749,6 +762,8 @@ class DecentralizedTrainer:
                 f"{what} has record shape {tuple(x.shape[1:])} but the nodes' records have "
                 f"{record_shape}",
             )
+            if self.loss == "cross_entropy" and getattr(self, "_classes", None):
+                _check_eval_labels(y, what, self._classes)
             if limit is not None and limit < len(x):
                 pick = torch.as_tensor(np.sort(rng.choice(len(x), limit, replace=False)))
                 x, y = x[pick.to(x.device)], y[pick.to(y.device)]
@@ -1270,7 +1285,7 @@ def _as_topology(topology, n: int, params: dict[str, Any], seed: int):
         unknown = sorted(set(params) - {"period"})
         require(not unknown, f"a mixing-matrix function takes only topology_params 'period', "
                              f"not {unknown}")  # fmt: skip
-        return from_mixing_function(topology, n, period=params.get("period", 1))
+        return from_mixing_function(topology, n, period=params.get("period"))
     raise DPDLError(
         "topology must be a name, a dpdl Topology, a networkx graph or a function k -> P^k; "
         f"got {type(topology).__name__}"

@@ -316,6 +316,22 @@ def test_bad_mixing_function_is_refused(digits):
         dpdl.DecentralizedTrainer(mlp(), nodes, topology=lambda k: np.eye(4), steps=2)
 
 
+def test_the_period_of_a_mixing_function_is_found_or_asked_for():
+    from dpdl.topology import from_mixing_function, make_topology
+
+    exp = make_topology("exp", 8)  # one-peer exponential graph: period 3
+    found = from_mixing_function(exp.mixing_matrix, 8)
+    assert found.period == 3
+    for k in range(6):
+        assert np.array_equal(found.mixing_matrix(k), exp.mixing_matrix(k))
+    assert from_mixing_function(lambda k: exp.mixing_matrix(0), 8).period == 1
+    drifting = [make_topology("erdos-renyi", 8, seed=s, probability=0.6).mixing_matrix(0)
+                for s in range(70)]  # fmt: skip
+    with pytest.raises(DPDLError, match=r"does not repeat within k < 64: give its period"):
+        from_mixing_function(lambda k: drifting[k], 8)
+    assert from_mixing_function(lambda k: drifting[k], 8, period=5).period == 5
+
+
 def test_tensorboard_logger(tmp_path):
     try:
         import tensorboard  # noqa: F401

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 
 import numpy as np
 import pytest
@@ -358,6 +359,19 @@ def test_a_label_the_model_cannot_score_is_refused_before_anything_runs():
     nodes[2][1][7] = 5  # three classes: 5 would crash the first step that samples it
     with pytest.raises(DPDLError, match="node 2 has labels outside 0..2"):
         dpdl.DecentralizedTrainer(linear(), nodes, epsilon=1.0, steps=2, batch_size=2)
+
+
+@pytest.mark.parametrize(("labels", "message"), [
+    (np.array([0, 1, 6]), "eval_data has labels outside 0..2 (the model's 3 outputs), e.g. 6"),
+    (np.array([0.0, 1.5, 2.0]), "eval_data has real-valued labels"),
+])
+def test_evaluation_labels_the_model_cannot_score_are_refused_before_anything_runs(
+    labels, message
+):
+    inputs = nodes_data()[0][0][:3]
+    with pytest.raises(DPDLError, match=re.escape(message)):
+        dpdl.DecentralizedTrainer(linear(), nodes_data(), epsilon=1.0, steps=2, batch_size=2,
+                                  eval_data=(inputs, labels))  # fmt: skip
 
 
 def test_a_stream_reads_across_the_32_bit_block_counter():

@@ -26,9 +26,10 @@ MD5 = "c58f30108f718f92721af3b95e74349a"
 NUM_CLASSES, CHANNELS, SIDE = 10, 3, 32
 RECORD_BYTES = CHANNELS * SIDE * SIDE
 HOW_TO_GET = (
-    f"Pass download=True (--download on the command line) to fetch {URL} (md5 {MD5}), or "
+    f"Set download = true under [data] in the config (download=True in Python) to fetch {URL} "
+    f"(md5 {MD5}), or "
     f"download and extract that tarball yourself and pass the folder holding {FOLDER}/ with "
-    "--data-dir (or data_dir=..., or set $DPDL_DATA)."
+    "data_dir = \"FOLDER\" under [data] (data_dir=... in Python), or set $DPDL_DATA=FOLDER."
 )
 
 # The batches only reference numpy's array reconstruction; anything else is refused, so a

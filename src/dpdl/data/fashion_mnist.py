@@ -29,7 +29,8 @@ HOW_TO_GET = (
     f"{SYSTEM_DIR}). Otherwise download the four files train-images-idx3-ubyte.gz, "
     "train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz and t10k-labels-idx1-ubyte.gz from "
     "the Zalando repository https://github.com/zalandoresearch/fashion-mnist (folder data/fashion) "
-    "into one folder and pass it with --data-dir (or data_dir=..., or set $DPDL_DATA)."
+    "into one folder and name it in the config (data_dir = \"FOLDER\" under [data]), or set "
+    "$DPDL_DATA=FOLDER."
 )
 
 

@@ -380,32 +380,56 @@ def from_networkx(graph: nx.Graph, *, name: str = "networkx") -> Topology:
     return _undirected(name, A, params=params)
 
 
+# Without a given period, a mixing function is read at k = 0 .. PERIOD_PROBE - 1 and its
+# period is the smallest m <= PERIOD_PROBE / 2 that repeats over all of them.
+PERIOD_PROBE = 64
+
+
 def from_mixing_function(
-    function: Callable[[int], np.ndarray], n: int, *, period: int = 1, name: str = "function"
+    function: Callable[[int], np.ndarray], n: int, *, period: int | None = None,
+    name: str = "function",
 ) -> Topology:
     """The schedule ``P^k = function(k)``, ``k = 0 .. period-1``, repeating with ``period``.
 
     Every matrix is validated (Assumption 1: non-negative, column-stochastic, self-loops) and
     the schedule B-strongly connected with ``B = period`` (Assumption 2); a schedule that does
-    not repeat can be given whole with ``period = steps``.
+    not repeat can be given whole with ``period = steps``.  Without ``period`` it is found by
+    reading the function at k < 64; a function that does not repeat within that is refused
+    (reading P^0 only would run a time-varying graph as a static one).
     """
     n = _int_param("the number of nodes n", n, minimum=2)
-    period = _int_param("period", period, minimum=1)
-    matrices = []
-    for k in range(period):
-        try:
-            matrices.append(np.asarray(function(k), dtype=np.float64))
-        except Exception as err:  # the user's code: report where it failed, in one line
+    if period is None:
+        probed = [_call_mixing(function, k, n, name) for k in range(PERIOD_PROBE)]
+        period = next((m for m in range(1, PERIOD_PROBE // 2 + 1)
+                       if all(np.array_equal(probed[k], probed[k % m]) for k in range(len(probed)))),
+                      None)  # fmt: skip
+        if period is None:
             raise DPDLError(
-                f"mixing-matrix function {name!r} failed at k={k}: {type(err).__name__}: {err}"
-            ) from None
-        if matrices[-1].shape != (n, n):
-            raise DPDLError(
-                f"mixing-matrix function {name!r} returned shape {matrices[-1].shape} at k={k}, "
-                f"expected {(n, n)} (one row and column per node)"
+                f"mixing-matrix function {name!r} does not repeat within k < {PERIOD_PROBE}: "
+                "give its period (topology_params={'period': m}, or m = steps for a schedule "
+                "that never repeats)"
             )
+        matrices = probed[:period]
+    else:
+        period = _int_param("period", period, minimum=1)
+        matrices = [_call_mixing(function, k, n, name) for k in range(period)]
     symmetric = all(np.allclose(P, P.T, rtol=0.0, atol=1e-12) for P in matrices)
     return MatrixTopology(name, matrices, directed=not symmetric, params={"period": period})
+
+
+def _call_mixing(function, k: int, n: int, name: str) -> np.ndarray:
+    try:
+        P = np.asarray(function(k), dtype=np.float64)
+    except Exception as err:  # the user's code: report where it failed, in one line
+        raise DPDLError(
+            f"mixing-matrix function {name!r} failed at k={k}: {type(err).__name__}: {err}"
+        ) from None
+    if P.shape != (n, n):
+        raise DPDLError(
+            f"mixing-matrix function {name!r} returned shape {P.shape} at k={k}, "
+            f"expected {(n, n)} (one row and column per node)"
+        )
+    return P
 
 
 # --- the factory -----------------------------------------------------------------------------
