@@ -401,7 +401,7 @@ def from_mixing_function(
     if period is None:
         probed = [_call_mixing(function, k, n, name) for k in range(PERIOD_PROBE)]
         period = next((m for m in range(1, PERIOD_PROBE // 2 + 1)
-                       if all(np.array_equal(probed[k], probed[k % m]) for k in range(len(probed)))),
+                       if all(np.array_equal(P, probed[k % m]) for k, P in enumerate(probed))),
                       None)  # fmt: skip
         if period is None:
             raise DPDLError(
