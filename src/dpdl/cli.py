@@ -66,6 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"dpdl {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `dpdl ... | head`: the reader left; say nothing more
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -80,5 +80,17 @@ def test_config_typo_names_the_key(tmp_path, capsys):
 
 def test_list_presets(capsys):
     assert main(["run", "--list-presets"]) == 0
-    names = capsys.readouterr().out.split()
-    assert "default" in names and "fashion-mnist" in names
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert "default" in lines and "fashion-mnist" in lines
+    assert "Table 2 of the Dyn-D2P paper" in lines["table2"]  # each with what it runs
+
+
+def test_a_closed_pipe_ends_the_command_quietly():
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-m", "dpdl", "run", "--list-presets"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    child.stdout.close()  # the reader is gone before the command writes (it takes ~1 s to start)
+    err = child.stderr.read().decode()
+    assert child.wait(timeout=60) == 141 and "Traceback" not in err, err

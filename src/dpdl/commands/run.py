@@ -269,7 +269,11 @@ def run(args) -> int:
     from dpdl.experiments.registry import experiment_module, preset_names
 
     if args.list_presets:
-        print("\n".join(preset_names()))
+        from dpdl.experiments.registry import preset_description
+
+        names = preset_names()
+        width = max(map(len, names))
+        print("\n".join(f"{n:<{width}}  {preset_description(n)}" for n in names))
         return 0
     threads = args.threads
     if threads is None and "OMP_NUM_THREADS" not in os.environ:

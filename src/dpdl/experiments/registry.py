@@ -76,6 +76,18 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESETS_DIR.glob("*.toml"))
 
 
+def preset_description(name: str) -> str:
+    """The first sentence of a preset's leading comment."""
+    lines = []
+    for line in (PRESETS_DIR / f"{name}.toml").read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("# ").rstrip())
+    text = " ".join(lines)
+    end = text.find(". ")
+    return text if end < 0 else text[: end + 1]
+
+
 def load_config_file(path: str | Path | None = None, *, preset: str | None = None) -> dict:
     """Read a TOML config from a file or a shipped preset; errors name the file and the problem."""
     if (path is None) == (preset is None):
