@@ -73,3 +73,14 @@ def test_bad_input_is_one_line_error(capsys, argv, message):
     status, out, err = run_cli(capsys, *argv)
     assert status == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("dpdl graph: error:") and message in err
+
+
+def test_a_graph_that_is_not_strongly_connected_is_still_drawn(tmp_path, capsys):
+    edges = tmp_path / "two.edges"
+    edges.write_text("0 1\n1 2\n3 4\n")
+    png = tmp_path / "two.png"
+    code = main(["graph", "--topology", "edgelist", "--edgelist", str(edges), "--png", str(png)])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "node 0 cannot reach node 3" in err and f"drawn anyway to {png}" in err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

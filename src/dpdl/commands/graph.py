@@ -146,8 +146,27 @@ def _format(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def _draw_invalid(args, err: DPDLError) -> None:
+    """An edge list that is no valid topology is still drawn when --png asks for it."""
+    from dpdl.topology import edgelist_node_count, read_edgelist
+    from dpdl.topology.draw import draw_adjacency
+
+    n = args.nodes or edgelist_node_count(args.edgelist)
+    A = read_edgelist(args.edgelist, n)
+    if not args.directed:
+        A = A | A.T
+    path = draw_adjacency(A, args.png, title=f"{args.edgelist}: not a valid topology",
+                          seed=args.seed)  # fmt: skip
+    raise DPDLError(f"{err} (drawn anyway to {path}, components coloured)") from None
+
+
 def run(args: argparse.Namespace) -> int:
-    topology, summary = summarize(args)
+    try:
+        topology, summary = summarize(args)
+    except DPDLError as err:
+        if args.png is None or args.topology != "edgelist" or args.edgelist is None:
+            raise
+        _draw_invalid(args, err)
     if args.png is not None:
         from dpdl.topology.draw import draw_topology
 

@@ -126,3 +126,37 @@ def draw_topology(topology: Topology, path, *, seed: int = 0, dpi: int = 120) ->
     except OSError as err:
         raise DPDLError(f"cannot write {str(path)!r}: {err.strerror or err}") from None
     return path
+
+
+def draw_adjacency(adjacency: np.ndarray, path, *, title: str, seed: int = 0,
+                   dpi: int = 120) -> Path:
+    """A PNG of a graph that is not a valid topology (e.g. not strongly connected), so a user
+    can see what is wrong with it: ``adjacency[i, j]`` when j sends to i; nodes coloured by
+    strongly connected component."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    path = Path(path)
+    if path.suffix.lower() != ".png":
+        raise DPDLError(f"the drawing is a PNG file; got {str(path)!r}")
+    graph = nx.DiGraph()
+    graph.add_nodes_from(range(len(adjacency)))
+    receivers, senders = np.nonzero(adjacency)
+    graph.add_edges_from(zip(senders.tolist(), receivers.tolist(), strict=True))
+    component = {v: c for c, nodes in enumerate(nx.strongly_connected_components(graph))
+                 for v in nodes}  # fmt: skip
+    figure = Figure(figsize=(5, 5))
+    FigureCanvasAgg(figure)
+    ax = figure.add_subplot(1, 1, 1)
+    positions = nx.spring_layout(graph, seed=seed)
+    nx.draw_networkx(graph, positions, ax=ax, node_color=[component[v] for v in graph],
+                     cmap="tab10", node_size=300, font_size=8, arrows=True)  # fmt: skip
+    ax.set_title(title, fontsize=9)
+    ax.set_axis_off()
+    figure.tight_layout()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(path, dpi=dpi)
+    except OSError as err:
+        raise DPDLError(f"cannot write {str(path)!r}: {err.strerror or err}") from None
+    return path
