@@ -23,8 +23,8 @@ import time
 
 import numpy as np
 
-from dpdl.accounting import fdp
-from dpdl.experiments.fdp import walk_matrix_of
+from dpdl.extensions.fdp import accounting as fdp
+from dpdl.extensions.fdp.experiment import walk_matrix_of
 from dpdl.topology import make_topology
 
 STEPS, SENSITIVITY, DELTA = 20_000, 0.4, 1e-5

@@ -15,8 +15,8 @@ import time
 
 import numpy as np
 
-from dpdl.accounting import netdp as nd
-from dpdl.algorithms.tokens import sample_random_walk
+from dpdl.extensions.netdp import accounting as nd
+from dpdl.extensions.netdp.algorithm import sample_random_walk
 
 
 def loop_costs(walk: np.ndarray, n: int) -> np.ndarray:

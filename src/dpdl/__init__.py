@@ -5,14 +5,18 @@ Architecture (data flows one way)::
     config -> data + topology + privacy schedule -> engine -> results -> report
 
 * ``dpdl.accounting``  pure math (numpy/scipy/dp_accounting, no torch): GDP, schedules,
-  certified PLD/RDP accountants, calibration, the privacy ledger, network DP, f-DP.
+  certified PLD/RDP accountants, calibration, the privacy ledger, gossip view accounting.
 * ``dpdl.topology``    graphs and their (column-stochastic) mixing matrices.
 * ``dpdl.algorithms``  the algorithms as small composable transformations.
 * ``dpdl.engine``      the stacked-tensor simulator and the torch.distributed runtime.
 * ``dpdl.data`` / ``dpdl.models``  loaders and models.
-* ``dpdl.experiments`` configs, runs, sweeps and reports.
-* ``dpdl.trainer``     the one training entry point (``dpdl.train`` /
-  ``dpdl.DecentralizedTrainer``) that ``dpdl run``, sweeps and users' own code go through.
+* ``dpdl.training``    settings, the run folder's results and the trainer: the one training
+  entry point (``dpdl.train`` / ``dpdl.DecentralizedTrainer``) that ``dpdl run``, sweeps and
+  users' own code go through.
+* ``dpdl.experiments`` configs, runs over cells, sweeps, tuning and reports.
+* ``dpdl.extensions``  the other papers' algorithms, each with its accounting, algorithm,
+  experiment kind and command: ``netdp`` (network DP), ``fdp`` (PN-f-DP, DECOR), ``linreg``.
+* ``dpdl.audit``       empirical audits and reconstruction attacks.
 """
 
 from dpdl.errors import DPDLError
@@ -26,7 +30,7 @@ _TRAINER_EXPORTS = ("DecentralizedTrainer", "TrainingResult", "train")
 def __getattr__(name: str):
     # Imported on first use: `import dpdl` (and the accounting) stays free of torch.
     if name in _TRAINER_EXPORTS:
-        from dpdl import trainer
+        from dpdl.training import trainer
 
         return getattr(trainer, name)
     raise AttributeError(f"module 'dpdl' has no attribute {name!r}")

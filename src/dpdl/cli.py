@@ -1,6 +1,7 @@
 """The ``dpdl`` command line: a thin dispatcher.
 
-Each sub-command lives in ``dpdl.commands.<name>`` and exposes
+Each sub-command lives in ``dpdl.commands.<name>`` (an extension's in
+``dpdl.extensions.<name>.command``) and exposes
 
 * ``HELP``: a one-line description,
 * ``add_arguments(parser)``: declares its flags,
@@ -37,8 +38,15 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+# Extensions own their command; the core names them only as strings (no import arrow back up).
+EXTENSION_COMMANDS = {
+    "netdp": "dpdl.extensions.netdp.command",
+    "fdp": "dpdl.extensions.fdp.command",
+}
+
+
 def _load(name: str):
-    return importlib.import_module(f"dpdl.commands.{name}")
+    return importlib.import_module(EXTENSION_COMMANDS.get(name, f"dpdl.commands.{name}"))
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:

@@ -10,12 +10,12 @@ import tomllib
 
 import pytest
 
-from dpdl import trainer
 from dpdl.accounting.gdp import mu_from_epsilon_delta
 from dpdl.errors import DPDLError, PrivacyBudgetExceeded
 from dpdl.experiments import runner
 from dpdl.experiments.config import parse_config
 from dpdl.experiments.registry import load_config_file, preset_names
+from dpdl.training import trainer
 
 
 def tiny_config(**training) -> dict:

@@ -17,7 +17,6 @@ import pytest
 import torch
 from scipy import stats
 
-from dpdl import trainer
 from dpdl.algorithms import randomness
 from dpdl.algorithms.dyn_d2p import draw_node_noise, local_update, make_node_generators
 from dpdl.algorithms.randomness import SecretStream
@@ -26,6 +25,7 @@ from dpdl.engine.simulator import Simulator
 from dpdl.errors import DPDLError
 from dpdl.experiments import runner
 from dpdl.experiments.config import parse_config
+from dpdl.training import trainer
 
 
 def config(**experiment) -> dict:

@@ -11,14 +11,14 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from dpdl.accounting.linreg import PowerDecay
 from dpdl.algorithms import randomness
-from dpdl.algorithms import tokens as tk
-from dpdl.algorithms.decor import run_decor
-from dpdl.algorithms.linreg import Ball, LocalProblems, run_linreg
 from dpdl.cli import main
 from dpdl.errors import DPDLError
 from dpdl.experiments.registry import experiment_module, validate_experiment_config
+from dpdl.extensions.fdp.decor import run_decor
+from dpdl.extensions.linreg.accounting import PowerDecay
+from dpdl.extensions.linreg.algorithm import Ball, LocalProblems, run_linreg
+from dpdl.extensions.netdp import algorithm as tk
 
 CONFIGS = {
     "linreg": {

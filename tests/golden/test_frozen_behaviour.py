@@ -12,7 +12,6 @@ import hashlib
 from pathlib import Path
 
 import pytest
-
 from tests.golden.frozen import CONFIGS, run_config
 
 EXPECTED = Path(__file__).resolve().parent / "expected"

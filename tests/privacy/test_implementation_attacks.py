@@ -340,7 +340,7 @@ def test_a_resume_under_other_settings_is_refused(tmp_path):
     """A resume replays the steps since the checkpoint with the noise already sent: under
     another clip bound the two messages of a step would give the noise away."""
     nodes, settings = _interrupted_at_10(tmp_path)
-    from dpdl.trainer import CellCheckpointer
+    from dpdl.training.trainer import CellCheckpointer
 
     path = tmp_path / "r" / "checkpoints" / "run.pt"
     for change in ({"clip": 0.5}, {"lr": 0.2}):

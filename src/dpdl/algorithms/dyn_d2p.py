@@ -89,7 +89,7 @@ LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
 
 
 def _loss_fn(loss):
-    """A named loss of LOSSES, or a user's per-record callable (validated by dpdl.trainer)."""
+    """A named loss of LOSSES, or a user's per-record callable (validated by the trainer)."""
     if callable(loss):
         return loss
     if loss not in LOSSES:

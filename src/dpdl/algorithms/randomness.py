@@ -42,7 +42,7 @@ import json
 import math
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
@@ -60,6 +60,8 @@ _SEGMENT_BLOCKS = 1 << 32  # blocks one OpenSSL encryptor may produce (its 32-bi
 _TWO_POW_64 = 1 << 64
 
 __all__ = [
+    "Randomness",
+    "check_noise_std",
     "DEFAULT_ENTROPY",
     "ENTROPY_MODES",
     "SecretStream",
@@ -366,3 +368,23 @@ def numpy_secret_rng(seed: int | None, entropy: str, cell: str = "") -> np.rando
     if entropy == "os":
         return secret_rng(None)
     return _chacha_generator(derive_key("numpy cell", 0 if seed is None else int(seed), cell))
+
+
+#: What a ``seed`` argument accepts (see the module doc): None is OS entropy.
+Randomness: TypeAlias = int | np.random.SeedSequence | np.random.Generator | None
+
+
+def check_noise_std(sigma, unsafe_zero_noise: bool = False, name: str = "sigma") -> float:
+    """A private mechanism's Gaussian noise std: finite and > 0.
+
+    Zero only with the explicit ``unsafe_zero_noise=True`` (a non-private baseline, or a test
+    of the clipping): such a run is not private and must not be reported as such.
+    """
+    number = isinstance(sigma, int | float | np.integer | np.floating) and not isinstance(
+        sigma, bool
+    )
+    ok = number and math.isfinite(sigma) and (sigma > 0 or (sigma == 0 and unsafe_zero_noise))
+    if not ok:
+        allowed = "> 0 (0 only with unsafe_zero_noise=True)"
+        raise DPDLError(f"{name} (the noise std) must be a finite number {allowed}, got {sigma!r}")
+    return float(sigma)

@@ -22,9 +22,9 @@ DEFAULT_KIND = "decentralized"
 
 EXPERIMENT_KINDS: dict[str, str] = {
     "decentralized": "dpdl.experiments.runner",  # Dyn-D2P family, SGP (SPEC §4)
-    "linreg": "dpdl.experiments.linreg",  # DP decentralized linear regression (SPEC §5)
-    "netdp-logreg": "dpdl.experiments.netdp",  # network-DP token SGD (SPEC §6)
-    "fdp-random-walk": "dpdl.experiments.fdp",  # PN-f-DP random-walk DP-SGD (SPEC §7)
+    "linreg": "dpdl.extensions.linreg.experiment",  # DP decentralized linear regression (SPEC §5)
+    "netdp-logreg": "dpdl.extensions.netdp.experiment",  # network-DP token SGD (SPEC §6)
+    "fdp-random-walk": "dpdl.extensions.fdp.experiment",  # PN-f-DP random-walk DP-SGD (SPEC §7)
 }
 
 
@@ -32,9 +32,9 @@ EXPERIMENT_KINDS: dict[str, str] = {
 # sweep can check every cell's config before it starts any worker.
 CONFIG_VALIDATORS: dict[str, str] = {
     "decentralized": "dpdl.experiments.config:parse_config",
-    "linreg": "dpdl.experiments.linreg:parse_linreg_config",
-    "netdp-logreg": "dpdl.experiments.netdp:parse_config",
-    "fdp-random-walk": "dpdl.experiments.fdp:parse_config",
+    "linreg": "dpdl.extensions.linreg.experiment:parse_linreg_config",
+    "netdp-logreg": "dpdl.extensions.netdp.experiment:parse_config",
+    "fdp-random-walk": "dpdl.extensions.fdp.experiment:parse_config",
 }
 
 

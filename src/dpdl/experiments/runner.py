@@ -9,7 +9,7 @@ once per seed) of a config and writes one run folder::
     curves.png                 test accuracy and test loss against iteration, every algorithm
 
 :func:`run_cell` runs one (algorithm, seed, epsilon) cell and is what a sweep may call: it
-builds a :class:`dpdl.trainer.DecentralizedTrainer` from the config and the cell's
+builds a :class:`dpdl.training.trainer.DecentralizedTrainer` from the config and the cell's
 :class:`Workload` (the Python API's entry point), which owns the schedule, the ledger's
 approval, the engine, the step loop, evaluation and checkpoints.  Nothing is written before
 the config, the (first seed's) data, topology and model have been validated.
@@ -31,9 +31,9 @@ from dpdl.engine.simulator import NodeData, Simulator, resolve_device
 from dpdl.errors import DPDLError, require
 from dpdl.experiments.config import AlgorithmSpec, RunConfig, parse_config
 from dpdl.experiments.registry import make_run_dir
-from dpdl.experiments.results import write_results
 from dpdl.files import write_atomic
-from dpdl.trainer import (
+from dpdl.training.results import write_results
+from dpdl.training.trainer import (
     METRIC_COLUMNS,
     UNACCOUNTED_TRAIN_LOSS,
     CellCheckpointer,

@@ -1,0 +1,466 @@
+"""The "fdp-random-walk" experiment kind: random-walk DP-SGD under PN-f-DP (SPEC §7).
+
+For every target ε the noise σ is calibrated with each accountant so that the worst ordered
+pair (i → j) of the graph meets (ε, δ):
+
+* ``pn-fdp`` — the certified PN-f-DP bound (revealed-mixture,
+  :mod:`dpdl.extensions.fdp.accounting`),
+* ``rdp-baseline`` — the pairwise RDP bound of Cyffers et al. 2024 (SPEC §7),
+* ``local`` — no amplification by the walk: each of the ⌊T/n⌋ contributions is seen as is
+  (G_{√(k K_loc)·Δ/σ}),
+
+then the training run is repeated with each σ, for every seed. Optionally DECOR is run with
+σ calibrated by DECOR's own RDP conversion and by Sec-f-LDP for the same ε.
+
+Secret randomness: the walk, the batches, the noise (and DECOR's pairwise secrets) of every
+(algorithm, accountant, ε, seed) cell come from the cell's own secret stream
+(:func:`dpdl.algorithms.randomness.numpy_secret_rng`): OS entropy by default, derived from the
+seed only with ``experiment.entropy = "seed"`` (recorded as ``noise_entropy``).  Two cells
+never share noise, so the accuracy gap between accountants is a difference of means over
+seeds, not of one shared walk.
+
+Random-walk DP-SGD: one token (a softmax-regression model) walks with the row-stochastic
+W = Pᵀ of the topology; the holder takes K_loc steps θ ← θ − η(ḡ + N(0, σ²I)), ḡ the mean of
+b per-record gradients each clipped to C (fixed-size batch, no subsampling amplification is
+claimed), so the replace-one sensitivity of ḡ is Δ = 2C/b. A node past its ⌊T/n⌋
+contributions only adds noise (the contribution cap that the accounting assumes).
+
+Writes ``config.json``, ``metrics.csv`` (evaluations along training), ``results.json``,
+``noise_accuracy.png`` and ``pairwise_epsilon.png`` under one run folder.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field, field_validator, model_validator
+
+from dpdl.algorithms.randomness import secret_rng
+from dpdl.errors import DPDLError, require
+from dpdl.experiments.config import ConfigSection as _Section
+from dpdl.experiments.config import (
+    Epsilons,
+    NoiseEntropy,
+    seeded_cell_name,
+    validate_config,
+)
+
+ACCOUNTANTS = ("pn-fdp", "rdp-baseline", "local")
+KIND = "fdp-random-walk"
+
+
+# The settings a cell names itself (seeded streams: dpdl.experiments.config.seeded_cell_name).
+_GRID = ("privacy.epsilons", "privacy.accountants", "train.include_non_private")
+
+
+def _data(nodes: dict) -> tuple:
+    return nodes["x"], nodes["y"], nodes["mask"]
+
+
+class ExperimentSection(_Section):
+    name: str = "fdp-random-walk"
+    seeds: list[int] = Field(default_factory=lambda: [0])
+    # Where the secret walk, batches and noise come from: "os" (default) or "seed".
+    entropy: NoiseEntropy = "os"
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, value):
+        if not value or any(s < 0 for s in value):
+            raise ValueError("give at least one seed, all >= 0")
+        return value
+
+
+class DataSection(_Section):
+    dataset: str = "breast-cancer"
+    data_dir: str | None = None
+    nodes: int = Field(16, ge=2)
+    split_seed: int = 0
+
+
+class GraphSection(_Section):
+    topology: str = "hypercube"
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class PrivacySection(_Section):
+    epsilons: Epsilons = Field(default_factory=lambda: [1.0, 3.0, 10.0])
+    delta: float = Field(1e-5, gt=0, lt=1)
+    steps: int = Field(1600, ge=1)
+    local_steps: int = Field(1, ge=1)
+    clip: float = Field(1.0, gt=0)
+    contraction: float = Field(1.0, gt=0, le=1)
+    accountants: list[str] = Field(default_factory=lambda: list(ACCOUNTANTS))
+    relative_slack: float = Field(1e-3, gt=0, lt=0.1)
+    # The per-hop mu_t of the PN-f-DP bound (SPEC §7): "lemma" is Lemma 4.3 of seed 003,
+    # "table" the form of the script behind the paper's Table 3 (no contraction).
+    hop_form: Literal["lemma", "table"] = "lemma"
+
+    @model_validator(mode="after")
+    def _table_form_has_no_contraction(self):
+        if self.hop_form == "table" and self.contraction != 1.0:
+            raise ValueError(f"contraction = {self.contraction} needs hop_form = 'lemma' "
+                             "(the table form has no contraction)")
+        return self
+
+    @field_validator("accountants")
+    @classmethod
+    def _accountants(cls, value):
+        bad = [a for a in value if a not in ACCOUNTANTS]
+        if bad or not value:
+            raise ValueError(f"accountants must be a non-empty subset of {ACCOUNTANTS}")
+        return value
+
+
+class TrainSection(_Section):
+    lr: float = Field(0.1, gt=0)
+    batch_size: int = Field(8, ge=1)
+    eval_every: int = Field(200, ge=1)
+    # A non-private baseline is a noise-free function of the data: it runs only when asked.
+    include_non_private: bool = False
+
+
+class DecorSection(_Section):
+    enabled: bool = False
+    sigma_cor: float = Field(10.0, ge=0)
+    steps: int = Field(500, ge=1)
+    lr: float = Field(0.05, gt=0)
+    batch_size: int = Field(8, ge=1)
+
+
+class FdpRandomWalkConfig(_Section):
+    kind: str = KIND
+    experiment: ExperimentSection = Field(default_factory=ExperimentSection)
+    data: DataSection = Field(default_factory=DataSection)
+    graph: GraphSection = Field(default_factory=GraphSection)
+    privacy: PrivacySection = Field(default_factory=PrivacySection)
+    train: TrainSection = Field(default_factory=TrainSection)
+    decor: DecorSection = Field(default_factory=DecorSection)
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, value):
+        if value != KIND:
+            raise ValueError(f"kind must be {KIND!r}")
+        return value
+
+
+def parse_config(config: dict[str, Any] | FdpRandomWalkConfig) -> FdpRandomWalkConfig:
+    """Validate a config; raises DPDLError naming every offending key."""
+    return validate_config(FdpRandomWalkConfig, config, f"{KIND} config")
+
+
+def apply_overrides(config: dict, **overrides) -> dict:
+    """``dpdl run`` flags: --seed replaces the seeds, --steps the walk length T, --entropy
+    the source of the secret randomness; others (--secure-noise among them: its hardened
+    sampler serves the torch engine) are refused."""
+    config = json.loads(json.dumps(config))
+    unsupported = sorted(k for k, v in overrides.items()
+                         if v is not None and k not in ("seed", "steps", "entropy"))
+    if unsupported:
+        flags = ", ".join("--" + k.replace("_", "-") for k in unsupported)
+        raise DPDLError(f"{flags} not supported for experiment kind {KIND!r}")
+    if overrides.get("entropy") is not None:
+        config.setdefault("experiment", {})["entropy"] = overrides["entropy"]
+    if overrides.get("seed") is not None:
+        config.setdefault("experiment", {})["seeds"] = [int(overrides["seed"])]
+    if overrides.get("steps") is not None:
+        config.setdefault("privacy", {})["steps"] = int(overrides["steps"])
+    return config
+
+
+def walk_matrix_of(topology) -> np.ndarray:
+    """The row-stochastic walk matrix W = Pᵀ of a static topology (P column-stochastic)."""
+    require(topology.period == 1,
+            f"topology {topology.name!r} is time-varying (period {topology.period}); "
+            "the random-walk accounting needs a static graph")
+    return np.ascontiguousarray(topology.mixing_matrix(0).T)
+
+
+def sample_walk(walk: np.ndarray, steps: int, rng: np.random.Generator) -> np.ndarray:
+    """Token holders h_0..h_{T-1}: h_0 uniform, then h_{t+1} ~ W[h_t, ·]."""
+    n = walk.shape[0]
+    cumulative = np.cumsum(walk, axis=1)
+    cumulative[:, -1] = 1.0
+    uniforms = rng.random(steps)
+    path = np.empty(steps, dtype=np.int64)
+    path[0] = rng.integers(n)
+    for t in range(1, steps):  # a Markov chain is sequential by nature
+        path[t] = np.searchsorted(cumulative[path[t - 1]], uniforms[t], side="right")
+    return np.minimum(path, n - 1)
+
+
+def random_walk_dp_sgd(walk: np.ndarray, x_nodes: np.ndarray, y_nodes: np.ndarray, *,
+                       num_classes: int, steps: int, lr: float, clip: float, sigma: float,
+                       batch_size: int, local_steps: int = 1, cap: int | None = None,
+                       seed=None, eval_every: int = 0, eval_data: tuple | None = None,
+                       mask: np.ndarray | None = None, unsafe_zero_noise: bool = False) -> dict:
+    """Random-walk DP-SGD (SPEC §7) on stacked node data; returns the final model, the
+    evaluation history and the contribution count of every node.
+
+    The walk, batches and noise are secret: ``seed`` is a Generator/SeedSequence (a cell's
+    stream), None (OS entropy) or an int (reproducible).  ``sigma`` must be > 0; the
+    noise-free baseline needs ``unsafe_zero_noise=True`` and is not private."""
+    from dpdl.algorithms.randomness import check_noise_std
+    from dpdl.extensions.fdp.decor import (
+        clipped_mean_gradient,
+        sample_batches,
+        softmax_loss_accuracy,
+        softmax_per_record_gradients,
+    )
+
+    sigma = check_noise_std(sigma, unsafe_zero_noise)
+
+    n = walk.shape[0]
+    x_nodes = np.asarray(x_nodes, dtype=np.float64).reshape(n, x_nodes.shape[1], -1)
+    mask = np.ones(y_nodes.shape, dtype=bool) if mask is None else mask
+    rng = secret_rng(seed)
+    path = sample_walk(walk, steps, rng)
+    theta = np.zeros((x_nodes.shape[2] + 1, num_classes))
+    contributions = np.zeros(n, dtype=np.int64)
+    history = []
+    for t, holder in enumerate(path):
+        contributes = cap is None or contributions[holder] < cap
+        contributions[holder] += int(contributes)
+        for _ in range(local_steps):
+            noise = sigma * rng.standard_normal(theta.shape)
+            if contributes:
+                batch = sample_batches(mask[holder:holder + 1], batch_size, rng)[0]
+                grads = softmax_per_record_gradients(theta[None], x_nodes[holder, batch][None],
+                                                     y_nodes[holder, batch][None])
+                theta = theta - lr * (clipped_mean_gradient(grads, clip)[0] + noise)
+            else:
+                theta = theta - lr * noise
+        if eval_data is not None and eval_every and ((t + 1) % eval_every == 0 or t + 1 == steps):
+            loss, accuracy = softmax_loss_accuracy(theta, *eval_data)
+            history.append({"step": t + 1, "loss": loss, "accuracy": accuracy})
+    return {"theta": theta, "history": history, "contributions": contributions}
+
+
+def calibrate_noise(accountant: str, walk: np.ndarray, *, epsilon: float, cfg: PrivacySection,
+                    sensitivity: float) -> float:
+    """σ that makes the worst pair meet (ε, δ) under ``accountant``."""
+    from dpdl.accounting.gdp import mu_from_epsilon_delta
+    from dpdl.extensions.fdp import accounting as fdp
+
+    n = walk.shape[0]
+    if accountant == "pn-fdp":
+        return fdp.calibrate_sigma_pnfdp(
+            walk, steps=cfg.steps, target_epsilon=epsilon, delta=cfg.delta,
+            sensitivity=sensitivity, local_steps=cfg.local_steps, contraction=cfg.contraction,
+            relative_slack=cfg.relative_slack, hop_form=cfg.hop_form)
+    if accountant == "rdp-baseline":
+        return fdp.calibrate_sigma_rdp_baseline(
+            walk, steps=cfg.steps, target_epsilon=epsilon, delta=cfg.delta,
+            sensitivity=sensitivity * math.sqrt(cfg.local_steps))
+    k = fdp.composition_count(n, cfg.steps)
+    return math.sqrt(k * cfg.local_steps) * sensitivity / mu_from_epsilon_delta(epsilon, cfg.delta)
+
+
+def _run_dir(output_dir: Path, name: str) -> Path:
+    base = output_dir / name
+    run_dir, i = base, 1
+    while run_dir.exists():
+        run_dir, i = Path(f"{base}-{i}"), i + 1
+    run_dir.mkdir(parents=True)
+    return run_dir
+
+
+def _load_nodes(cfg: FdpRandomWalkConfig) -> dict:
+    from dpdl.data import load_dataset, partition, stack_node_data
+
+    data = load_dataset(cfg.data.dataset, data_dir=cfg.data.data_dir, seed=cfg.data.split_seed)
+    require(data.task == "classification",
+            f"dataset {cfg.data.dataset!r} is not a classification task")
+    parts = partition(data.y_train, cfg.data.nodes, scheme="iid", seed=cfg.data.split_seed)
+    x, y, mask = stack_node_data(data.x_train, data.y_train, parts)
+    smallest = int(mask.sum(axis=1).min())
+    require(cfg.train.batch_size <= smallest,
+            f"train.batch_size={cfg.train.batch_size} exceeds the smallest node ({smallest})")
+    eval_data = (data.x_test.reshape(len(data.x_test), -1).astype(np.float64), data.y_test)
+    return {"name": data.name, "x": x, "y": y, "mask": mask, "eval": eval_data,
+            "num_classes": int(data.num_classes)}
+
+
+def run_experiment(config: dict, output_dir: Path, *, progress: bool = True) -> dict:
+    """Calibrate σ per (ε, accountant), train, and write the run folder (see module doc)."""
+    from dpdl.algorithms.randomness import numpy_secret_rng
+    from dpdl.extensions.fdp import accounting as fdp
+    from dpdl.topology import make_topology
+
+    cfg = parse_config(config)
+    entropy = cfg.experiment.entropy
+    topology = make_topology(cfg.graph.topology, cfg.data.nodes, seed=cfg.data.split_seed,
+                             **cfg.graph.params)
+    walk = walk_matrix_of(topology)
+    nodes = _load_nodes(cfg)
+    privacy = cfg.privacy
+    cap = fdp.composition_count(cfg.data.nodes, privacy.steps)
+    sensitivity = 2 * privacy.clip / cfg.train.batch_size
+    run_dir = _run_dir(Path(output_dir), cfg.experiment.name)
+    (run_dir / "config.json").write_text(json.dumps(cfg.model_dump(), indent=2) + "\n")
+
+    cells: list[tuple[str, float | None, float]] = []
+    for epsilon in privacy.epsilons:
+        for accountant in privacy.accountants:
+            sigma = calibrate_noise(accountant, walk, epsilon=epsilon, cfg=privacy,
+                                    sensitivity=sensitivity)
+            cells.append((accountant, epsilon, sigma))
+    if cfg.train.include_non_private:
+        cells.append(("non-private", None, 0.0))
+
+    metric_rows, table = [], []
+    iterator = cells
+    if progress:
+        from tqdm import tqdm
+
+        iterator = tqdm(cells, desc=cfg.experiment.name, leave=False)
+    for accountant, epsilon, sigma in iterator:
+        finals = []
+        for seed in cfg.experiment.seeds:
+            out = random_walk_dp_sgd(
+                walk, nodes["x"], nodes["y"], mask=nodes["mask"],
+                num_classes=nodes["num_classes"], steps=privacy.steps, lr=cfg.train.lr,
+                clip=privacy.clip, sigma=sigma, batch_size=cfg.train.batch_size,
+                local_steps=privacy.local_steps, cap=cap if epsilon is not None else None,
+                seed=numpy_secret_rng(seed, entropy, seeded_cell_name(
+                    cfg, f"random-walk|{accountant}|{epsilon!r}", _GRID, _data(nodes))),
+                eval_every=cfg.train.eval_every, eval_data=nodes["eval"],
+                unsafe_zero_noise=epsilon is None)  # the non-private baseline
+            for h in out["history"]:
+                metric_rows.append({"algorithm": "random-walk", "accountant": accountant,
+                                    "epsilon": epsilon, "sigma": sigma, "seed": seed, **h})
+            finals.append(out["history"][-1])
+        table.append(_table_row("random-walk", accountant, epsilon, sigma, finals, entropy))
+
+    if cfg.decor.enabled:
+        table += _run_decor(cfg, topology, nodes, metric_rows, entropy)
+
+    # the heat map shows the pairwise ε at the σ calibrated for the first target ε listed
+    shown_sigma = next((s for a, _, s in cells if a == "pn-fdp"),
+                       next(s for _, e, s in cells if e is not None))
+    report = fdp.pnfdp_epsilon_matrix(
+        walk, steps=privacy.steps, sigma=shown_sigma, delta=privacy.delta,
+        sensitivity=sensitivity, local_steps=privacy.local_steps,
+        contraction=privacy.contraction, relative_slack=privacy.relative_slack,
+        hop_form=privacy.hop_form)
+    with (run_dir / "metrics.csv").open("w", newline="") as fh:
+        fields = ["algorithm", "accountant", "epsilon", "sigma", "seed", "step", "loss",
+                  "accuracy"]
+        writer = csv.DictWriter(fh, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(metric_rows)
+    results = {
+        "kind": KIND, "run_dir": str(run_dir), "dataset": nodes["name"],
+        "topology": topology.name, "nodes": cfg.data.nodes, "steps": privacy.steps,
+        "compositions": cap, "sensitivity": sensitivity, "delta": privacy.delta,
+        "noise_entropy": entropy, "table": table, "pairwise": report.summary(),
+        "files": ["config.json", "metrics.csv", "results.json", "noise_accuracy.png",
+                  "pairwise_epsilon.png"],
+    }
+    _plot_noise_accuracy(run_dir / "noise_accuracy.png", table, cfg)
+    _plot_matrix(run_dir / "pairwise_epsilon.png", report.epsilon,
+                 f"PN-f-DP ε, {topology.name} n={cfg.data.nodes}, σ={report.sigma:.3g}")
+    (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+def _table_row(algorithm: str, accountant: str, epsilon, sigma: float, finals: list,
+               entropy: str) -> dict:
+    accuracies = np.array([f["accuracy"] for f in finals])
+    return {"algorithm": algorithm, "accountant": accountant, "epsilon": epsilon, "sigma": sigma,
+            "noise_entropy": entropy,
+            "accuracy_mean": float(accuracies.mean()), "accuracy_std": float(accuracies.std()),
+            "loss_mean": float(np.mean([f["loss"] for f in finals]))}
+
+
+def _run_decor(cfg: FdpRandomWalkConfig, topology, nodes: dict, metric_rows: list,
+               entropy: str) -> list:
+    """DECOR with σ from its RDP conversion vs from Sec-f-LDP, for each ε."""
+    from dpdl.algorithms.randomness import numpy_secret_rng
+    from dpdl.extensions.fdp.accounting import calibrate_sigma_decor
+    from dpdl.extensions.fdp.decor import run_decor
+
+    require(not topology.directed, f"DECOR needs an undirected topology, got {topology.name!r}")
+    W = topology.mixing_matrix(0)
+    rows = []
+    for epsilon in cfg.privacy.epsilons:
+        for accountant in ("rdp-simple", "fdp"):
+            sigma = calibrate_sigma_decor(W, sigma_cor=cfg.decor.sigma_cor,
+                                          target_epsilon=epsilon, steps=cfg.decor.steps,
+                                          delta=cfg.privacy.delta, clip=cfg.privacy.clip,
+                                          accountant=accountant)
+            finals = []
+            for seed in cfg.experiment.seeds:
+                out = run_decor(W, nodes["x"], nodes["y"], mask=nodes["mask"],
+                                num_classes=nodes["num_classes"], steps=cfg.decor.steps,
+                                lr=cfg.decor.lr, clip=cfg.privacy.clip, sigma=sigma,
+                                sigma_cor=cfg.decor.sigma_cor, batch_size=cfg.decor.batch_size,
+                                seed=numpy_secret_rng(seed, entropy, seeded_cell_name(
+                                    cfg, f"decor|{accountant}|{epsilon!r}", _GRID,
+                                    _data(nodes))),
+                                eval_every=cfg.train.eval_every, eval_data=nodes["eval"])
+                for h in out.history:
+                    metric_rows.append({"algorithm": "decor", "accountant": accountant,
+                                        "epsilon": epsilon, "sigma": sigma, "seed": seed, **h})
+                finals.append(out.history[-1])
+            rows.append(_table_row("decor", accountant, epsilon, sigma, finals, entropy))
+    return rows
+
+
+def _plot_noise_accuracy(path: Path, table: list[dict], cfg: FdpRandomWalkConfig) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    fig, (ax_noise, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+    keys = sorted({(r["algorithm"], r["accountant"]) for r in table if r["epsilon"] is not None})
+    for algorithm, accountant in keys:
+        rows = sorted((r for r in table if (r["algorithm"], r["accountant"]) == (algorithm,
+                                                                                 accountant)),
+                      key=lambda r: r["epsilon"])
+        eps = [r["epsilon"] for r in rows]
+        label = f"{algorithm} / {accountant}"
+        ax_noise.plot(eps, [r["sigma"] for r in rows], marker="o", label=label)
+        ax_acc.errorbar(eps, [r["accuracy_mean"] for r in rows],
+                        yerr=[r["accuracy_std"] for r in rows], marker="o", label=label)
+    for r in table:
+        if r["epsilon"] is None:
+            ax_acc.axhline(r["accuracy_mean"], color="grey", linestyle=":", label="non-private")
+    ax_noise.set_xscale("log")
+    ax_noise.set_yscale("log")
+    ax_noise.set_xlabel(f"target ε (δ = {cfg.privacy.delta:g}), worst pair")
+    ax_noise.set_ylabel("calibrated noise σ")
+    ax_acc.set_xscale("log")
+    ax_acc.set_xlabel("target ε")
+    ax_acc.set_ylabel("test accuracy")
+    ax_noise.legend(fontsize="small")
+    ax_acc.legend(fontsize="small")
+    fig.suptitle(f"{cfg.experiment.name}: {cfg.data.dataset}, {cfg.graph.topology} "
+                 f"n={cfg.data.nodes}, T={cfg.privacy.steps}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _plot_matrix(path: Path, matrix: np.ndarray, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 4.5))
+    image = ax.imshow(matrix, cmap="viridis")
+    fig.colorbar(image, ax=ax, label="ε (certified upper bound)")
+    ax.set_xlabel("observer j")
+    ax.set_ylabel("source i")
+    ax.set_title(title, fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

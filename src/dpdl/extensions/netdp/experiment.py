@@ -1,0 +1,425 @@
+"""The ``netdp-logreg`` experiment: logistic regression with local, network and centralized
+DP-SGD along a random walk (SPEC §6, seed 002 Section 5 / Figure 2).
+
+Every user holds ``records_per_user`` records (8 in the paper) and, when it holds the token,
+takes a projected gradient step on its whole local data set (A4). User-level replace-one
+adjacency: the clipped gradient (norm ≤ L) has sensitivity 2L. Each approach gets its own noise
+σ for the target (ε, δ):
+
+* ``local``: every noisy gradient is seen; a user contributes at most cap = ⌈cT/n⌉ times, so
+  the cap Gaussian releases compose exactly (GDP): σ = 2L √cap / μ(ε, δ). Past the cap a user
+  forwards the token untouched.
+* ``network``: the walk is sampled first (it is data independent), then σ is the smallest
+  noise making *every* pair (u, v) (ε, δ)-DP on that walk by the empirical accountant
+  (privacy amplification by iteration, ``dpdl.extensions.netdp.accounting.pairwise_costs``,
+  which needs
+  η ≤ 2/β with β = max‖x‖²/4, and clipping that never bites, clip ≥ L = max‖x‖, so every
+  step is a contraction; both are enforced). Past the cap a user adds noise only.
+* ``central``: a trusted curator runs DP-SGD on one uniformly drawn user per step (sampling
+  without replacement of 1 out of n, replace-one), accounted by ``dp_accounting``'s RDP
+  accountant and calibrated with its ``calibrate_dp_mechanism``.
+
+Secret randomness: every (approach, ε, seed) cell draws its own walk (or, for ``central``, its
+users), and its own noise, from a secret stream
+(:func:`dpdl.algorithms.randomness.numpy_secret_rng`): OS entropy by default, derived from the
+seed only with ``experiment.entropy = "seed"`` (recorded as ``noise_entropy``).  The network
+calibration reads its cell's realised walk in memory; the walk is never written.
+
+Data: scikit-learn's breast-cancer set with the paper's preprocessing (standardise, then each
+row to unit L2 norm; ``dpdl.data``), or a user-supplied CSV such as OpenML 823 (binarised UCI
+Housing) through ``data.csv``. Run folder: ``config.json``, ``metrics.csv`` (test accuracy and
+loss against steps for every approach, ε, seed), ``results.json``, ``curves.png``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import Field, field_validator
+
+from dpdl.errors import DPDLError
+from dpdl.experiments.config import ConfigSection as _Section
+from dpdl.experiments.config import (
+    Epsilons,
+    NoiseEntropy,
+    seeded_cell_name,
+    validate_config,
+)
+from dpdl.experiments.registry import make_run_dir
+
+APPROACHES = ("local", "network", "central")
+NON_PRIVATE = "non-private"
+
+
+class ExperimentSection(_Section):
+    name: str = "netdp-logreg"
+    seeds: list[int] = Field(default_factory=lambda: [0])
+    # Where the secret walk and noise come from: "os" (default) or "seed" (reproducible).
+    entropy: NoiseEntropy = "os"
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, value):
+        if not value:
+            raise ValueError("give at least one seed")
+        return value
+
+
+class DataSection(_Section):
+    dataset: str = "breast-cancer"
+    csv: str | None = None  # e.g. the OpenML 823 (binarised Housing) CSV
+    binarize: str | float | None = None  # for a numeric CSV label, e.g. "median"
+    records_per_user: int = Field(8, ge=1)
+    split_seed: int = 0
+
+
+class StepSizes(_Section):
+    local: float = Field(0.05, gt=0)
+    network: float = Field(0.5, gt=0)
+    central: float = Field(0.5, gt=0)
+    non_private: float = Field(1.0, gt=0)
+
+
+class AlgorithmSection(_Section):
+    steps: int = Field(2000, ge=1)
+    cap_factor: float = Field(1.5, gt=0)  # c in the cap ceil(c T / n)
+    clip: float = Field(1.0, gt=0)  # L
+    radius: float | None = Field(None, gt=0)  # W = l2 ball; None = R^d
+    eval_every: int = Field(100, ge=1)
+    lr: StepSizes = Field(default_factory=StepSizes)
+
+
+class PrivacySection(_Section):
+    epsilons: Epsilons = Field(default_factory=lambda: [1.0, 10.0])
+    delta: float = Field(1e-6, gt=0, lt=1)
+    approaches: list[str] = Field(default_factory=lambda: list(APPROACHES))
+    # A non-private baseline is a noise-free function of the data: it runs only when asked.
+    include_non_private: bool = False
+
+    @field_validator("approaches")
+    @classmethod
+    def _approaches(cls, value):
+        bad = [a for a in value if a not in APPROACHES]
+        if bad or not value:
+            raise ValueError(f"approaches must be a non-empty subset of {APPROACHES}")
+        return value
+
+
+class NetDPLogRegConfig(_Section):
+    kind: str = "netdp-logreg"
+    experiment: ExperimentSection = Field(default_factory=ExperimentSection)
+    data: DataSection = Field(default_factory=DataSection)
+    algorithm: AlgorithmSection = Field(default_factory=AlgorithmSection)
+    privacy: PrivacySection = Field(default_factory=PrivacySection)
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, value):
+        if value != "netdp-logreg":
+            raise ValueError("kind must be 'netdp-logreg'")
+        return value
+
+
+def parse_config(config: dict[str, Any] | NetDPLogRegConfig) -> NetDPLogRegConfig:
+    """Validate a ``netdp-logreg`` config; raises DPDLError naming every offending key."""
+    return validate_config(NetDPLogRegConfig, config, "netdp-logreg config")
+
+
+# ------------------------------------------------------------------------------ data and model
+def load_users(cfg: NetDPLogRegConfig) -> dict[str, Any]:
+    """Users' data (n, J, d) with labels in {−1, +1}, and the test set; rows have norm ≤ 1."""
+    from dpdl.data import load_dataset
+
+    if cfg.data.csv is not None:
+        from dpdl.data.csv_loader import load_csv
+
+        ds = load_csv(cfg.data.csv, seed=cfg.data.split_seed, task="classification",
+                      binarize=cfg.data.binarize, normalize_rows=True)
+    else:
+        ds = load_dataset(cfg.data.dataset, seed=cfg.data.split_seed)
+    if ds.task != "classification" or ds.num_classes != 2:
+        raise DPDLError(f"data: netdp-logreg needs a binary classification set, got "
+                        f"{ds.name!r} ({ds.task}, {ds.num_classes} classes)")
+    x = np.asarray(ds.x_train, dtype=float).reshape(len(ds.y_train), -1)
+    x_test = np.asarray(ds.x_test, dtype=float).reshape(len(ds.y_test), -1)
+    norms = np.linalg.norm(np.vstack([x, x_test]), axis=1)
+    if norms.max() > 1 + 1e-6:  # the 1-Lipschitz claim (L = 1) relies on it: fail closed
+        raise DPDLError(f"data: rows must have L2 norm <= 1 (got {norms.max():.4g}); "
+                        "normalise rows (SPEC §6)")
+    # float32 storage leaves norms of 1 + 1e-8: bring them back inside the unit ball
+    x = x / np.maximum(1.0, np.linalg.norm(x, axis=1, keepdims=True))
+    x_test = x_test / np.maximum(1.0, np.linalg.norm(x_test, axis=1, keepdims=True))
+    norms = np.minimum(norms, 1.0)
+    J = cfg.data.records_per_user
+    n = len(ds.y_train) // J
+    if n < 2:
+        raise DPDLError(f"data.records_per_user = {J} leaves fewer than 2 users")
+    order = np.random.default_rng(cfg.data.split_seed).permutation(len(ds.y_train))[: n * J]
+    y = np.where(np.asarray(ds.y_train)[order] == 1, 1.0, -1.0)
+    return {
+        "x": x[order].reshape(n, J, -1), "y": y.reshape(n, J),
+        "x_test": x_test, "y_test": np.where(np.asarray(ds.y_test) == 1, 1.0, -1.0),
+        "n": n, "dim": x.shape[1], "name": ds.name, "smoothness": float(norms.max() ** 2 / 4),
+    }
+
+
+def _logistic_loss(w, x, y) -> float:
+    return float(np.mean(np.logaddexp(0.0, -y * (x @ w))))
+
+
+def _user_gradient(data):
+    x_all, y_all = data["x"], data["y"]
+
+    def gradient(w: np.ndarray, u: int) -> np.ndarray:
+        x, y = x_all[u], y_all[u]
+        margin = y * (x @ w)
+        # d/dw log(1 + e^{-m}) = -y x σ(-m); expit via tanh keeps it stable
+        weight = 0.5 * (1 - np.tanh(margin / 2))
+        return -(x * (y * weight)[:, None]).mean(axis=0)
+
+    return gradient
+
+
+def _evaluator(data):
+    """Test metrics only: the users' training records are private, and a training loss would
+    be a noise-free function of them."""
+    x_test, y_test = data["x_test"], data["y_test"]
+
+    def evaluate(w: np.ndarray) -> dict:
+        return {
+            "test_accuracy": float(np.mean(np.sign(x_test @ w + 1e-300) == y_test)),
+            "test_loss": _logistic_loss(w, x_test, y_test),
+        }
+
+    return evaluate
+
+
+# ------------------------------------------------------------------------------ calibration
+#: Rényi orders for the centralized accountant: a short grid keeps calibration to ~10
+#: evaluations of a second or less; fewer orders can only overstate ε (sound).
+CENTRAL_ORDERS = (1.25, 1.5, 1.75, 2, 2.5, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 96,
+                  128, 256)
+
+
+def central_epsilon(noise_multiplier: float, n: int, steps: int, delta: float) -> float:
+    """ε of centralized DP-SGD with one uniformly drawn user per step (sampling without
+    replacement of 1 out of n, replace-one adjacency; z = σ/(2L)), via dp_accounting's RDP."""
+    import dp_accounting as dpa
+    from dp_accounting.rdp import RdpAccountant
+
+    accountant = RdpAccountant(list(CENTRAL_ORDERS),
+                               neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE)
+    with np.errstate(under="ignore"):  # tiny terms of the RDP series underflow harmlessly
+        accountant.compose(dpa.SelfComposedDpEvent(
+            dpa.SampledWithoutReplacementDpEvent(n, 1, dpa.GaussianDpEvent(noise_multiplier)),
+            steps))
+        return float(accountant.get_epsilon(delta))
+
+
+def central_noise_multiplier(n: int, steps: int, epsilon: float, delta: float) -> float:
+    """Smallest z (to relative 1e-4, rounded up) with ``central_epsilon`` ≤ ε."""
+    from scipy.optimize import brentq
+
+    def gap(log_z: float) -> float:
+        return central_epsilon(math.exp(log_z), n, steps, delta) - epsilon
+
+    low, high = math.log(0.05), math.log(50.0)
+    while gap(high) > 0:
+        low, high = high, high + 2.0
+    log_z = brentq(gap, low, high, xtol=1e-4)
+    return math.exp(log_z + 1e-4)  # the upper side of the bracket: never under target
+
+
+def calibrate(approach: str, *, n: int, steps: int, cap: int, walk, mask, epsilon: float,
+              delta: float, clip: float) -> dict:
+    """σ (gradient units) and its accounting for one approach at (ε, δ)."""
+    from dpdl.extensions.netdp import accounting as nd
+
+    if approach == "local":
+        z = nd.local_noise_multiplier_for_target(cap, epsilon, delta)
+        method = f"GDP, {cap} Gaussian releases per user (cap)"
+    elif approach == "network":
+        z = nd.noise_multiplier_for_target(walk, n, epsilon, delta, mechanism="sgd",
+                                           contributes=mask, final_view=True)
+        method = "worst pair of the sampled walk, amplification by iteration (RDP)"
+    else:
+        z = central_noise_multiplier(n, steps, epsilon, delta)
+        method = "RDP, sampling 1 of n without replacement, replace-one (dp_accounting)"
+    return {"noise_multiplier": z, "sigma": 2 * clip * z, "accounting": method}
+
+
+# ------------------------------------------------------------------------------ the run
+
+def run_experiment(
+    config: dict[str, Any] | NetDPLogRegConfig, output_dir: str | Path, *, progress: bool = True
+) -> dict[str, Any]:
+    """Train every (approach, ε, seed) cell and write one run folder; returns results.json."""
+    from dpdl.algorithms.randomness import numpy_secret_rng
+    from dpdl.extensions.netdp import accounting as nd
+    from dpdl.extensions.netdp.algorithm import random_walk_sgd, sample_random_walk
+
+    cfg = parse_config(config)
+    entropy = cfg.experiment.entropy
+    say = print if progress else (lambda *_: None)
+    data = load_users(cfg)
+    n, T, alg = data["n"], cfg.algorithm.steps, cfg.algorithm
+    cap = nd.contribution_cap(alg.cap_factor, T, n)
+    if "network" in cfg.privacy.approaches and alg.lr.network > 2 / data["smoothness"]:
+        raise DPDLError(f"algorithm.lr.network = {alg.lr.network} exceeds 2/beta = "
+                        f"{2 / data['smoothness']:.4g}: steps are no longer contractions and "
+                        "the network-DP accounting (amplification by iteration) does not hold")
+    lipschitz = math.sqrt(4 * data["smoothness"])  # max ||x||: the logistic loss's L
+    if "network" in cfg.privacy.approaches and alg.clip < lipschitz - 1e-12:
+        raise DPDLError(f"algorithm.clip = {alg.clip} is below the loss's Lipschitz constant "
+                        f"{lipschitz:.4g}: clipped steps need not be contractions, so the "
+                        "network-DP accounting (amplification by iteration) does not hold")
+    say(f"netdp-logreg: {data['name']}, n = {n} users x {cfg.data.records_per_user} records, "
+        f"d = {data['dim']}, T = {T}, cap = {cap}")
+    gradient, evaluate = _user_gradient(data), _evaluator(data)
+    cells = [(a, e) for a in cfg.privacy.approaches for e in cfg.privacy.epsilons]
+    if cfg.privacy.include_non_private:
+        cells.append((NON_PRIVATE, None))
+    run_dir = make_run_dir(output_dir, cfg.experiment.name)
+    (run_dir / "config.json").write_text(json.dumps(cfg.model_dump(), indent=2) + "\n")
+    rows, results = [], []
+    walk_free: dict[tuple, dict] = {}  # local/central noise does not depend on the walk
+    for seed in cfg.experiment.seeds:
+        for approach, eps in cells:
+            secret = numpy_secret_rng(seed, entropy, seeded_cell_name(
+                cfg, f"{approach}|{eps!r}",
+                ("privacy.epsilons", "privacy.approaches", "privacy.include_non_private"),
+                (data["x"], data["y"])))
+            if approach in ("central", NON_PRIVATE):  # one uniformly drawn user per step
+                walk = secret.integers(0, n, size=T)
+            else:
+                walk = sample_random_walk(n, T, seed=secret)
+            mask = nd.contribution_mask(walk, n, cap)
+            if approach == NON_PRIVATE:
+                noise = {"noise_multiplier": 0.0, "sigma": 0.0, "accounting": "none"}
+            elif approach != "network" and (approach, eps) in walk_free:
+                noise = walk_free[(approach, eps)]
+            else:
+                noise = calibrate(approach, n=n, steps=T, cap=cap, walk=walk, mask=mask,
+                                  epsilon=eps, delta=cfg.privacy.delta, clip=alg.clip)
+                if approach != "network":
+                    walk_free[(approach, eps)] = noise
+            lr = getattr(alg.lr, approach.replace("-", "_"))
+            run = random_walk_sgd(
+                gradient, np.zeros(data["dim"]), walk, lr=lr, sigma=noise["sigma"],
+                clip=alg.clip, n=n,
+                contributes=mask if approach in ("local", "network") else None,
+                model="local" if approach == "local" else "network", radius=alg.radius,
+                seed=secret, evaluate=evaluate, eval_every=alg.eval_every,
+                unsafe_zero_noise=approach == NON_PRIVATE)  # the non-private baseline
+            del walk, mask, secret  # secret: nothing below may write them
+            # The network sigma is calibrated on the sampled walk and the contribution count is
+            # read off it: with secret walks, recording either would tell a reader about the
+            # walk, so they are withheld (a reproducible-noise run may show them).
+            walk_secret = entropy == "os"
+            shown = dict(noise)
+            if walk_secret and approach == "network":
+                shown |= {"sigma": None, "noise_multiplier": None}
+            contributions = None if walk_secret else int(run.contributions.max())
+            label = NON_PRIVATE if eps is None else f"{eps:g}"
+            for point in run.history:
+                rows.append({"approach": approach, "epsilon": label, "seed": seed, **point})
+            final = run.history[-1]
+            results.append({"algorithm": approach if eps is None else f"{approach} DP-SGD",
+                            "status": "ok", "approach": approach, "epsilon": eps,
+                            "seed": seed, "noise_entropy": entropy, "lr": lr,
+                            **shown, "max_contributions": contributions,
+                            **{k: v for k, v in final.items() if k != "step"}})
+            sigma_text = "withheld" if shown["sigma"] is None else f"{shown['sigma']:.4g}"
+            say(f"  seed {seed} {approach:>11} eps={label:>6}: sigma = {sigma_text}, "
+                f"test acc {final['test_accuracy']:.3f}, test loss {final['test_loss']:.4f}")
+    with (run_dir / "metrics.csv").open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    summary = _summary(results)
+    out = {
+        "kind": "netdp-logreg", "run_dir": str(run_dir), "dataset": data["name"],
+        "users": n, "records_per_user": cfg.data.records_per_user, "dim": data["dim"],
+        "steps": T, "cap": cap, "delta": cfg.privacy.delta, "noise_entropy": entropy,
+        "cells": results,
+        "summary": summary, "files": ["config.json", "metrics.csv", "results.json",
+                                      "curves.png"],
+    }
+    _plot_curves(run_dir / "curves.png", rows, cfg)
+    (run_dir / "results.json").write_text(json.dumps(out, indent=2) + "\n")
+    return out
+
+
+def _summary(results: list[dict]) -> list[dict]:
+    """One row per (approach, ε), in the shape ``dpdl run`` prints (``algorithm``,
+    ``epsilon_target``, ``test_accuracy`` ± std); ``epsilon_certified`` is the target that the
+    calibration guarantees (GDP / worst pair of the walk / RDP — all certified)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in results:
+        groups.setdefault((r["approach"], r["epsilon"]), []).append(r)
+    return [
+        {"algorithm": f"{a} DP-SGD" if e is not None else a, "approach": a,
+         "epsilon_target": e, "epsilon_certified": e,
+         "sigma": (None if any(r["sigma"] is None for r in rs)
+                   else float(np.mean([r["sigma"] for r in rs]))),
+         "test_accuracy": float(np.mean([r["test_accuracy"] for r in rs])),
+         "test_accuracy_std": float(np.std([r["test_accuracy"] for r in rs])),
+         "test_loss": float(np.mean([r["test_loss"] for r in rs])),
+         "status": []}
+        for (a, e), rs in groups.items()
+    ]
+
+
+def apply_overrides(config: dict[str, Any], **overrides) -> dict[str, Any]:
+    """``dpdl run`` flags: ``seed`` (a single seed), ``steps`` (T) and ``entropy``; others
+    (``--secure-noise`` among them: its hardened sampler serves the torch engine) are
+    refused."""
+    import copy
+
+    unsupported = sorted(k for k, v in overrides.items()
+                         if v is not None and k not in ("seed", "steps", "entropy"))
+    if unsupported:
+        flags = ", ".join("--" + k.replace("_", "-") for k in unsupported)
+        raise DPDLError(f"{flags} not supported for experiment kind 'netdp-logreg' (it runs "
+                        "on numpy, in one process)")
+    config = copy.deepcopy(config)
+    if overrides.get("entropy") is not None:
+        config.setdefault("experiment", {})["entropy"] = overrides["entropy"]
+    if overrides.get("seed") is not None:
+        config.setdefault("experiment", {})["seeds"] = [int(overrides["seed"])]
+    if overrides.get("steps") is not None:
+        config.setdefault("algorithm", {})["steps"] = int(overrides["steps"])
+    return config
+
+
+def _plot_curves(path: Path, rows: list[dict], cfg: NetDPLogRegConfig) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{e:g}" for e in cfg.privacy.epsilons]
+    fig, axes = plt.subplots(2, len(labels), figsize=(5 * len(labels), 7), squeeze=False)
+    for col, label in enumerate(labels):
+        for approach in [*cfg.privacy.approaches, NON_PRIVATE]:
+            sel = [r for r in rows if r["approach"] == approach
+                   and (r["epsilon"] == label or approach == NON_PRIVATE)]
+            if not sel:
+                continue
+            steps = sorted({r["step"] for r in sel})
+            for row_i, metric in enumerate(("test_accuracy", "test_loss")):
+                mean = [np.mean([r[metric] for r in sel if r["step"] == s]) for s in steps]
+                style = "k--" if approach == NON_PRIVATE else "-"
+                axes[row_i, col].plot(steps, mean, style, label=approach)
+        axes[0, col].set(title=f"epsilon = {label}, delta = {cfg.privacy.delta:g}",
+                         ylabel="test accuracy")
+        axes[1, col].set(xlabel="step", ylabel="test loss")
+        axes[0, col].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

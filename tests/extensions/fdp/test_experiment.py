@@ -1,0 +1,117 @@
+"""The fdp-random-walk experiment kind and its presets."""
+
+import csv
+import json
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dpdl.errors import DPDLError
+from dpdl.experiments.registry import PRESETS_DIR, experiment_module
+from dpdl.extensions.fdp import experiment
+from dpdl.extensions.fdp.accounting import pnfdp_epsilon_matrix, rdp_baseline_epsilon
+
+PRESETS = PRESETS_DIR
+
+
+def tiny_config(**privacy):
+    return {
+        "kind": "fdp-random-walk",
+        "experiment": {"name": "tiny", "seeds": [0]},
+        "data": {"dataset": "breast-cancer", "nodes": 8},
+        "graph": {"topology": "hypercube"},
+        "privacy": {"epsilons": [4.0], "steps": 80, "relative_slack": 2e-3, **privacy},
+        "train": {"lr": 0.05, "batch_size": 8, "eval_every": 40, "include_non_private": True},
+        "decor": {"enabled": True, "steps": 20, "sigma_cor": 5.0, "lr": 0.01},
+    }
+
+
+def test_tiny_run_writes_its_folder_and_meets_the_target(tmp_path):
+    results = experiment.run_experiment(tiny_config(), tmp_path, progress=False)
+    run_dir = Path(results["run_dir"])
+    for name in results["files"]:
+        assert (run_dir / name).stat().st_size > 0
+    rows = {(r["algorithm"], r["accountant"]): r for r in results["table"]}
+    sigma_f = rows[("random-walk", "pn-fdp")]["sigma"]
+    sigma_rdp = rows[("random-walk", "rdp-baseline")]["sigma"]
+    assert sigma_f < sigma_rdp
+    assert rows[("decor", "fdp")]["sigma"] < rows[("decor", "rdp-simple")]["sigma"]
+    assert ("random-walk", "non-private") in rows
+    # the calibrated σ meets ε = 4 for every pair, certified, and the RDP σ for the baseline
+    from dpdl.topology import make_topology
+
+    walk = make_topology("hypercube", 8).mixing_matrix(0).T
+    sensitivity = 2 * 1.0 / 8
+    eps = pnfdp_epsilon_matrix(walk, steps=80, sigma=sigma_f, delta=1e-5,
+                               sensitivity=sensitivity, relative_slack=2e-3).epsilon
+    assert np.nanmax(eps) <= 4.0 and np.nanmax(eps) > 3.99
+    base = rdp_baseline_epsilon(walk, steps=80, sigma=sigma_rdp, delta=1e-5,
+                                sensitivity=sensitivity).epsilon
+    assert np.nanmax(base) <= 4.0 + 1e-9
+    with (run_dir / "metrics.csv").open() as fh:
+        metrics = list(csv.DictReader(fh))
+    assert {m["algorithm"] for m in metrics} == {"random-walk", "decor"}
+    assert json.loads((run_dir / "results.json").read_text())["compositions"] == 10
+
+
+def test_contribution_cap_and_walk_law():
+    W = np.array([[0.2, 0.8, 0.0], [0.3, 0.3, 0.4], [0.0, 0.5, 0.5]])
+    path = experiment.sample_walk(W, 60000, np.random.default_rng(0))
+    counts = np.zeros((3, 3))
+    np.add.at(counts, (path[:-1], path[1:]), 1)
+    np.testing.assert_allclose(counts / counts.sum(axis=1, keepdims=True), W, atol=0.015)
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(3, 10, 2)), rng.integers(0, 2, size=(3, 10))
+    out = experiment.random_walk_dp_sgd(W, x, y, num_classes=2, steps=90, lr=0.1, clip=1.0,
+                                        sigma=1.0, batch_size=2, cap=5, seed=0)
+    assert out["contributions"].max() <= 5
+
+
+def test_config_errors_name_the_key(tmp_path):
+    bad = tiny_config()
+    bad["privacy"]["epsilon"] = 3
+    with pytest.raises(DPDLError, match="privacy.epsilon: unknown key"):
+        experiment.run_experiment(bad, tmp_path, progress=False)
+    bad = tiny_config(accountants=["pn-fdp", "moments"])
+    with pytest.raises(DPDLError, match="privacy.accountants"):
+        experiment.parse_config(bad)
+    with pytest.raises(DPDLError, match="--device"):
+        experiment.apply_overrides(tiny_config(), device="cuda")
+    over = experiment.apply_overrides(tiny_config(), seed=5, steps=160)
+    assert over["experiment"]["seeds"] == [5] and over["privacy"]["steps"] == 160
+
+
+def test_the_table_hop_form_reaches_the_calibration():
+    # The table form's mu_t = sqrt(K) D / (sigma sqrt(t)) exceeds the lemma's, so it needs
+    # more noise for the same epsilon; the run's sigma is the accountant's, called directly.
+    from dpdl.extensions.fdp.accounting import calibrate_sigma_pnfdp
+    from dpdl.topology import make_topology
+
+    cfg = experiment.parse_config(tiny_config(hop_form="table", accountants=["pn-fdp"]))
+    walk = make_topology("hypercube", 8).mixing_matrix(0).T
+    sigmas = {
+        form: experiment.calibrate_noise(
+            "pn-fdp", walk, epsilon=4.0, sensitivity=0.25,
+            cfg=cfg.privacy.model_copy(update={"hop_form": form}),
+        )
+        for form in ("lemma", "table")
+    }  # fmt: skip
+    assert sigmas["table"] > sigmas["lemma"]
+    direct = calibrate_sigma_pnfdp(walk, steps=80, target_epsilon=4.0, delta=1e-5,
+                                   sensitivity=0.25, relative_slack=2e-3, hop_form="table")
+    assert sigmas["table"] == pytest.approx(direct, rel=1e-12)
+    with pytest.raises(DPDLError, match="contraction = 0.5 needs hop_form = 'lemma'"):
+        experiment.parse_config(tiny_config(hop_form="table", contraction=0.5))
+    with pytest.raises(DPDLError, match="privacy.hop_form"):
+        experiment.parse_config(tiny_config(hop_form="paper"))
+
+
+@pytest.mark.parametrize("name", ["fdp-rw-logreg", "fdp-rw-digits"])
+def test_presets_validate_and_are_registered(name):
+    config = tomllib.loads((PRESETS / f"{name}.toml").read_text())
+    assert config["kind"] == "fdp-random-walk"
+    assert experiment_module(config["kind"]) is experiment
+    cfg = experiment.parse_config(config)
+    assert cfg.privacy.steps // cfg.data.nodes >= 1
