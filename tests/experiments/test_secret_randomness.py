@@ -205,7 +205,7 @@ def test_kill_9_then_resume_uses_the_checkpointed_streams(tmp_path, monkeypatch)
 
 
 def cfg_spec():
-    from dpdl.experiments.config import AlgorithmSpec
+    from dpdl.training.settings import AlgorithmSpec
 
     return AlgorithmSpec.parse("const-d2p")
 

@@ -20,114 +20,21 @@ calibrating accountant after an ``@`` (``"dyn-d2p@clt"`` is the paper's CLT cali
 
 from __future__ import annotations
 
-import math
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Any, Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
+from pydantic import Field, field_validator, model_validator
+
+from dpdl.training.settings import (
+    AlgorithmSpec,
+    ConfigSection,
+    PrivacySection,
+    TrainingSection,
+    validate_config,
 )
-
-from dpdl.accounting.schedules import ALGORITHMS, DEFAULT_CLIP, DEFAULT_RHO_C, DEFAULT_RHO_MU
-from dpdl.errors import DPDLError
-
-CALIBRATIONS = ("clt", "pld", "rdp")
-
-__all__ = [
-    "RunConfig",
-    "AlgorithmSpec",
-    "parse_config",
-]
-
-
-class ConfigSection(BaseModel):
-    """A table of a config (any experiment kind): unknown keys are errors."""
-
-    # Infinite or NaN numbers are refused everywhere (epochs = inf would run forever).
-    model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
-
 
 _Section = ConfigSection
 
-
-def _positive_finite(value: float) -> float:
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"every epsilon must be a finite number > 0, got {value!r}")
-    return value
-
-
-def _as_list(value: Any) -> Any:
-    return [value] if isinstance(value, int | float) and not isinstance(value, bool) else value
-
-
-# A non-empty list of target epsilons, each finite and positive (a single number is a list of
-# one, so a sweep may set it per cell); shared by the kinds' configs.
-Epsilons = Annotated[
-    list[Annotated[float, AfterValidator(_positive_finite)]],
-    Field(min_length=1),
-    BeforeValidator(_as_list),
-]
-
-# Where a kind's secret randomness comes from (dpdl.algorithms.randomness): "os" (secret, the
-# default) or "seed" (reproducible noise, an explicit research choice); shared by the kinds.
-NoiseEntropy = Literal["os", "seed"]
-def seeded_cell_name(
-    config: BaseModel, cell: str, grid: tuple[str, ...] = (), data: Any = ()
-) -> str:
-    """What a numpy kind's seeded stream of one cell is derived from (with the seed): the cell's
-    own name, a digest of the training ``data`` arrays, and a digest of every setting of the
-    run but the ``experiment`` table and the dotted ``grid`` keys whose value the cell names, so
-    runs that differ in any other setting (a step size, a clip bound) or in the data never
-    share noise."""
-    from dpdl.algorithms.randomness import array_digest, settings_digest
-
-    settings = config.model_dump(mode="json")
-    settings.pop("experiment", None)
-    for key in grid:
-        *parents, leaf = key.split(".")
-        table = settings
-        for parent in parents:
-            table = table.get(parent, {})
-        table.pop(leaf, None)
-    return f"{settings_digest(settings)}|{array_digest(*data)}|{cell}"
-
-
-# How every written report marks a run whose noise is derived from its seed.
-REPRODUCIBLE_NOISE_NOTE = (
-    "reproducible noise (entropy = seed): anyone who knows the seed can rebuild and remove the "
-    "noise; a research setting, never for real data"
-)
-
-
-class AlgorithmSpec(BaseModel):
-    """``name`` from ALGORITHMS, ``calibrate`` the accountant (None: privacy.calibrate)."""
-
-    model_config = ConfigDict(frozen=True)
-    name: str
-    calibrate: str | None = None
-
-    @classmethod
-    def parse(cls, text: str) -> AlgorithmSpec:
-        name, _, calibrate = str(text).strip().lower().partition("@")
-        if name not in ALGORITHMS:
-            raise ValueError(f"unknown algorithm {text!r}; choose one of {', '.join(ALGORITHMS)}")
-        if calibrate and calibrate not in CALIBRATIONS:
-            raise ValueError(
-                f"unknown calibration {calibrate!r} in {text!r}; use one of {CALIBRATIONS}"
-            )
-        if name == "sgp" and calibrate:
-            raise ValueError(f"{text!r}: sgp is not private and takes no calibration")
-        return cls(name=name, calibrate=calibrate or None)
-
-    @property
-    def label(self) -> str:
-        return self.name if self.calibrate is None else f"{self.name}@{self.calibrate}"
+__all__ = ["RunConfig", "parse_config"]
 
 
 class ExperimentSection(_Section):
@@ -217,69 +124,6 @@ class TopologySection(_Section):
     params: dict[str, Any] = Field(default_factory=dict)
 
 
-class TrainingSection(_Section):
-    steps: int | None = Field(None, ge=1)
-    epochs: float | None = Field(None, gt=0)
-    batch_size: float = Field(1.0, gt=0)
-    lr: float = Field(0.03, gt=0)
-    # Step-size decay: gamma_k = lr * lr_decay^(-k/K), shaped like Dyn[C]'s clip decay
-    # C0 rho_c^(-k/K) (1: constant).  Const-D2P with lr_decay = rho_c has Dyn[C]-D2P's
-    # effective step gamma_k C_k and Const's noise multiplier: it isolates step-size scheduling.
-    lr_decay: float = Field(1.0, ge=1)
-    eval_every: int = Field(50, ge=1)
-    # The training loss on the nodes' own records is a noise-free function of private data:
-    # only with unsafe_train_metrics = true is it computed (on this many records) and released,
-    # as the column unaccounted_train_loss.  For debugging; never for real data.
-    eval_train_samples: int = Field(1000, ge=1)
-    unsafe_train_metrics: bool = False
-    eval_test_samples: int | None = Field(None, ge=1)
-    eval_node_samples: int = Field(1000, ge=1)
-    # Save a checkpoint (models, push-sum weights, generator states, privacy ledger) every
-    # this many steps; `dpdl run --resume RUN_DIR` continues from the last one.
-    checkpoint_every: int | None = Field(None, ge=1)
-
-    @model_validator(mode="after")
-    def _steps_or_epochs(self) -> TrainingSection:
-        if (self.steps is None) == (self.epochs is None):
-            raise ValueError("set exactly one of training.steps and training.epochs")
-        return self
-
-
-class PrivacySection(_Section):
-    epsilon: float | list[float] = 1.0
-    delta: float = Field(1e-4, gt=0, lt=1)
-    calibrate: Literal["clt", "pld", "rdp"] = "pld"
-    clip: float = Field(DEFAULT_CLIP, gt=0)
-    clip0: float | None = Field(None, gt=0)
-    rho_c: float = Field(DEFAULT_RHO_C, ge=1)
-    rho_mu: float = Field(DEFAULT_RHO_MU, ge=1)
-    certified_accountant: Literal["pld", "rdp"] = "pld"
-    # Certified epsilon at evaluation points: PLD blocked upper bound with this many blocks.
-    eval_blocks: int = Field(20, ge=1)
-    # Certified epsilon of the whole run: "auto" (exact composition, or for a schedule with
-    # many distinct multipliers the binned PLD bound: within 0.1 % of exact, with its lower
-    # companion), "exact", or "blocked" (final_blocks blocks by count, looser).
-    final_mode: Literal["auto", "exact", "blocked"] = "auto"
-    final_blocks: int = Field(1000, ge=1)
-    # Blocks of a blocked PLD/RDP calibration and ledger; None (default): the accountant's own
-    # choice, i.e. exact or, for many distinct multipliers, the binned PLD bound.
-    calibration_blocks: int | None = Field(None, ge=1)
-    # Hardened Gaussian noise: CSPRNG streams and the sum-of-four sampler (needs entropy "os").
-    secure_noise: bool = False
-
-    @field_validator("epsilon")
-    @classmethod
-    def _epsilon(cls, value: float | list[float]) -> float | list[float]:
-        values = value if isinstance(value, list) else [value]
-        if not values or any(not (math.isfinite(v) and v > 0) for v in values):
-            raise ValueError(f"epsilon must be positive and finite, got {value}")
-        return value
-
-    @property
-    def epsilons(self) -> list[float]:
-        return self.epsilon if isinstance(self.epsilon, list) else [self.epsilon]
-
-
 class RunConfig(_Section):
     kind: Literal["decentralized"] = "decentralized"
     experiment: ExperimentSection = Field(default_factory=ExperimentSection)
@@ -297,36 +141,6 @@ class RunConfig(_Section):
                 f"= 'os', got {self.experiment.entropy!r}"
             )
         return self
-
-
-def _describe(err: ValidationError) -> str:
-    parts = []
-    for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"]) or "config"
-        if e["type"] == "extra_forbidden":
-            parts.append(f"{key}: unknown key")
-        else:
-            msg = e["msg"].removeprefix("Value error, ")
-            parts.append(f"{key}: {msg} (got {e.get('input')!r})")
-    return "; ".join(parts)
-
-
-M = TypeVar("M", bound=BaseModel)
-
-
-def validate_config(model: type[M], config: dict[str, Any] | M, what: str = "config") -> M:
-    """Validate a config dict against a pydantic model of any experiment kind.
-
-    Raises DPDLError naming every offending dotted key ("training.lr: ...", "foo: unknown key").
-    """
-    if isinstance(config, model):
-        return config
-    if not isinstance(config, dict):
-        raise DPDLError(f"a config must be a table/dict, got {type(config).__name__}")
-    try:
-        return model.model_validate(config)
-    except ValidationError as err:
-        raise DPDLError(f"invalid {what}: {_describe(err)}") from None
 
 
 def parse_config(config: dict[str, Any] | RunConfig) -> RunConfig:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib
 import tomllib
-from datetime import UTC, datetime
 from pathlib import Path
 
 from dpdl.errors import DPDLError
@@ -106,21 +105,3 @@ def load_config_file(path: str | Path | None = None, *, preset: str | None = Non
         raise DPDLError(f"config file {str(path)!r} does not exist") from err
     except tomllib.TOMLDecodeError as err:
         raise DPDLError(f"{path}: invalid TOML: {err}") from err
-
-
-def make_run_dir(
-    output_dir: str | Path, name: str, run_name: str | None = None, *, exist_ok: bool = False
-) -> Path:
-    """Create and return a run folder: ``output_dir/run_name`` when named, else a fresh
-    ``output_dir/<name>-<UTC timestamp>`` (with ``-1``, ``-2``... if that exists)."""
-    output_dir = Path(output_dir)
-    if run_name is not None:
-        run_dir = output_dir / run_name
-        run_dir.mkdir(parents=True, exist_ok=True)
-        return run_dir
-    base = output_dir / f"{name}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
-    run_dir, i = base, 1
-    while run_dir.exists():
-        run_dir, i = Path(f"{base}-{i}"), i + 1
-    run_dir.mkdir(parents=True, exist_ok=exist_ok)
-    return run_dir

@@ -39,8 +39,8 @@ from pathlib import Path
 import numpy as np
 
 from dpdl.errors import DPDLError
-from dpdl.experiments.config import REPRODUCIBLE_NOISE_NOTE
 from dpdl.experiments.sweep import finished_cells
+from dpdl.training.settings import REPRODUCIBLE_NOISE_NOTE
 
 ALGORITHM_ORDER = ("sgp", "const-d2p", "dyn-c-d2p", "dyn-mu-d2p", "dyn-d2p", "general")
 CALIBRATION_ORDER = ("", "clt", "pld", "rdp")

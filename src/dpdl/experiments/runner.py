@@ -29,10 +29,11 @@ import torch
 from dpdl.engine import checkpoint as checkpoints
 from dpdl.engine.simulator import NodeData, Simulator, resolve_device
 from dpdl.errors import DPDLError, require
-from dpdl.experiments.config import AlgorithmSpec, RunConfig, parse_config
-from dpdl.experiments.registry import make_run_dir
+from dpdl.experiments.config import RunConfig, parse_config
 from dpdl.files import write_atomic
 from dpdl.training.results import write_results
+from dpdl.training.run_folder import make_run_dir
+from dpdl.training.settings import AlgorithmSpec
 from dpdl.training.trainer import (
     METRIC_COLUMNS,
     UNACCOUNTED_TRAIN_LOSS,

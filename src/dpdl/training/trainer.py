@@ -57,7 +57,7 @@ from dpdl.algorithms.randomness import (
 from dpdl.engine import checkpoint as checkpoints
 from dpdl.engine.simulator import NodeData, Simulator, accuracy, resolve_device, stack_params
 from dpdl.errors import DPDLError, require
-from dpdl.experiments.config import (
+from dpdl.training.settings import (
     AlgorithmSpec,
     PrivacySection,
     TrainingSection,
@@ -898,7 +898,7 @@ class DecentralizedTrainer:
         after the job (``TORCHELASTIC_RUN_ID``) unless ``run_name`` says otherwise, so a job
         restarted by ``--max-restarts`` resumes from its checkpoints by itself.
         """
-        from dpdl.experiments.registry import make_run_dir
+        from dpdl.training.run_folder import make_run_dir
 
         run_name, resume = self.run_name, self.resume
         if self.runtime == "distributed":

@@ -42,8 +42,9 @@ from pydantic import Field, field_validator, model_validator
 
 from dpdl.algorithms.randomness import secret_rng
 from dpdl.errors import DPDLError, require
-from dpdl.experiments.config import ConfigSection as _Section
-from dpdl.experiments.config import (
+from dpdl.training.run_folder import make_run_dir
+from dpdl.training.settings import ConfigSection as _Section
+from dpdl.training.settings import (
     Epsilons,
     NoiseEntropy,
     seeded_cell_name,
@@ -262,15 +263,6 @@ def calibrate_noise(accountant: str, walk: np.ndarray, *, epsilon: float, cfg: P
     return math.sqrt(k * cfg.local_steps) * sensitivity / mu_from_epsilon_delta(epsilon, cfg.delta)
 
 
-def _run_dir(output_dir: Path, name: str) -> Path:
-    base = output_dir / name
-    run_dir, i = base, 1
-    while run_dir.exists():
-        run_dir, i = Path(f"{base}-{i}"), i + 1
-    run_dir.mkdir(parents=True)
-    return run_dir
-
-
 def _load_nodes(cfg: FdpRandomWalkConfig) -> dict:
     from dpdl.data import load_dataset, partition, stack_node_data
 
@@ -302,7 +294,7 @@ def run_experiment(config: dict, output_dir: Path, *, progress: bool = True) -> 
     privacy = cfg.privacy
     cap = fdp.composition_count(cfg.data.nodes, privacy.steps)
     sensitivity = 2 * privacy.clip / cfg.train.batch_size
-    run_dir = _run_dir(Path(output_dir), cfg.experiment.name)
+    run_dir = make_run_dir(Path(output_dir), cfg.experiment.name)
     (run_dir / "config.json").write_text(json.dumps(cfg.model_dump(), indent=2) + "\n")
 
     cells: list[tuple[str, float | None, float]] = []

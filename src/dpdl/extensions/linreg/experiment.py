@@ -55,15 +55,6 @@ import numpy as np
 from pydantic import Field, field_validator
 
 from dpdl.errors import DPDLError
-from dpdl.experiments.config import (
-    REPRODUCIBLE_NOISE_NOTE,
-    Epsilons,
-    NoiseEntropy,
-    seeded_cell_name,
-    validate_config,
-)
-from dpdl.experiments.config import ConfigSection as _Section
-from dpdl.experiments.registry import make_run_dir
 from dpdl.extensions.linreg.accounting import (
     LinRegSensitivity,
     PowerDecay,
@@ -80,6 +71,15 @@ from dpdl.extensions.linreg.algorithm import (
     omega_bound,
     run_linreg_replicas,
 )
+from dpdl.training.run_folder import make_run_dir
+from dpdl.training.settings import (
+    REPRODUCIBLE_NOISE_NOTE,
+    Epsilons,
+    NoiseEntropy,
+    seeded_cell_name,
+    validate_config,
+)
+from dpdl.training.settings import ConfigSection as _Section
 
 __all__ = ["LinRegConfig", "parse_linreg_config", "apply_overrides", "run_experiment"]
 

@@ -43,14 +43,14 @@ import numpy as np
 from pydantic import Field, field_validator
 
 from dpdl.errors import DPDLError
-from dpdl.experiments.config import ConfigSection as _Section
-from dpdl.experiments.config import (
+from dpdl.training.run_folder import make_run_dir
+from dpdl.training.settings import ConfigSection as _Section
+from dpdl.training.settings import (
     Epsilons,
     NoiseEntropy,
     seeded_cell_name,
     validate_config,
 )
-from dpdl.experiments.registry import make_run_dir
 
 APPROACHES = ("local", "network", "central")
 NON_PRIVATE = "non-private"
