@@ -1,6 +1,6 @@
 """Book-keeping clipping (dpdl.algorithms.per_sample) against per-record autograd in float64:
-clipped per-node sums for every supported layer kind, chunking and padding, and the fallback
-to the per-record path for models it cannot read."""
+clipped per-node sums for every supported layer kind, chunking and padding, a layer type
+registered by the user, and the fallback to the per-record path for models it cannot read."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from dpdl.algorithms.dyn_d2p import (
     local_update,
     make_node_generators,
 )
+from dpdl.algorithms.per_sample_layers import LayerTerms, LinearTerms, register_layer
 from dpdl.engine import NodeData, stack_params
 from dpdl.errors import DPDLError
 from dpdl.models import make_model
@@ -192,6 +193,61 @@ def test_plan_chunks_covers_every_sampled_record_once(overhead, copy_cost, monke
         assert all(chunk.view is not None for chunk in chunks)
     if overhead and not copy_cost:  # few chunks: records no padding (one record per unit)
         assert len(chunks) == math.ceil(sum(counts) / 10)
+
+
+class Scale(nn.Module):
+    """x * weight + bias along the last dimension: a layer type only this file registers."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.weight = nn.Parameter(torch.linspace(0.5, 1.5, width))
+        self.bias = nn.Parameter(torch.linspace(-0.2, 0.2, width))
+
+    def forward(self, x):
+        return x * self.weight + self.bias
+
+
+@register_layer(Scale)
+class ScaleTerms(LayerTerms):
+    def cost(self):
+        return 2.0 * math.prod(self.out_shape), 0.0
+
+    def terms(self, a, g):
+        # (N, positions, width): the positions, if any, share the parameters
+        a, g = a.reshape(a.shape[0], -1, a.shape[-1]), g.reshape(g.shape[0], -1, g.shape[-1])
+        terms = {"weight": (g * a).sum(1), "bias": g.sum(1)}
+        return sum(t.flatten(1).square().sum(1) for t in terms.values()), terms
+
+
+class Unregistered(Scale):
+    """Its parent's handler does not cover it: a subclass may compute something else."""
+
+
+class Scaled(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.fc, self.scale, self.out = nn.Linear(5, 4), scale, nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.scale(self.fc(x))))
+
+
+def test_a_registered_layer_type_is_read_by_its_handler():
+    n = 3
+    batch = _batch(n, [2, 3, 1], (5,), seed=6)
+    model = Scaled(Scale(4))
+    params = _nodes_params(model, n)
+    plan = per_sample.book_keeping_plan(model, (5,), params)
+    assert plan.problems == []
+    assert [type(layer) for layer in plan.layers] == [LinearTerms, ScaleTerms, LinearTerms]
+    clip = _median_norm_clip(model, params, batch)
+    got = clipped_record_sums(model, params, batch, clip, method="book-keeping")
+    want = reference_clipped_sums(model, params, batch, clip)
+    for name in want:
+        torch.testing.assert_close(got[name].double(), want[name], atol=1e-5, rtol=1e-4)
+    other = Scaled(Unregistered(4))
+    assert per_sample.book_keeping_plan(other, (5,), _nodes_params(other, n)).problems == [
+        "scale (Unregistered)", "parameters outside the supported layers"]  # fmt: skip
 
 
 class BareParameter(nn.Module):

@@ -27,8 +27,9 @@ what is summed (a record could then move its node's sum by far more than C, or e
 other records by absorption).  Every term that enters a sum over records is a record's own
 clipped contribution, of norm <= C.
 
-Supported layers: ``nn.Linear``, ``nn.Conv2d`` (zero padding), ``nn.GroupNorm``,
-``nn.LayerNorm``, each called once per forward and owning its own parameters, which nothing
+Supported layers: the types registered in :mod:`dpdl.algorithms.per_sample_layers` (one
+handler class per type: ``nn.Linear``, ``nn.Conv2d`` (zero padding), ``nn.GroupNorm``,
+``nn.LayerNorm``), each called once per forward and owning its own parameters, which nothing
 outside the layer's own forward uses (a structural check: every torch call of one forward is
 traced).  Any other model (another layer with parameters, a layer called twice, tied or
 shared weights) uses the plain path: same numbers, slower.
@@ -48,10 +49,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 from torch.overrides import TorchFunctionMode
+
+from dpdl.algorithms.per_sample_layers import LAYERS, LayerTerms, RankOne
 
 Params = dict[str, torch.Tensor]
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -71,69 +73,68 @@ COPY_MACS_PER_PARAMETER = 16.0
 
 
 @dataclass
-class _Layer:
-    kind: str  # "linear" | "conv2d" | "groupnorm" | "layernorm"
-    module: nn.Module
-    weight: str | None  # parameter names in the stacked params dict
-    bias: str | None
-    in_shape: tuple[int, ...] = ()  # one record's input / output shape
-    out_shape: tuple[int, ...] = ()
-
-    @property
-    def params(self) -> list[str]:
-        return [name for name in (self.weight, self.bias) if name is not None]
-
-
-@dataclass
 class _Plan:
-    layers: list[_Layer]
+    layers: list[LayerTerms]
     macs_per_record: float
     bytes_per_record: float
     problems: list[str] = field(default_factory=list)
 
 
-_SUPPORTED = {nn.Linear: "linear", nn.Conv2d: "conv2d", nn.GroupNorm: "groupnorm",
-              nn.LayerNorm: "layernorm"}  # fmt: skip
 _PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _conv_padding(conv: nn.Conv2d) -> tuple[int, int] | None:
-    """Symmetric integer padding of ``conv`` (None when F.unfold cannot reproduce it)."""
-    if conv.padding_mode != "zeros":
-        return None
-    if isinstance(conv.padding, str):
-        if conv.padding == "valid":
-            return (0, 0)
-        total = [d * (k - 1) for d, k in zip(conv.dilation, conv.kernel_size, strict=True)]
-        if any(t % 2 for t in total):
-            return None
-        return (total[0] // 2, total[1] // 2)
-    return tuple(int(p) for p in conv.padding)
 
 
 def _make_plan(model: nn.Module, record_shape: tuple[int, ...], params: Params) -> _Plan:
     problems: list[str] = []
-    layers: dict[nn.Module, _Layer] = {}
-    covered: set[str] = set()
     every_use = list(model.named_parameters(remove_duplicate=False))
     if len(every_use) != len(dict(model.named_parameters())):
         problems.append("tied parameters")
+    layers = _find_layers(model, params, problems)
+    _trace(model, layers, record_shape, params, problems)
+    macs = bytes_ = 0.0
+    for layer in layers.values():
+        n_in, n_out = math.prod(layer.in_shape), math.prod(layer.out_shape)
+        bytes_ += 4.0 * (2 * n_in + 3 * n_out)  # saved input, output, probe + its gradient
+        # whole numbers below 2**53: adding a layer's parts in one go changes no bit
+        layer_macs, layer_bytes = layer.cost()
+        macs += layer_macs
+        bytes_ += layer_bytes
+    itemsize = next(iter(params.values())).element_size() / 4.0
+    return _Plan(list(layers.values()), max(macs, 1.0), itemsize * bytes_, problems=problems)
+
+
+def _find_layers(
+    model: nn.Module, params: Params, problems: list[str]
+) -> dict[nn.Module, LayerTerms]:
+    """{module: its handler} for every module that holds parameters and can be read; what
+    cannot be read (an unregistered type, other parameters, a layer's own problem) goes to
+    ``problems``."""
+    layers: dict[nn.Module, LayerTerms] = {}
+    covered: set[str] = set()
     for prefix, module in model.named_modules():
         own = [name for name, p in module.named_parameters(recurse=False) if p is not None]
         if not own:
             continue
-        kind = _SUPPORTED.get(type(module))
-        if kind is None or not set(own) <= {"weight", "bias"}:
+        handler = LAYERS.get(type(module))
+        if handler is None or not set(own) <= {"weight", "bias"}:
             problems.append(f"{prefix or 'model'} ({type(module).__name__})")
             continue
-        if kind == "conv2d" and _conv_padding(module) is None:
-            problems.append(f"{prefix} (padding)")
-            continue
         full = {name: f"{prefix}.{name}" if prefix else name for name in own}
-        layers[module] = _Layer(kind, module, full.get("weight"), full.get("bias"))
+        layer = handler(module, full.get("weight"), full.get("bias"))
+        why = layer.problem()
+        if why is not None:
+            problems.append(f"{prefix} ({why})")
+            continue
+        layers[module] = layer
         covered.update(full.values())
     if covered != set(params):
         problems.append("parameters outside the supported layers")
+    return layers
+
+
+def _trace(model, layers, record_shape, params: Params, problems: list[str]) -> None:
+    """One forward of one record: sets each layer's input / output shape, and checks that
+    each layer runs exactly once and its parameters are used nowhere else (its (a, g) would
+    then miss part of their gradient)."""
     calls: dict[nn.Module, int] = {}
 
     def record(module, args, out):
@@ -159,28 +160,6 @@ def _make_plan(model: nn.Module, record_shape: tuple[int, ...], params: Params) 
         problems.append("a layer is not called exactly once per forward")
     if uses.outside:
         problems.append(f"parameters used outside their layer ({', '.join(sorted(uses.outside))})")
-    macs = bytes_ = 0.0
-    for layer in layers.values():
-        n_in, n_out = math.prod(layer.in_shape), math.prod(layer.out_shape)
-        bytes_ += 4.0 * (2 * n_in + 3 * n_out)  # saved input, output, probe + its gradient
-        if layer.kind == "linear":
-            width_in, width_out = layer.in_shape[-1] if layer.in_shape else 1, layer.out_shape[-1]
-            positions = n_in // max(width_in, 1)
-            macs += 3.0 * positions * width_in * width_out
-            if positions > 1:  # the per-record gradient
-                bytes_ += 4.0 * width_in * width_out
-        elif layer.kind == "conv2d":
-            conv = layer.module
-            kk = conv.in_channels // conv.groups * math.prod(conv.kernel_size)
-            positions = math.prod(layer.out_shape[1:])
-            macs += 3.0 * positions * kk * conv.out_channels
-            bytes_ += 4.0 * (positions * kk * conv.groups)  # unfolded input
-            bytes_ += 4.0 * conv.weight.numel()  # the per-record gradient
-        else:
-            macs += 4.0 * n_out
-            bytes_ += 8.0 * n_out
-    itemsize = next(iter(params.values())).element_size() / 4.0
-    return _Plan(list(layers.values()), max(macs, 1.0), itemsize * bytes_, problems=problems)
 
 
 class _OutsideUses(TorchFunctionMode):
@@ -288,73 +267,6 @@ def _forward_backward(model, layers, params, buffers, loss_fn, inputs, targets, 
     return [a.detach() for a in acts], list(out_grads)
 
 
-def _unfold(layer: _Layer, a: torch.Tensor) -> torch.Tensor:
-    """F.unfold of a conv layer's input, (N, C k_h k_w, T): a strided view copied once, which
-    on CPU is ~1.5-2x faster than F.unfold's im2col (Opacus's unfold2d does the same)."""
-    conv = layer.module
-    ph, pw = _conv_padding(conv)
-    (kh, kw), (sh, sw), (dh, dw) = conv.kernel_size, conv.stride, conv.dilation
-    padded = F.pad(a, (pw, pw, ph, ph)) if ph or pw else a
-    N, C, H, W = padded.shape
-    out_h, out_w = (H - dh * (kh - 1) - 1) // sh + 1, (W - dw * (kw - 1) - 1) // sw + 1
-    sn, sc, s_h, s_w = padded.stride()
-    windows = padded.as_strided(
-        (N, C, kh, kw, out_h, out_w), (sn, sc, s_h * dh, s_w * dw, s_h * sh, s_w * sw)
-    )
-    return windows.reshape(N, C * kh * kw, out_h * out_w)
-
-
-def _layer_terms(layer: _Layer, a: torch.Tensor, g: torch.Tensor):
-    """Per-record squared gradient norms of the layer's parameters, (N,), and what the clipped
-    sum needs: ("outer", g2, a2) for sum_r c_r g_r^T a_r (a linear layer on one position: a
-    rank-one gradient), or {param: per-record grads}.  Either way the norm is that of exactly
-    what is summed (see the module doc)."""
-    N = a.shape[0]
-    if layer.kind == "linear":
-        a2, g2 = a.reshape(N, -1, a.shape[-1]), g.reshape(N, -1, g.shape[-1])
-        bias = g2.sum(dim=1)
-        if a2.shape[1] == 1:
-            sq = a2.square().sum((1, 2)) * g2.square().sum((1, 2))
-            terms = ("outer", g2, a2, bias)
-        else:
-            psg = torch.bmm(g2.transpose(1, 2), a2)  # (N, out, in): record r's P_r
-            sq = psg.flatten(1).square().sum(1)
-            terms = {"weight": psg, "bias": bias} if layer.bias is not None else {"weight": psg}
-        if layer.bias is not None:
-            sq = sq + bias.square().sum(1)
-        return sq, terms
-    if layer.kind == "conv2d":
-        conv = layer.module
-        u = _unfold(layer, a)  # (N, C/groups * k*k * groups, T)
-        g2 = g.reshape(N, conv.out_channels, -1)  # (N, O, T)
-        G, T = conv.groups, u.shape[-1]
-        psg = torch.einsum(
-            "ngot,ngkt->ngok",
-            g2.reshape(N, G, conv.out_channels // G, T),
-            u.reshape(N, G, -1, T),
-        ).reshape(N, *conv.weight.shape)
-        sq = psg.flatten(1).square().sum(1)
-        terms = {"weight": psg}
-        if layer.bias is not None:
-            terms["bias"] = bias = g2.sum(dim=2)
-            sq = sq + bias.square().sum(1)
-        return sq, terms
-    mod = layer.module
-    if layer.kind == "groupnorm":
-        xhat = F.group_norm(a, mod.num_groups, eps=mod.eps)
-        dims = tuple(range(2, a.dim()))
-    else:
-        xhat = F.layer_norm(a, mod.normalized_shape, eps=mod.eps)
-        dims = tuple(range(1, a.dim() - len(mod.normalized_shape)))
-    terms = {}
-    if layer.weight is not None:
-        terms["weight"] = (g * xhat).sum(dims) if dims else g * xhat
-    if layer.bias is not None:
-        terms["bias"] = g.sum(dims) if dims else g
-    sq = sum(t.flatten(1).square().sum(1) for t in terms.values())
-    return sq, terms
-
-
 @dataclass
 class _Regroup:
     """Where a chunk's records go when several of its units belong to one node: node slot
@@ -367,34 +279,12 @@ class _Regroup:
     most: int
 
 
-def _weighted_sums(layer: _Layer, terms, factors: torch.Tensor, mask, regroup) -> Params:
+def _weighted_sums(layer: LayerTerms, terms, factors: torch.Tensor, mask, regroup) -> Params:
     """sum_r factors[u, r] * (record r's gradient) per unit, or per node with ``regroup``."""
+    if isinstance(terms, RankOne):
+        return _rank_one_sums(layer, terms, factors, mask, regroup)
     m, B = factors.shape
     out = {}
-    if isinstance(terms, tuple):
-        _, g2, a2, bias = terms
-        gc = g2 * factors.reshape(m * B, 1, 1).to(g2.dtype)
-        groups = m
-        if regroup is not None:  # records of one node side by side: one product per node
-            real = mask.reshape(-1).nonzero().squeeze(1)
-            groups = regroup.n_nodes
-            gc = _scatter_rows(gc.index_select(0, real), regroup)
-            a2 = _scatter_rows(a2.index_select(0, real), regroup)
-            bias = _scatter_rows((bias * factors.reshape(-1, 1)).index_select(0, real), regroup)
-        # sum over records and positions of c_r g_rt a_rt^T, one product per unit / node
-        weight = torch.bmm(
-            gc.reshape(groups, -1, gc.shape[-1]).transpose(1, 2),
-            a2.reshape(groups, -1, a2.shape[-1]),
-        )
-        out[layer.weight] = weight.reshape(groups, *layer.module.weight.shape)
-        if layer.bias is not None:
-            if regroup is not None:
-                out[layer.bias] = bias.reshape(groups, -1, bias.shape[-1]).sum(1)
-            else:
-                out[layer.bias] = torch.bmm(
-                    factors.unsqueeze(1), bias.reshape(m, B, -1)
-                ).squeeze(1)
-        return out
     for key, per_record in terms.items():
         name = layer.weight if key == "weight" else layer.bias
         flat = per_record.reshape(m, B, -1)
@@ -404,6 +294,33 @@ def _weighted_sums(layer: _Layer, terms, factors: torch.Tensor, mask, regroup) -
                 (regroup.n_nodes, total.shape[1]), dtype=total.dtype, device=total.device
             ).index_add_(0, regroup.unit_node, total)
         out[name] = total.reshape(-1, *per_record.shape[1:])
+    return out
+
+
+def _rank_one_sums(layer: LayerTerms, terms: RankOne, factors, mask, regroup) -> Params:
+    """:func:`_weighted_sums` of rank-one gradients: no per-record gradient is formed."""
+    m, B = factors.shape
+    out = {}
+    g2, a2, bias = terms
+    gc = g2 * factors.reshape(m * B, 1, 1).to(g2.dtype)
+    groups = m
+    if regroup is not None:  # records of one node side by side: one product per node
+        real = mask.reshape(-1).nonzero().squeeze(1)
+        groups = regroup.n_nodes
+        gc = _scatter_rows(gc.index_select(0, real), regroup)
+        a2 = _scatter_rows(a2.index_select(0, real), regroup)
+        bias = _scatter_rows((bias * factors.reshape(-1, 1)).index_select(0, real), regroup)
+    # sum over records and positions of c_r g_rt a_rt^T, one product per unit / node
+    weight = torch.bmm(
+        gc.reshape(groups, -1, gc.shape[-1]).transpose(1, 2),
+        a2.reshape(groups, -1, a2.shape[-1]),
+    )
+    out[layer.weight] = weight.reshape(groups, *layer.module.weight.shape)
+    if layer.bias is not None:
+        if regroup is not None:
+            out[layer.bias] = bias.reshape(groups, -1, bias.shape[-1]).sum(1)
+        else:
+            out[layer.bias] = torch.bmm(factors.unsqueeze(1), bias.reshape(m, B, -1)).squeeze(1)
     return out
 
 
@@ -446,7 +363,7 @@ def _all_layer_terms(plan, acts, out_grads, records: int, device):
     sq = torch.zeros(records, dtype=out_grads[0].dtype, device=device)
     all_terms = []
     for layer, a, g in zip(plan.layers, acts, out_grads, strict=True):
-        layer_sq, terms = _layer_terms(layer, a.flatten(0, 1), g.flatten(0, 1))
+        layer_sq, terms = layer.terms(a.flatten(0, 1), g.flatten(0, 1))
         sq += layer_sq
         all_terms.append(terms)
     return sq, all_terms
