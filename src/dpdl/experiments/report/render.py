@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 _STYLE = (
-    "body{font-family:sans-serif;max-width:1400px;margin:2em auto}}"
+    "body{font-family:sans-serif;max-width:1400px;margin:2em auto}"
     "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;"
     "text-align:right}th{background:#eee}img{max-width:100%}"
 )
