@@ -79,6 +79,7 @@ from dpdl.experiments.config import (
 )
 from dpdl.experiments.config import ConfigSection as _Section
 from dpdl.experiments.registry import make_run_dir
+from dpdl.experiments.results import std_or_none
 
 __all__ = ["LinRegConfig", "parse_linreg_config", "apply_overrides", "run_experiment"]
 
@@ -448,7 +449,7 @@ def _summary(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 continue
             values = np.array([c[key] for c in members])
             row[key] = float(values.mean())
-            row[f"{key}_std"] = float(values.std())
+            row[f"{key}_std"] = std_or_none(values)
         rows.append(row)
     return rows
 
@@ -486,11 +487,11 @@ def _write_tables(run_dir: Path, summary: list[dict[str, Any]], entropy: str,
             f"| {row['topology']} | {_epsilon_label(row['epsilon_target'])} "
             f"| {_fmt(row['epsilon'])} | {_fmt(row['epsilon_closed_form'])} "
             f"| {_fmt(row['c_v'])} | {_fmt(row['noise_scale_final'])} "
-            f"| {row['final_test_mse_mean']:.4g} ± {row['final_test_mse_mean_std']:.2g} "
+            f"| {row['final_test_mse_mean']:.4g} ± {_fmt(row['final_test_mse_mean_std'], '.2g')} "
             f"| {row['final_test_mse_worst']:.4g} |")
         if unsafe:
             line += (f" {row['unaccounted_final_error_mean']:.4g} ± "
-                     f"{row['unaccounted_final_error_mean_std']:.2g} "
+                     f"{_fmt(row['unaccounted_final_error_mean_std'], '.2g')} "
                      f"| {row['unaccounted_final_relative_error_mean']:.3g} "
                      f"| {row['unaccounted_released_error_mean']:.4g} |")  # fmt: skip
         lines.append(line)
@@ -543,7 +544,9 @@ def _plot_test_mse_vs_epsilon(path: Path, summary) -> None:
         if private:
             ax.errorbar([r["epsilon_target"] for r in private],
                         [r["final_test_mse_mean"] for r in private],
-                        yerr=[r["final_test_mse_mean_std"] for r in private],
+                        # None (one seed) -> NaN: no error bar
+                        yerr=np.array([r["final_test_mse_mean_std"] for r in private],
+                                      dtype=float),
                         marker="o", color=color, label=topology, capsize=3)
         for r in rows:
             if r["epsilon_target"] is None:

@@ -50,6 +50,7 @@ from dpdl.experiments.config import (
     validate_config,
 )
 from dpdl.experiments.registry import make_run_dir
+from dpdl.experiments.results import std_or_none
 
 APPROACHES = ("local", "network", "central")
 NON_PRIVATE = "non-private"
@@ -367,7 +368,7 @@ def _summary(results: list[dict]) -> list[dict]:
          "sigma": (None if any(r["sigma"] is None for r in rs)
                    else float(np.mean([r["sigma"] for r in rs]))),
          "test_accuracy": float(np.mean([r["test_accuracy"] for r in rs])),
-         "test_accuracy_std": float(np.std([r["test_accuracy"] for r in rs])),
+         "test_accuracy_std": std_or_none([r["test_accuracy"] for r in rs]),
          "test_loss": float(np.mean([r["test_loss"] for r in rs])),
          "status": []}
         for (a, e), rs in groups.items()

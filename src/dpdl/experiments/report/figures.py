@@ -29,6 +29,7 @@ from dpdl.experiments.report.grouping import (
     settings_of,
 )
 from dpdl.experiments.report.render import Figure
+from dpdl.experiments.results import sample_std
 
 # Figures with one panel (or row of panels) per setting draw at most this many settings.
 MAX_PANELS = 6
@@ -282,7 +283,7 @@ def _draw_bars(ax, runs, key: str, values: list[str], offset: float, width: floa
         np.arange(len(values)) + offset,
         [np.mean(f) for f in finals],
         width,
-        yerr=[np.std(f) for f in finals],
+        yerr=[sample_std(f) for f in finals],
         label=algorithm,
         color=palette.colours[algorithm],
         hatch="//" if algorithm.partition("@")[2] == "clt" else None,

@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from dpdl.experiments.report.collect import CellRun
+from dpdl.experiments.results import sample_std
 
 ALGORITHM_ORDER = ("sgp", "const-d2p", "dyn-c-d2p", "dyn-mu-d2p", "dyn-d2p", "general")
 CALIBRATION_ORDER = ("", "clt", "pld", "rdp")
@@ -81,19 +82,14 @@ def select(runs, *, setting=None, algorithm=None, epsilon=None) -> list[CellRun]
     ]
 
 
-def mean_std(values: list[float]) -> tuple[float, float]:
-    arr = np.asarray(values, dtype=float)
-    return float(arr.mean()), float(arr.std(ddof=1)) if arr.size > 1 else 0.0
-
-
 def mean_final_accuracy(runs, **filters) -> tuple[float, float, int]:
-    """Mean and std of the final accuracy of the runs matching ``filters`` (see select), and
-    how many there are."""
+    """Mean and sample std (NaN for one run: ``sample_std``) of the final accuracy of the runs
+    matching ``filters`` (see select), and how many there are."""
     chosen = select(runs, **filters)
     if not chosen:
         return math.nan, math.nan, 0
-    mean, std = mean_std([r.final_accuracy for r in chosen])
-    return mean, std, len(chosen)
+    finals = [r.final_accuracy for r in chosen]
+    return float(np.mean(finals)), sample_std(finals), len(chosen)
 
 
 def gain_pairs(algorithms: list[str]) -> list[tuple[str, str, str]]:

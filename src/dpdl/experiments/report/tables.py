@@ -1,8 +1,9 @@
 """The report's tables, as header and rows of text, and the sentences that sum them up.
 
-* accuracy: final test accuracy of the average model, mean ± std over seeds, one row per
-  (setting, ε), one column per algorithm label (``dyn-d2p@clt``: calibrated with the paper's
-  CLT, SPEC §2), and the relative gain of Dyn-D2P over Const-D2P per calibration;
+* accuracy: final test accuracy of the average model, mean ± sample std over seeds
+  (ddof = 1: ``results.sample_std``), one row per (setting, ε), one column per algorithm
+  label (``dyn-d2p@clt``: calibrated with the paper's CLT, SPEC §2), and the relative gain of
+  Dyn-D2P over Const-D2P per calibration;
 * privacy: for every run the ε of the CLT approximation beside the certified ε;
 * calibration: for the runs of each algorithm and target ε, the certified ε they really
   spend against their target -- how much the paper's accounting understated privacy loss.
@@ -97,8 +98,8 @@ def _accuracy_table(runs: list[CellRun]) -> tuple[list[str], list[list[str]], di
             filters = {"setting": setting, "epsilon": None if math.isnan(eps) else eps}
             row = [setting_label(setting), epsilon_text(eps)]
             for algorithm in algorithms:
-                mean, std, n = mean_final_accuracy(runs, algorithm=algorithm, **filters)
-                row.append("—" if n == 0 else f"{100 * mean:.2f} ± {100 * std:.2f} (n={n})")
+                stats = mean_final_accuracy(runs, algorithm=algorithm, **filters)
+                row.append(_accuracy_text(*stats))
             for calibration, dyn, const in pairs:
                 gain = relative_gain(
                     mean_final_accuracy(runs, algorithm=dyn, **filters)[0],
@@ -108,6 +109,14 @@ def _accuracy_table(runs: list[CellRun]) -> tuple[list[str], list[list[str]], di
                 row.append("—" if math.isnan(gain) else f"{100 * gain:+.1f} %")
             rows.append(row)
     return header, rows, gains
+
+
+def _accuracy_text(mean: float, std: float, n: int) -> str:
+    """In %: "mean ± std (n=…)"; no "±" for a single run, whose spread is not measured."""
+    if n == 0:
+        return "—"
+    spread = f" ± {100 * std:.2f}" if math.isfinite(std) else ""
+    return f"{100 * mean:.2f}{spread} (n={n})"
 
 
 def _privacy_table(runs: list[CellRun]) -> tuple[list[list[str]], list, list, dict]:
