@@ -7,8 +7,8 @@ runner writes them), so the report must group curves by (algorithm, seed, epsilo
 import csv
 import json
 import math
+import statistics
 
-import numpy as np
 import pytest
 
 from dpdl.experiments.report import build_tables, check_claims, collect_runs, write_report
@@ -71,7 +71,7 @@ def test_accuracy_table_and_gain_per_epsilon_and_calibration(sweep):
     assert header[-2:] == ["gain Dyn vs Const (clt)", "gain Dyn vs Const (pld)"]
     rows = {(r[0], r[1]): dict(zip(header, r, strict=True)) for r in tables.accuracy_rows}
     assert set(rows) == {("base", "0.3"), ("base", "1")}
-    std = 100 * float(np.std([0.0, 0.02], ddof=1))
+    std = 100 * statistics.stdev([0.0, 0.02])  # the sample std over seeds 0, 1
     # SGP has no epsilon: it is shown in every epsilon's row
     assert rows["base", "0.3"]["sgp"] == rows["base", "1"]["sgp"] == f"91.00 ± {std:.2f} (n=2)"
     assert rows["base", "0.3"]["const-d2p@clt"] == f"51.00 ± {std:.2f} (n=2)"
@@ -81,6 +81,53 @@ def test_accuracy_table_and_gain_per_epsilon_and_calibration(sweep):
         assert rows["base", text]["dyn-d2p@pld"].startswith(f"{100 * dyn:.2f} ± ")
         assert rows["base", text]["gain Dyn vs Const (clt)"] == f"{100 * gain:+.1f} %"
         assert tables.gains[("base", "clt", eps)] == pytest.approx(gain)
+
+
+def test_a_single_seed_has_no_spread_to_report(tmp_path):
+    _write_cell(tmp_path, {"experiment.seed": 0}, 0)
+    tables = build_tables(collect_runs(tmp_path))
+    rows = {(r[0], r[1]): dict(zip(tables.accuracy_header, r, strict=True))
+            for r in tables.accuracy_rows}  # fmt: skip
+    assert rows["base", "0.3"]["sgp"] == "90.00 (n=1)"
+    assert rows["base", "1"]["const-d2p@clt"] == "70.00 (n=1)"
+
+
+def _recording(name: str, draw, drawn: list):
+    """``draw`` (an Axes method) that first notes (name, axes, label, yerr) in ``drawn``."""
+
+    def record(ax, *args, **kwargs):
+        if not kwargs.get("label", "_").startswith("_"):  # not the bars' own error bars
+            drawn.append((name, ax, kwargs["label"], list(kwargs["yerr"])))
+        return draw(ax, *args, **kwargs)
+
+    return record
+
+
+def test_error_bars_are_the_sample_std_over_seeds(tmp_path, monkeypatch):
+    from matplotlib.axes import Axes
+
+    offsets = {4: [0.0, 0.01, 0.05], 8: [0.0, -0.01, 0.02], 16: [0.03, 0.0, 0.0]}
+    for nodes, per_seed in offsets.items():
+        for seed, offset in enumerate(per_seed):
+            _write_cell(tmp_path, {"topology.nodes": nodes, "experiment.seed": seed}, seed, offset)
+    drawn = []
+    for name in ("bar", "errorbar"):
+        monkeypatch.setattr(Axes, name, _recording(name, getattr(Axes, name), drawn))
+    write_report(tmp_path)
+
+    def stdev(label: str, nodes: int) -> float:  # see _final: SGP has no offset
+        finals = [0.02 * s + (0 if label == "sgp" else o) for s, o in enumerate(offsets[nodes])]
+        return statistics.stdev(finals)
+
+    bars = [(label, yerr) for name, _, label, yerr in drawn if name == "bar"]
+    assert len(bars) == 2 * 5  # per epsilon, per algorithm: one bar per number of nodes
+    for label, yerr in bars:
+        assert yerr == pytest.approx([stdev(label, n) for n in (4, 8, 16)])
+    lines = [(ax.get_title(), label, yerr) for name, ax, label, yerr in drawn
+             if name == "errorbar"]  # fmt: skip
+    assert len(lines) == 3 * 4  # per setting, per private algorithm: one point per epsilon
+    for title, label, yerr in lines:
+        assert yerr == pytest.approx([stdev(label, int(title.removeprefix("nodes=")))] * 2)
 
 
 def test_privacy_tables_state_what_the_clt_understated(sweep):

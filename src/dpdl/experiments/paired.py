@@ -26,6 +26,7 @@ from scipy import stats
 
 from dpdl.errors import require
 from dpdl.experiments.report import CellRun, collect_runs, read_metrics
+from dpdl.training.results import sample_std
 
 RUN_COLUMNS = (
     "algorithm", "seed", "epsilon_target", "calibration", "setting", "status", "steps",
@@ -155,7 +156,7 @@ def t_interval(values: list[float], confidence: float = 0.95) -> tuple[float, fl
     mean = float(x.mean()) if len(x) else math.nan
     if len(x) < 2:
         return mean, math.nan, math.nan
-    half = stats.t.ppf(0.5 + confidence / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x))
+    half = stats.t.ppf(0.5 + confidence / 2, len(x) - 1) * sample_std(x) / math.sqrt(len(x))
     return mean, mean - half, mean + half
 
 

@@ -51,6 +51,7 @@ import numpy as np
 
 from dpdl.errors import require
 from dpdl.experiments.sweep import finished_cells, run_sweep, set_dotted
+from dpdl.training.results import sample_std
 
 TUNE_KEYS = {"metric", "selection_seeds", "test_seeds", "workers", "candidates", "baselines"}
 CANDIDATE_KEYS = {"algorithm", "grid", "zip", "set"}
@@ -195,8 +196,7 @@ def pick(points: list[tuple], runs: list[dict], seeds: list[int], eps: float,
                   if r["overrides"] == settings and r["epsilon"] == eps}  # fmt: skip
         complete = all(s in values and math.isfinite(values[s]) for s in seeds)
         mean = float(np.mean([values[s] for s in seeds])) if complete else math.nan
-        std = float(np.std([values[s] for s in seeds], ddof=1)) if complete and len(seeds) > 1 \
-            else math.nan
+        std = sample_std([values[s] for s in seeds]) if complete else math.nan
         table.append({"point": settings, "values": {str(s): values.get(s) for s in seeds},
                       "mean": mean, "std": std, "complete": complete})  # fmt: skip
         if complete and (best is None or sign * mean > sign * table[best]["mean"]):

@@ -5,6 +5,7 @@ seeds) and ``curves.png``, written the same way by ``dpdl run`` and by
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,26 @@ SUMMARY_METRICS = (
     "epsilon_clt",
     "epsilon_certified",
 )
+
+
+def sample_std(values) -> float:
+    """The one standard deviation dpdl reports ("± std", ``*_std``): the sample standard
+    deviation over seeds, ddof = 1.
+
+    NaN for fewer than two values: it is undefined there, and 0 would claim a spread of none
+    from a single seed.  The run folders' results.json and final.csv store that as null / an
+    empty cell (``std_or_none``); the sweep report prints no "±" for it; tune.json keeps NaN,
+    as it does for the mean of an incomplete point.
+    """
+    x = np.asarray(values, dtype=float)
+    return float(x.std(ddof=1)) if x.size > 1 else math.nan
+
+
+def std_or_none(values) -> float | None:
+    """``sample_std`` for results.json and CSV files: None (null, an empty cell) where it is
+    undefined."""
+    std = sample_std(values)
+    return None if math.isnan(std) else std
 
 
 def summarize(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -38,7 +59,7 @@ def summarize(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
             vals = [c["final"].get(key) for c in members if c["status"] == "ok"]
             vals = [v for v in vals if v is not None]
             entry[key] = float(np.mean(vals)) if vals else None
-            entry[f"{key}_std"] = float(np.std(vals)) if len(vals) > 1 else None
+            entry[f"{key}_std"] = std_or_none(vals)
         summary.append(entry)
     return summary
 

@@ -42,6 +42,7 @@ from pydantic import Field, field_validator, model_validator
 
 from dpdl.algorithms.randomness import secret_rng
 from dpdl.errors import DPDLError, require
+from dpdl.training.results import std_or_none
 from dpdl.training.run_folder import make_run_dir
 from dpdl.training.settings import ConfigSection as _Section
 from dpdl.training.settings import (
@@ -367,7 +368,7 @@ def _table_row(algorithm: str, accountant: str, epsilon, sigma: float, finals: l
     accuracies = np.array([f["accuracy"] for f in finals])
     return {"algorithm": algorithm, "accountant": accountant, "epsilon": epsilon, "sigma": sigma,
             "noise_entropy": entropy,
-            "accuracy_mean": float(accuracies.mean()), "accuracy_std": float(accuracies.std()),
+            "accuracy_mean": float(accuracies.mean()), "accuracy_std": std_or_none(accuracies),
             "loss_mean": float(np.mean([f["loss"] for f in finals]))}
 
 
@@ -421,7 +422,9 @@ def _plot_noise_accuracy(path: Path, table: list[dict], cfg: FdpRandomWalkConfig
         label = f"{algorithm} / {accountant}"
         ax_noise.plot(eps, [r["sigma"] for r in rows], marker="o", label=label)
         ax_acc.errorbar(eps, [r["accuracy_mean"] for r in rows],
-                        yerr=[r["accuracy_std"] for r in rows], marker="o", label=label)
+                        # None (one seed) -> NaN: no error bar
+                        yerr=np.array([r["accuracy_std"] for r in rows], dtype=float),
+                        marker="o", label=label)
     for r in table:
         if r["epsilon"] is None:
             ax_acc.axhline(r["accuracy_mean"], color="grey", linestyle=":", label="non-private")

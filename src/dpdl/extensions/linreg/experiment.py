@@ -71,6 +71,7 @@ from dpdl.extensions.linreg.algorithm import (
     omega_bound,
     run_linreg_replicas,
 )
+from dpdl.training.results import std_or_none
 from dpdl.training.run_folder import make_run_dir
 from dpdl.training.settings import (
     REPRODUCIBLE_NOISE_NOTE,
@@ -449,7 +450,7 @@ def _summary(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 continue
             values = np.array([c[key] for c in members])
             row[key] = float(values.mean())
-            row[f"{key}_std"] = float(values.std())
+            row[f"{key}_std"] = std_or_none(values)
         rows.append(row)
     return rows
 
@@ -487,11 +488,11 @@ def _write_tables(run_dir: Path, summary: list[dict[str, Any]], entropy: str,
             f"| {row['topology']} | {_epsilon_label(row['epsilon_target'])} "
             f"| {_fmt(row['epsilon'])} | {_fmt(row['epsilon_closed_form'])} "
             f"| {_fmt(row['c_v'])} | {_fmt(row['noise_scale_final'])} "
-            f"| {row['final_test_mse_mean']:.4g} ± {row['final_test_mse_mean_std']:.2g} "
+            f"| {row['final_test_mse_mean']:.4g} ± {_fmt(row['final_test_mse_mean_std'], '.2g')} "
             f"| {row['final_test_mse_worst']:.4g} |")
         if unsafe:
             line += (f" {row['unaccounted_final_error_mean']:.4g} ± "
-                     f"{row['unaccounted_final_error_mean_std']:.2g} "
+                     f"{_fmt(row['unaccounted_final_error_mean_std'], '.2g')} "
                      f"| {row['unaccounted_final_relative_error_mean']:.3g} "
                      f"| {row['unaccounted_released_error_mean']:.4g} |")  # fmt: skip
         lines.append(line)
@@ -544,7 +545,9 @@ def _plot_test_mse_vs_epsilon(path: Path, summary) -> None:
         if private:
             ax.errorbar([r["epsilon_target"] for r in private],
                         [r["final_test_mse_mean"] for r in private],
-                        yerr=[r["final_test_mse_mean_std"] for r in private],
+                        # None (one seed) -> NaN: no error bar
+                        yerr=np.array([r["final_test_mse_mean_std"] for r in private],
+                                      dtype=float),
                         marker="o", color=color, label=topology, capsize=3)
         for r in rows:
             if r["epsilon_target"] is None:

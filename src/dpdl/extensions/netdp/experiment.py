@@ -43,6 +43,7 @@ import numpy as np
 from pydantic import Field, field_validator
 
 from dpdl.errors import DPDLError
+from dpdl.training.results import std_or_none
 from dpdl.training.run_folder import make_run_dir
 from dpdl.training.settings import ConfigSection as _Section
 from dpdl.training.settings import (
@@ -368,7 +369,7 @@ def _summary(results: list[dict]) -> list[dict]:
          "sigma": (None if any(r["sigma"] is None for r in rs)
                    else float(np.mean([r["sigma"] for r in rs]))),
          "test_accuracy": float(np.mean([r["test_accuracy"] for r in rs])),
-         "test_accuracy_std": float(np.std([r["test_accuracy"] for r in rs])),
+         "test_accuracy_std": std_or_none([r["test_accuracy"] for r in rs]),
          "test_loss": float(np.mean([r["test_loss"] for r in rs])),
          "status": []}
         for (a, e), rs in groups.items()

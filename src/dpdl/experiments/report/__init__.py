@@ -1,0 +1,42 @@
+"""Reports of a sweep: Markdown and self-contained HTML with tables and figures (issue 5).
+
+Reads every finished cell of a sweep directory (``cell.json`` for the grid point, and the
+cell's ``metrics.csv``) and writes ``report.md`` with PNG figures beside it, and
+``report.html`` with the same figures embedded (base64), so it can be mailed as one file:
+
+* accuracy table: final test accuracy of the average model, mean ± std over seeds, per
+  (setting, ε) and algorithm label, and the relative gain of Dyn-D2P over Const-D2P;
+* privacy: what the CLT-calibrated runs really spend by the certified accountant, and for
+  every run the ε of the CLT approximation beside the certified ε;
+* the claims of SPEC §4 checked against the measured means;
+* runs whose noise was derived from their seed (``noise_entropy = "seed"`` in results.json,
+  the reproducible research mode) are named in a note under the introduction, and the
+  per-run table has a noise column;
+* figures: accuracy against iteration per ε, final accuracy against ε, the ρ_c × ρ_μ
+  heat-map of Dyn-D2P, accuracy by topology and by number of nodes.
+
+The modules, in the order the data flows: ``collect`` (run folders -> ``CellRun``),
+``grouping`` (ordering, selecting and averaging runs), ``tables``, ``claims``, ``figures``,
+``document`` (the list of sections; ``write_report``) and ``render`` (Markdown, HTML).
+"""
+
+from dpdl.experiments.report.claims import check_claims
+from dpdl.experiments.report.collect import CellRun, collect_runs, read_metrics
+from dpdl.experiments.report.document import reproducible_noise_note, write_report
+from dpdl.experiments.report.figures import make_figures
+from dpdl.experiments.report.grouping import mean_final_accuracy, relative_gain
+from dpdl.experiments.report.tables import Tables, build_tables
+
+__all__ = [
+    "CellRun",
+    "Tables",
+    "build_tables",
+    "check_claims",
+    "collect_runs",
+    "make_figures",
+    "mean_final_accuracy",
+    "read_metrics",
+    "relative_gain",
+    "reproducible_noise_note",
+    "write_report",
+]

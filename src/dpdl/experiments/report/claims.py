@@ -1,0 +1,144 @@
+"""The claims of SPEC §4, checked against the mean final accuracies of a sweep.
+
+Each check returns (claim, verdict) pairs, and none when the sweep has nothing to compare
+(a missing rival algorithm, a single ε, a single topology).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from dpdl.experiments.report.collect import CellRun
+from dpdl.experiments.report.grouping import (
+    algorithms_of,
+    calibration_rank,
+    epsilons_of,
+    mean_final_accuracy,
+    natural_key,
+    private_algorithms_of,
+    relative_gain,
+    select,
+    settings_of,
+)
+
+RIVALS = ("dyn-c-d2p", "dyn-mu-d2p", "const-d2p")
+# (grid key, the order the paper claims, or None: by value; the claim)
+ORDERED_CLAIMS = (
+    ("topology.name", ["ring", "exp", "complete"], "accuracy ring < exponential < complete"),
+    ("topology.nodes", None, "more nodes → better accuracy"),
+)
+
+
+def check_claims(runs: list[CellRun]) -> list[tuple[str, str]]:
+    """The claims of SPEC §4 against the measured means: [(claim, verdict)]."""
+    claims = []
+    calibrations = sorted({r.calibration for r in runs if r.private}, key=calibration_rank)
+    for calibration in calibrations:
+        if _label("dyn-d2p", calibration) not in algorithms_of(runs):
+            continue
+        for rival in RIVALS:
+            claims += _dyn_beats(runs, rival, calibration)
+        claims += _gap_grows_as_epsilon_falls(runs, calibration)
+    for key, order, claim in ORDERED_CLAIMS:
+        claims += _accuracy_increases_along(runs, key, order, claim)
+    return claims
+
+
+def _label(algorithm: str, calibration: str) -> str:
+    return f"{algorithm}@{calibration}" if calibration else algorithm
+
+
+def _calibration_name(calibration: str) -> str:
+    return f" ({calibration} calibration)" if calibration else ""
+
+
+def _dyn_beats(runs: list[CellRun], rival: str, calibration: str) -> list[tuple[str, str]]:
+    """Dyn-D2P has the higher mean accuracy than ``rival`` in every (setting, ε)."""
+    dyn, other = _label("dyn-d2p", calibration), _label(rival, calibration)
+    if other not in algorithms_of(runs):
+        return []
+    wins, total = 0, 0
+    for setting in settings_of(runs):
+        for eps in epsilons_of(runs):
+            a = mean_final_accuracy(runs, setting=setting, algorithm=dyn, epsilon=eps)[0]
+            b = mean_final_accuracy(runs, setting=setting, algorithm=other, epsilon=eps)[0]
+            if math.isfinite(a) and math.isfinite(b):
+                total += 1
+                wins += a > b
+    if not total:
+        return []
+    verdict = "held" if wins == total else ("mixed" if wins else "did not hold")
+    return [
+        (
+            f"Dyn-D2P > {rival} at equal ε{_calibration_name(calibration)}",
+            f"{verdict}: higher mean accuracy in {wins} of {total} (setting, ε)",
+        )
+    ]
+
+
+def _gains_by_epsilon(runs, setting, calibration: str) -> list[tuple[float, float]]:
+    """(ε, Dyn-vs-Const gain) of one setting, at every ε where both have runs."""
+    dyn, const = _label("dyn-d2p", calibration), _label("const-d2p", calibration)
+    points = []
+    for eps in epsilons_of(runs):
+        gain = relative_gain(
+            mean_final_accuracy(runs, setting=setting, algorithm=dyn, epsilon=eps)[0],
+            mean_final_accuracy(runs, setting=setting, algorithm=const, epsilon=eps)[0],
+        )
+        if math.isfinite(gain):
+            points.append((eps, gain))
+    return points
+
+
+def _gap_grows_as_epsilon_falls(runs: list[CellRun], calibration: str) -> list[tuple[str, str]]:
+    """The gain of Dyn-D2P over Const-D2P does not shrink as ε falls, in every setting."""
+    if _label("const-d2p", calibration) not in algorithms_of(runs) or len(epsilons_of(runs)) < 2:
+        return []
+    verdicts, text = [], ""
+    for setting in settings_of(runs):
+        points = _gains_by_epsilon(runs, setting, calibration)
+        if len(points) > 1:
+            # ε ascends along points: the gain at a smaller ε must be at least the next one's
+            pairs = zip(points, points[1:], strict=False)
+            verdicts.append(all(lo >= hi for (_, lo), (_, hi) in pairs))
+            text = ", ".join(f"ε={e:g}: {100 * g:+.1f} %" for e, g in points)
+    if not verdicts:
+        return []
+    held = sum(verdicts)
+    return [
+        (
+            f"the Dyn-vs-Const gap grows as ε falls{_calibration_name(calibration)}",
+            ("held" if held == len(verdicts) else "did not hold")
+            + f" in {held} of {len(verdicts)} settings"
+            # the gains themselves when there is one setting to show them for
+            + (f" ({text})" if len(verdicts) == 1 else ""),
+        )
+    ]
+
+
+def _accuracy_increases_along(runs, key: str, order, claim: str) -> list[tuple[str, str]]:
+    """Mean accuracy strictly increases along the values of grid key ``key`` (in ``order``, or
+    by value), for every private algorithm and ε."""
+    values = sorted({str(r.overrides[key]) for r in runs if key in r.overrides}, key=natural_key)
+    if order is not None:
+        values = [v for v in order if v in values]
+    if len(values) < 2:
+        return []
+    held, total = 0, 0
+    for algorithm in private_algorithms_of(runs):
+        for eps in epsilons_of(runs) or [None]:
+            chosen = select(runs, algorithm=algorithm, epsilon=eps)
+            means = [
+                np.mean([r.final_accuracy for r in chosen if str(r.overrides.get(key)) == v]
+                        or [np.nan])
+                for v in values
+            ]  # fmt: skip
+            if all(math.isfinite(m) for m in means):
+                total += 1
+                held += all(a < b for a, b in zip(means, means[1:], strict=False))
+    if not total:
+        return []
+    verdict = "held" if held == total else "did not hold" if held == 0 else "mixed"
+    return [(claim, f"{verdict}: strictly increasing in {held} of {total} (algorithm, ε)")]

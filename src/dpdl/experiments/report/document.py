@@ -1,0 +1,107 @@
+"""What a sweep's report says, in order: the one list of sections written as Markdown and
+HTML (render.py), and ``write_report``, which writes both."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dpdl.experiments.report.claims import check_claims
+from dpdl.experiments.report.collect import CellRun, collect_runs
+from dpdl.experiments.report.figures import make_figures
+from dpdl.experiments.report.grouping import epsilon_text, settings_of
+from dpdl.experiments.report.render import (
+    Figure,
+    Paragraph,
+    Section,
+    Table,
+    to_html,
+    to_markdown,
+)
+from dpdl.experiments.report.tables import (
+    Tables,
+    build_tables,
+    overspend_sentence,
+    understatement_sentence,
+)
+from dpdl.training.settings import REPRODUCIBLE_NOISE_NOTE
+
+
+def write_report(sweep_dir: Path, out_dir: Path | None = None) -> dict[str, Path]:
+    """``report.md`` with its PNG figures beside it and a self-contained ``report.html`` in
+    ``out_dir`` (default SWEEP_DIR/report)."""
+    sweep_dir = Path(sweep_dir)
+    out_dir = Path(out_dir or sweep_dir / "report")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs = collect_runs(sweep_dir)
+    sections = report_sections(runs, build_tables(runs), make_figures(runs, out_dir))
+    title = f"dpdl report — {sweep_dir.name}"
+    md_path, html_path = out_dir / "report.md", out_dir / "report.html"
+    md_path.write_text(to_markdown(title, sections))
+    html_path.write_text(to_html(title, sections))
+    return {"markdown": md_path, "html": html_path}
+
+
+def report_sections(runs: list[CellRun], tables: Tables, figures: list[Figure]) -> list[Section]:
+    claims = check_claims(runs)
+    reproducible = reproducible_noise_note(runs)
+    return [
+        Section(
+            None,
+            [
+                Paragraph(_introduction(runs)),
+                *([Paragraph(reproducible, lead="Note:")] if reproducible else []),
+                Table(tables.accuracy_header, tables.accuracy_rows),
+            ],
+        ),
+        Section(
+            "Privacy: what the CLT calibration really spends",
+            [
+                Paragraph(overspend_sentence(tables)),
+                Table(tables.calibration_header, tables.calibration_rows),
+            ],
+        ),
+        Section(
+            "The paper's claims (SPEC §4) in this sweep",
+            [Table(["claim", "verdict"], [[c, v] for c, v in claims])]
+            if claims
+            else [Paragraph("No claim applies.")],
+        ),
+        Section("Figures", list(figures)),
+        Section(
+            "Every run: ε of the CLT approximation beside the certified ε",
+            [
+                Paragraph(understatement_sentence(tables)),
+                Table(tables.privacy_header, tables.privacy_rows),
+            ],
+        ),
+    ]
+
+
+def _introduction(runs: list[CellRun]) -> str:
+    steps = sorted({int(r.iterations[-1]) for r in runs})
+    budget = f"{steps[0]} iterations" if len(steps) == 1 else f"{steps[0]}–{steps[-1]} iterations"
+    intro = (
+        f"{len(settings_of(runs))} setting(s), {len(runs)} runs, {budget} per run. Final test "
+        "accuracy of the network-average model, mean ± std over seeds (%). An algorithm "
+        "suffixed @clt is calibrated with the paper's CLT approximation, @pld with the "
+        "certified PLD accountant. Gain: relative accuracy of Dyn-D2P over Const-D2P under "
+        "the same calibration."
+    )
+    stopped = [f"{r.cell}: {r.algorithm} seed {r.seed} ε {epsilon_text(r.epsilon_target)}"
+               for r in runs if r.status != "ok"]  # fmt: skip
+    if stopped:
+        intro += (
+            f" {len(stopped)} run(s) diverged and count with their last evaluated accuracy: "
+            + "; ".join(stopped)
+            + "."
+        )
+    return intro
+
+
+def reproducible_noise_note(runs: list[CellRun]) -> str | None:
+    """The sentence that marks runs whose noise was derived from their seed (None: no such run)."""
+    seeded = [r for r in runs if r.noise_entropy == "seed"]
+    if not seeded:
+        return None
+    cells = ", ".join(sorted({r.cell for r in seeded}))
+    return f"{len(seeded)} of {len(runs)} runs (cells: {cells}) used {REPRODUCIBLE_NOISE_NOTE}."

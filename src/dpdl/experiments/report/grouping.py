@@ -1,0 +1,108 @@
+"""Ordering, selecting and averaging runs: what the tables, claims and figures share.
+
+Runs that differ only by seed are repeats; the remaining grid keys (other than seed,
+algorithms and epsilon) form the *setting* of a run (``CellRun.setting``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from dpdl.experiments.report.collect import CellRun
+from dpdl.training.results import sample_std
+
+ALGORITHM_ORDER = ("sgp", "const-d2p", "dyn-c-d2p", "dyn-mu-d2p", "dyn-d2p", "general")
+CALIBRATION_ORDER = ("", "clt", "pld", "rdp")
+
+
+def natural_key(value: str):
+    """Numbers before words, numbers by value: "2" < "10" < "ring"."""
+    try:
+        return (0, float(value), "")
+    except ValueError:
+        return (1, 0.0, value)
+
+
+def calibration_rank(calibration: str) -> int:
+    return CALIBRATION_ORDER.index(calibration) if calibration in CALIBRATION_ORDER else 99
+
+
+def algorithm_rank(label: str) -> tuple[int, int, str]:
+    name, _, calibration = label.partition("@")
+    return (
+        ALGORITHM_ORDER.index(name) if name in ALGORITHM_ORDER else 99,
+        calibration_rank(calibration),
+        label,
+    )
+
+
+def algorithms_of(runs: list[CellRun]) -> list[str]:
+    """Algorithm labels grouped by calibration (SGP first), then in the paper's order."""
+    labels = {r.algorithm for r in runs}
+    return sorted(
+        labels,
+        key=lambda a: (a.partition("@")[0] != "sgp", algorithm_rank(a)[1], algorithm_rank(a)),
+    )
+
+
+def private_algorithms_of(runs: list[CellRun]) -> list[str]:
+    return [a for a in algorithms_of(runs) if a.partition("@")[0] != "sgp"]
+
+
+def settings_of(runs: list[CellRun]) -> list[tuple]:
+    return sorted({r.setting for r in runs}, key=lambda s: [(k, natural_key(v)) for k, v in s])
+
+
+def epsilons_of(runs: list[CellRun]) -> list[float]:
+    return sorted({r.epsilon_target for r in runs if not math.isnan(r.epsilon_target)})
+
+
+def setting_label(setting: tuple) -> str:
+    return ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in setting) or "base"
+
+
+def epsilon_text(eps: float) -> str:
+    return "—" if math.isnan(eps) else f"{eps:g}"
+
+
+def select(runs, *, setting=None, algorithm=None, epsilon=None) -> list[CellRun]:
+    """Runs matching the filters; a non-private run matches every ε (it has none)."""
+    return [
+        r
+        for r in runs
+        if (setting is None or r.setting == setting)
+        and (algorithm is None or r.algorithm == algorithm)
+        and (
+            epsilon is None
+            or not r.private
+            or (not math.isnan(r.epsilon_target) and math.isclose(r.epsilon_target, epsilon))
+        )
+    ]
+
+
+def mean_final_accuracy(runs, **filters) -> tuple[float, float, int]:
+    """Mean and sample std (NaN for one run: ``sample_std``) of the final accuracy of the runs
+    matching ``filters`` (see select), and how many there are."""
+    chosen = select(runs, **filters)
+    if not chosen:
+        return math.nan, math.nan, 0
+    finals = [r.final_accuracy for r in chosen]
+    return float(np.mean(finals)), sample_std(finals), len(chosen)
+
+
+def gain_pairs(algorithms: list[str]) -> list[tuple[str, str, str]]:
+    """(calibration, dyn label, const label) for every calibration that has both."""
+    pairs = []
+    for calibration in sorted({a.partition("@")[2] for a in algorithms}, key=calibration_rank):
+        suffix = f"@{calibration}" if calibration else ""
+        dyn, const = f"dyn-d2p{suffix}", f"const-d2p{suffix}"
+        if dyn in algorithms and const in algorithms:
+            pairs.append((calibration, dyn, const))
+    return pairs
+
+
+def relative_gain(dyn: float, const: float) -> float:
+    """Dyn-D2P's accuracy relative to Const-D2P's, minus one (SPEC §4: +39 % at ε = 0.3)."""
+    return dyn / const - 1 if const > 0 else math.nan
