@@ -19,7 +19,8 @@ demo: setup
 	$(BIN)/dpdl run
 
 lint: setup
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/lint-imports
 
 test: lint
 	$(BIN)/pytest -q

@@ -78,7 +78,7 @@ def write_results(
     path = run_dir / "results.json"
     path.write_text(json.dumps(results, indent=2, default=str) + "\n")
     if plot_title is not None:
-        from dpdl.experiments.plots import plot_curves
+        from dpdl.training.plots import plot_curves
 
         plot_curves(run_dir / "metrics.csv", run_dir / "curves.png", title=plot_title)
         results["plot"] = str(run_dir / "curves.png")
