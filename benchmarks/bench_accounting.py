@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import math
 import time
 
@@ -25,6 +24,7 @@ from dp_accounting import dp_event
 from dp_accounting.pld.pld_privacy_accountant import PLDAccountant
 
 from dpdl.accounting.certified import compute_epsilon
+from dpdl.accounting.gdp import mu0_from_mu_total
 
 SAMPLE_RATE, STEPS, DELTA, GRID = 4e-4, 10_000, 1e-4, 1e-4
 MU_TOTAL_EPS1 = 0.313902  # μ(ε = 1, δ = 1e-4), SPEC §1.2
@@ -56,12 +56,7 @@ def row(name: str, value: str, seconds: float | None, note: str = "") -> None:
 
 
 def bench_calibration() -> None:
-    try:
-        schedules = importlib.import_module("dpdl.accounting.schedules")
-        solve = schedules.mu0_from_mu_total
-    except (ImportError, AttributeError):
-        row("(a) CLT mu0 calibration, K=1e5", "n/a", None, "dpdl.accounting.schedules missing")
-        return
+    solve = mu0_from_mu_total
     best, mu0 = math.inf, math.nan
     for _ in range(5):
         mu0, seconds = timed(solve, MU_TOTAL_EPS1, 100_000, SAMPLE_RATE, 2.0)

@@ -10,9 +10,10 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpdl.accounting.calibration import calibrate, calibrate_noise_scale, epsilon_report
+from dpdl.accounting.calibration import calibrate_noise_scale
+from dpdl.accounting.certified import epsilon_report
 from dpdl.accounting.gdp import mu_from_epsilon_delta
-from dpdl.accounting.schedules import make_schedule
+from dpdl.accounting.schedules import calibrate, make_schedule
 from dpdl.errors import DPDLError
 
 

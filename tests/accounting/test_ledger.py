@@ -210,7 +210,7 @@ def test_for_schedule_plans_the_whole_run():
 
 # ----------------------------------------------------------------- review fixes: fail closed
 def test_a_run_length_table_is_refused_not_flattened():
-    from dpdl.accounting.calibration import epsilon_report
+    from dpdl.accounting.certified import epsilon_report
 
     # [(z, count)] flattened would read as two steps (z=1, z=1000) and understate epsilon.
     with pytest.raises(DPDLError, match="1-D"):

@@ -7,18 +7,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpdl.accounting.gdp import mu_from_epsilon_delta
+from dpdl.accounting.gdp import (
+    clt_noise_scale,
+    mu0_from_mu_total,
+    mu_bar_from_mu_total,
+    mu_from_epsilon_delta,
+    sigma_scale_from_mu_total,
+)
 from dpdl.accounting.schedules import (
     ALGORITHMS,
-    clt_noise_scale,
     constant_clip,
     exponential_budget,
     exponential_clip,
     make_schedule,
-    mu0_from_mu_total,
-    mu_bar_from_mu_total,
     noise_from_budget,
-    sigma_scale_from_mu_total,
     uniform_budget,
 )
 from dpdl.errors import DPDLError

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 import dpdl
-from dpdl.accounting.calibration import epsilon_report
+from dpdl.accounting.certified import epsilon_report
 from dpdl.algorithms import randomness
 from dpdl.algorithms.dyn_d2p import (
     NodeBatch,

@@ -1,39 +1,40 @@
 """Privacy accounting of the Dyn-D2P family: pure numpy/scipy + dp_accounting, never torch.
 
-SPEC §1 (GDP toolkit) in ``gdp``; §2 (schedules, calibration) in ``schedules`` and
-``calibration``; certified PLD/RDP accountants in ``certified``; the training ledger in
-``ledger``.
+Imports run one way inside: ``validators`` → ``gdp`` (SPEC §1's GDP toolkit and the CLT
+solves) → ``certified`` (PLD/RDP accountants, ε reports) → ``calibration`` (the safe search for
+a noise scale) → ``schedules`` (SPEC §2: per-step clip and noise, calibrated) → ``ledger`` (what
+a run has spent); ``gossip`` (exact view accounting of linear Gaussian protocols) stands apart.
 """
 
-from dpdl.accounting.calibration import (
+from dpdl.accounting.calibration import calibrate_noise_scale
+from dpdl.accounting.certified import (
     ACCOUNTANTS,
-    CalibrationResult,
     EpsilonReport,
     accountant_options,
-    calibrate,
-    calibrate_noise_scale,
     epsilon_report,
 )
 from dpdl.accounting.gdp import (
     clt_mu_total,
+    clt_noise_scale,
     delta_from_epsilon,
     epsilon_from_delta,
     gaussian_sigma,
+    mu0_from_mu_total,
+    mu_bar_from_mu_total,
     mu_from_epsilon_delta,
+    sigma_scale_from_mu_total,
 )
 from dpdl.accounting.ledger import PrivacyLedger
 from dpdl.accounting.schedules import (
     ALGORITHMS,
+    CalibrationResult,
     PrivacySchedule,
-    clt_noise_scale,
+    calibrate,
     constant_clip,
     exponential_budget,
     exponential_clip,
     make_schedule,
-    mu0_from_mu_total,
-    mu_bar_from_mu_total,
     noise_from_budget,
-    sigma_scale_from_mu_total,
     uniform_budget,
 )
 

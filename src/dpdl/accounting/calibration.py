@@ -28,116 +28,21 @@ scale (to ``epsilon_rtol`` below the target) and verifies the final answer.
 
 from __future__ import annotations
 
-import functools
 import math
-from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
 from scipy.optimize import brentq
 
-from dpdl.accounting.certified import DEFAULT_BLOCKS, EpsilonReport, compute_epsilon
-from dpdl.accounting.gdp import _check_delta, _check_sample_rate, mu_from_epsilon_delta
+from dpdl.accounting import validators as check
+from dpdl.accounting.certified import _cached_epsilon, accountant_options, check_accountant
+from dpdl.accounting.gdp import clt_noise_scale, mu_from_epsilon_delta
 from dpdl.errors import DPDLError, require
 
-__all__ = [
-    "ACCOUNTANTS",
-    "EXACT_MAX_DISTINCT",
-    "EpsilonReport",
-    "CalibrationResult",
-    "accountant_options",
-    "epsilon_report",
-    "calibrate_noise_scale",
-    "calibrate",
-]
+__all__ = ["calibrate_noise_scale"]
 
-ACCOUNTANTS = ("clt", "pld", "rdp")
-# Beyond this many distinct multipliers exact composition is too slow for interactive use.
-EXACT_MAX_DISTINCT = {"pld": 200, "rdp": 200}
 COARSE_PLD = {"mode": "binned", "bins": 100, "value_discretization": 1e-3}
 COARSE_RDP = {"mode": "blocked", "blocks": 20}
-
-
-def _check_accountant(accountant: str) -> str:
-    require(
-        accountant in ACCOUNTANTS,
-        f"unknown accountant {accountant!r}; expected one of {ACCOUNTANTS}",
-    )
-    return accountant
-
-
-def accountant_options(
-    accountant: str, noise_multipliers: ArrayLike, blocks: int | None = None
-) -> dict[str, Any]:
-    """``compute_epsilon`` options (mode, blocks) for this schedule; see the module docstring."""
-    _check_accountant(accountant)
-    if accountant == "clt":
-        return {}
-    if blocks is not None:
-        require(
-            isinstance(blocks, int | np.integer) and blocks >= 1,
-            f"blocks must be a positive integer, got {blocks!r}",
-        )
-        return {"mode": "blocked", "blocks": int(blocks)}
-    distinct = np.unique(np.asarray(noise_multipliers, dtype=np.float64)).size
-    if distinct > EXACT_MAX_DISTINCT[accountant]:
-        if accountant == "pld":
-            return {"mode": "binned"}
-        return {"mode": "blocked", "blocks": DEFAULT_BLOCKS}
-    return {"mode": "exact"}
-
-
-def epsilon_report(
-    accountant: str,
-    noise_multipliers: ArrayLike,
-    sample_rate: float,
-    delta: float,
-    **options: Any,
-) -> EpsilonReport:
-    """ε of Poisson(p)-subsampled Gaussian steps with multipliers z_k under ``accountant``.
-
-    ``clt`` is the CLT approximation (SPEC §1.3, not certified); ``pld``/``rdp`` are
-    certified. ``options`` go to ``certified.compute_epsilon``; without ``mode`` they default
-    to :func:`accountant_options`. A step without noise (z = 0) gives ε = ∞.
-    """
-    _check_accountant(accountant)
-    z = np.asarray(noise_multipliers, dtype=np.float64)
-    # Per-step multipliers only: a (multiplier, count) table flattened would count its counts
-    # as steps and understate ε.
-    require(z.ndim == 1, f"noise_multipliers must be 1-D (one per step), got shape {z.shape}")
-    require(z.size > 0, "noise_multipliers must not be empty")
-    require(
-        bool(np.all(np.isfinite(z))) and bool(np.all(z >= 0)),
-        "noise multipliers must be finite and >= 0",
-    )
-    sample_rate, delta = _check_sample_rate(sample_rate), _check_delta(delta)
-    if np.any(z <= 0):  # a step without noise has no finite privacy guarantee
-        return EpsilonReport(
-            accountant=accountant,
-            epsilon=math.inf,
-            delta=delta,
-            certified=accountant != "clt",
-            method="no-noise",
-        )
-    if "mode" not in options and accountant != "clt":
-        options = {**accountant_options(accountant, z, options.pop("blocks", None)), **options}
-    return _cached_epsilon(accountant, z, sample_rate, delta, **options)
-
-
-@functools.lru_cache(maxsize=64)
-def _cached_compute(accountant, z_bytes, sample_rate, delta, options) -> EpsilonReport:
-    z = np.frombuffer(z_bytes, dtype=np.float64)
-    return compute_epsilon(accountant, z, sample_rate, delta, **dict(options))
-
-
-def _cached_epsilon(
-    accountant: str, z: np.ndarray, sample_rate: float, delta: float, **options: Any
-) -> EpsilonReport:
-    """``compute_epsilon``, memoised: a calibration's last evaluation is also its report."""
-    z = np.ascontiguousarray(z, dtype=np.float64)
-    key = tuple(sorted(options.items()))
-    return _cached_compute(accountant, z.tobytes(), float(sample_rate), float(delta), key)
 
 
 def _is_constant(shape: np.ndarray) -> bool:
@@ -237,7 +142,7 @@ def calibrate_noise_scale(
     For ``pld``/``rdp`` the result is on the safe side: its ε under the accountant with
     :func:`accountant_options` (``blocks``) has been computed and is ≤ the target.
     """
-    _check_accountant(accountant)
+    check_accountant(accountant)
     shape = np.asarray(multiplier_shape, dtype=np.float64).ravel()
     require(
         shape.size > 0 and bool(np.all(np.isfinite(shape))) and bool(np.all(shape > 0)),
@@ -247,9 +152,7 @@ def calibrate_noise_scale(
         isinstance(epsilon, int | float | np.floating) and math.isfinite(epsilon) and epsilon > 0,
         f"epsilon must be a finite positive number, got {epsilon!r}",
     )
-    delta, sample_rate = _check_delta(delta), _check_sample_rate(sample_rate)
-
-    from dpdl.accounting.schedules import clt_noise_scale
+    delta, sample_rate = check.delta(delta), check.sample_rate(sample_rate)
 
     clt_scale = clt_noise_scale(mu_from_epsilon_delta(epsilon, delta), sample_rate, shape)
     if accountant == "clt":
@@ -276,45 +179,3 @@ def calibrate_noise_scale(
     return search.solve(math.log(coarse_scale), coarse.log_slope())
 
 
-@dataclass(frozen=True)
-class CalibrationResult:
-    """A calibrated schedule and the ε each accountant reports for it."""
-
-    schedule: Any  # PrivacySchedule
-    reports: dict[str, EpsilonReport] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = self.schedule.to_dict()
-        out["epsilon"] = {name: report.epsilon for name, report in self.reports.items()}
-        out["reports"] = {name: report.to_dict() for name, report in self.reports.items()}
-        return out
-
-
-def calibrate(
-    algorithm: str,
-    *,
-    report: tuple[str, ...] | list[str] = ACCOUNTANTS,
-    **schedule_options: Any,
-) -> CalibrationResult:
-    """``make_schedule(algorithm, **schedule_options)``, then ε under every accountant in
-    ``report`` (issue 2, item 4), each composed as :func:`accountant_options` says.
-    """
-    from dpdl.accounting.schedules import make_schedule
-
-    for name in report:
-        _check_accountant(name)
-    schedule = make_schedule(algorithm, **schedule_options)
-    blocks = schedule_options.get("blocks")
-    reports: dict[str, EpsilonReport] = {}
-    for name in dict.fromkeys(report):
-        if schedule.private:
-            reports[name] = schedule.epsilon(name, blocks=blocks)
-        else:  # sgp: no noise, no finite guarantee
-            reports[name] = EpsilonReport(
-                accountant=name,
-                epsilon=math.inf,
-                delta=math.nan if schedule.delta is None else schedule.delta,
-                certified=name != "clt",
-                method="no-noise",
-            )
-    return CalibrationResult(schedule=schedule, reports=reports)

@@ -50,8 +50,10 @@ releases nothing and is dropped. An empty schedule has ε = 0 and δ = 0.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 from dp_accounting import dp_event
@@ -60,6 +62,7 @@ from numpy.typing import ArrayLike
 from scipy.special import logsumexp
 
 from dpdl.accounting import _pld_gaussian
+from dpdl.accounting import validators as check
 from dpdl.accounting.gdp import delta_from_epsilon, epsilon_from_delta
 from dpdl.errors import DPDLError, require
 
@@ -77,6 +80,10 @@ __all__ = [
     "blocked_run_length",
     "clt_mu_total",
     "privacy_loss_distribution",
+    "EXACT_MAX_DISTINCT",
+    "accountant_options",
+    "check_accountant",
+    "epsilon_report",
 ]
 
 ACCOUNTANTS = ("clt", "pld", "rdp")
@@ -421,3 +428,89 @@ def compute_delta(
     else:
         delta = float(_rdp_accountant(multipliers, counts, sample_rate).get_delta(epsilon))
     return EpsilonReport(accountant, epsilon, min(delta, 1.0), certified, method)
+
+
+# ------------------------------------------------------------------------ epsilon reports
+# Beyond this many distinct multipliers exact composition is too slow for interactive use.
+EXACT_MAX_DISTINCT = {"pld": 200, "rdp": 200}
+
+
+def check_accountant(accountant: str) -> str:
+    require(
+        accountant in ACCOUNTANTS,
+        f"unknown accountant {accountant!r}; expected one of {ACCOUNTANTS}",
+    )
+    return accountant
+
+
+def accountant_options(
+    accountant: str, noise_multipliers: ArrayLike, blocks: int | None = None
+) -> dict[str, Any]:
+    """``compute_epsilon`` options (mode, blocks) for this schedule; see the module docstring."""
+    check_accountant(accountant)
+    if accountant == "clt":
+        return {}
+    if blocks is not None:
+        require(
+            isinstance(blocks, int | np.integer) and blocks >= 1,
+            f"blocks must be a positive integer, got {blocks!r}",
+        )
+        return {"mode": "blocked", "blocks": int(blocks)}
+    distinct = np.unique(np.asarray(noise_multipliers, dtype=np.float64)).size
+    if distinct > EXACT_MAX_DISTINCT[accountant]:
+        if accountant == "pld":
+            return {"mode": "binned"}
+        return {"mode": "blocked", "blocks": DEFAULT_BLOCKS}
+    return {"mode": "exact"}
+
+
+def epsilon_report(
+    accountant: str,
+    noise_multipliers: ArrayLike,
+    sample_rate: float,
+    delta: float,
+    **options: Any,
+) -> EpsilonReport:
+    """ε of Poisson(p)-subsampled Gaussian steps with multipliers z_k under ``accountant``.
+
+    ``clt`` is the CLT approximation (SPEC §1.3, not certified); ``pld``/``rdp`` are
+    certified. ``options`` go to ``certified.compute_epsilon``; without ``mode`` they default
+    to :func:`accountant_options`. A step without noise (z = 0) gives ε = ∞.
+    """
+    check_accountant(accountant)
+    z = np.asarray(noise_multipliers, dtype=np.float64)
+    # Per-step multipliers only: a (multiplier, count) table flattened would count its counts
+    # as steps and understate ε.
+    require(z.ndim == 1, f"noise_multipliers must be 1-D (one per step), got shape {z.shape}")
+    require(z.size > 0, "noise_multipliers must not be empty")
+    require(
+        bool(np.all(np.isfinite(z))) and bool(np.all(z >= 0)),
+        "noise multipliers must be finite and >= 0",
+    )
+    sample_rate, delta = check.sample_rate(sample_rate), check.delta(delta)
+    if np.any(z <= 0):  # a step without noise has no finite privacy guarantee
+        return EpsilonReport(
+            accountant=accountant,
+            epsilon=math.inf,
+            delta=delta,
+            certified=accountant != "clt",
+            method="no-noise",
+        )
+    if "mode" not in options and accountant != "clt":
+        options = {**accountant_options(accountant, z, options.pop("blocks", None)), **options}
+    return _cached_epsilon(accountant, z, sample_rate, delta, **options)
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_compute(accountant, z_bytes, sample_rate, delta, options) -> EpsilonReport:
+    z = np.frombuffer(z_bytes, dtype=np.float64)
+    return compute_epsilon(accountant, z, sample_rate, delta, **dict(options))
+
+
+def _cached_epsilon(
+    accountant: str, z: np.ndarray, sample_rate: float, delta: float, **options: Any
+) -> EpsilonReport:
+    """``compute_epsilon``, memoised: a calibration's last evaluation is also its report."""
+    z = np.ascontiguousarray(z, dtype=np.float64)
+    key = tuple(sorted(options.items()))
+    return _cached_compute(accountant, z.tobytes(), float(sample_rate), float(delta), key)

@@ -14,6 +14,7 @@ from numpy.typing import ArrayLike
 from scipy.optimize import brentq
 from scipy.special import log_ndtr, logsumexp, ndtri
 
+from dpdl.accounting import validators as check
 from dpdl.errors import require
 
 __all__ = [
@@ -24,38 +25,16 @@ __all__ = [
     "gaussian_sigma",
     "clt_mu_total",
     "log_clt_sum",
+    "mu_bar_from_mu_total",
+    "clt_noise_scale",
+    "mu0_from_mu_total",
+    "sigma_scale_from_mu_total",
 ]
-
-
-def _check_mu(mu: float) -> float:
-    require(
-        isinstance(mu, int | float | np.floating | np.integer) and math.isfinite(mu) and mu > 0,
-        f"mu must be a finite positive number, got {mu!r}",
-    )
-    return float(mu)
-
-
-def _check_epsilon(epsilon: float) -> float:
-    require(
-        isinstance(epsilon, int | float | np.floating | np.integer)
-        and math.isfinite(epsilon)
-        and epsilon >= 0,
-        f"epsilon must be a finite number >= 0, got {epsilon!r}",
-    )
-    return float(epsilon)
-
-
-def _check_delta(delta: float) -> float:
-    require(
-        isinstance(delta, int | float | np.floating | np.integer) and 0 < delta < 1,
-        f"delta must lie in (0, 1), got {delta!r}",
-    )
-    return float(delta)
 
 
 def log_delta_from_epsilon(epsilon: float, mu: float) -> float:
     """log δ(ε; μ) of eq. 4, finite wherever δ > 0 is representable in log space."""
-    epsilon, mu = _check_epsilon(epsilon), _check_mu(mu)
+    epsilon, mu = check.epsilon(epsilon), check.mu(mu)
     log_first = float(log_ndtr(-epsilon / mu + mu / 2))
     log_second = epsilon + float(log_ndtr(-epsilon / mu - mu / 2))
     gap = log_second - log_first  # < 0: the second term is always the smaller one
@@ -74,7 +53,7 @@ def epsilon_from_delta(delta: float, mu: float) -> float:
 
     δ(ε; μ) ≤ Φ(−ε/μ + μ/2) gives the upper bracket ε ≤ μ(μ/2 − Φ⁻¹(δ)).
     """
-    delta, mu = _check_delta(delta), _check_mu(mu)
+    delta, mu = check.delta(delta), check.mu(mu)
     log_target = math.log(delta)
     if log_delta_from_epsilon(0.0, mu) <= log_target:
         return 0.0
@@ -94,7 +73,7 @@ def epsilon_from_delta(delta: float, mu: float) -> float:
 
 def mu_from_epsilon_delta(epsilon: float, delta: float) -> float:
     """The μ with δ(ε; μ) = δ (SPEC §1.2): δ grows with μ, so a 1-D root find in log μ."""
-    epsilon, delta = _check_epsilon(epsilon), _check_delta(delta)
+    epsilon, delta = check.epsilon(epsilon), check.delta(delta)
     log_target = math.log(delta)
 
     def gap(log_mu: float) -> float:
@@ -117,15 +96,7 @@ def gaussian_sigma(sensitivity: float, mu: float) -> float:
         math.isfinite(sensitivity) and sensitivity > 0,
         f"sensitivity must be a finite positive number, got {sensitivity!r}",
     )
-    return float(sensitivity) / _check_mu(mu)
-
-
-def _check_sample_rate(sample_rate: float) -> float:
-    require(
-        isinstance(sample_rate, int | float | np.floating | np.integer) and 0 < sample_rate <= 1,
-        f"sample_rate must lie in (0, 1], got {sample_rate!r}",
-    )
-    return float(sample_rate)
+    return float(sensitivity) / check.mu(mu)
 
 
 def log_clt_sum(mus: ArrayLike) -> float:
@@ -149,5 +120,53 @@ def clt_mu_total(sample_rate: float, mus: ArrayLike) -> float:
     understate the true ε badly at small p (SPEC §2); certified numbers come from
     ``dpdl.accounting.certified``.
     """
-    p = _check_sample_rate(sample_rate)
+    p = check.sample_rate(sample_rate)
     return p * math.exp(0.5 * log_clt_sum(mus))
+
+
+# --------------------------------------------------------------------------- CLT solves
+def mu_bar_from_mu_total(mu_tot: float, steps: int, sample_rate: float) -> float:
+    """μ̄ = sqrt(ln(μ_tot² / (K p²) + 1)) (SPEC §2, eq. 9)."""
+    mu_tot, steps, p = (
+        check.positive("mu_tot", mu_tot),
+        check.steps(steps),
+        check.sample_rate(sample_rate),
+    )
+    return math.sqrt(math.log1p(mu_tot**2 / (steps * p * p)))
+
+
+def clt_noise_scale(mu_tot: float, sample_rate: float, shape: ArrayLike) -> float:
+    """The scale t with p · sqrt(Σ_k expm1(1/(t s_k)²)) = μ_tot (eq. 8 and eq. 10 in one form).
+
+    The left side falls monotonically in t. Every μ_k = 1/(t s_k) equal to μ̄ would solve it,
+    so t lies between min_k and max_k of 1/(μ̄ s_k): a bracket that is always valid.
+    """
+    mu_tot, p = check.positive("mu_tot", mu_tot), check.sample_rate(sample_rate)
+    shape = check.per_step("noise-multiplier shape", shape)
+    mu_bar = mu_bar_from_mu_total(mu_tot, shape.size, p)
+    low, high = 1.0 / (mu_bar * float(shape.max())), 1.0 / (mu_bar * float(shape.min()))
+    if high / low - 1 < 1e-12:  # constant shape: the closed form is exact
+        return math.sqrt(low * high)
+    log_target = 2 * math.log(mu_tot / p)
+
+    def gap(log_t: float) -> float:
+        return log_clt_sum(1.0 / (math.exp(log_t) * shape)) - log_target
+
+    return math.exp(brentq(gap, math.log(low), math.log(high), xtol=1e-13, rtol=1e-13))
+
+
+def mu0_from_mu_total(mu_tot: float, steps: int, sample_rate: float, rho_mu: float) -> float:
+    """μ0, the root of p · sqrt(Σ_k expm1(μ0² ρ_μ^(2k/K))) = μ_tot (SPEC §2, eq. 8)."""
+    rho_mu = check.ratio("rho_mu", rho_mu)
+    steps = check.steps(steps)
+    shape = rho_mu ** (-(np.arange(steps, dtype=np.float64) / steps))  # k / K, k = 0 … K−1
+    return 1.0 / clt_noise_scale(mu_tot, sample_rate, shape)
+
+
+def sigma_scale_from_mu_total(
+    mu_tot: float, sample_rate: float, clip: ArrayLike, noise_shape: ArrayLike
+) -> float:
+    """σ̃ with p · sqrt(Σ_k expm1((C_k / (σ̃ σ̃_k))²)) = μ_tot (SPEC §2, Prop. 4, eq. 10)."""
+    clip = check.per_step("clip_shape", clip)
+    noise_shape = check.per_step("noise_shape", noise_shape, clip.size)
+    return clt_noise_scale(mu_tot, sample_rate, noise_shape / clip)

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from dpdl.accounting.calibration import ACCOUNTANTS, EpsilonReport, epsilon_report
-from dpdl.accounting.gdp import _check_delta, _check_sample_rate
+from dpdl.accounting import validators as check
+from dpdl.accounting.certified import ACCOUNTANTS, EpsilonReport, epsilon_report
 from dpdl.errors import DPDLError, PrivacyBudgetExceeded, require
 
 __all__ = ["LEDGER_SCHEMA_VERSION", "PrivacyLedger", "run_length_encode", "run_length_decode"]
@@ -72,7 +72,7 @@ class PrivacyLedger:
     decides both the budget checks and the default of :meth:`epsilon_spent`. ``blocks`` makes
     the certified accountants use the blocked upper bound with that many blocks; without it
     they compose exactly, or blocked when the steps have very many distinct multipliers
-    (``calibration.accountant_options``).
+    (``certified.accountant_options``).
     """
 
     def __init__(
@@ -84,8 +84,8 @@ class PrivacyLedger:
         *,
         blocks: int | None = None,
     ):
-        self.sample_rate = _check_sample_rate(sample_rate)
-        self.delta = _check_delta(delta)
+        self.sample_rate = check.sample_rate(sample_rate)
+        self.delta = check.delta(delta)
         require(
             isinstance(epsilon_budget, int | float | np.floating)
             and math.isfinite(epsilon_budget)

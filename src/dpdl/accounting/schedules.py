@@ -31,14 +31,15 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
-from scipy.optimize import brentq
 
+from dpdl.accounting import validators as check
+from dpdl.accounting.calibration import calibrate_noise_scale
+from dpdl.accounting.certified import ACCOUNTANTS, EpsilonReport, check_accountant, epsilon_report
 from dpdl.accounting.gdp import (
-    _check_delta,
-    _check_sample_rate,
-    log_clt_sum,
+    clt_noise_scale,
     mu_from_epsilon_delta,
 )
+from dpdl.accounting.validators import per_step as array_schedule
 from dpdl.errors import DPDLError, require
 
 __all__ = [
@@ -53,61 +54,16 @@ __all__ = [
     "exponential_budget",
     "array_schedule",
     "noise_from_budget",
-    "mu_bar_from_mu_total",
-    "mu0_from_mu_total",
-    "sigma_scale_from_mu_total",
-    "clt_noise_scale",
     "noise_shape_of",
     "make_schedule",
+    "calibrate",
+    "CalibrationResult",
 ]
 
 ALGORITHMS = ("sgp", "const-d2p", "dyn-c-d2p", "dyn-mu-d2p", "dyn-d2p", "general")
 DEFAULT_CLIP = 1.0
 DEFAULT_RHO_C = 2.0
 DEFAULT_RHO_MU = 2.0
-ACCOUNTANT_NAMES = ("clt", "pld", "rdp")
-
-
-# --------------------------------------------------------------------------- validation
-def _check_steps(steps: int) -> int:
-    require(
-        isinstance(steps, int | np.integer) and not isinstance(steps, bool) and steps >= 1,
-        f"steps must be an integer >= 1, got {steps!r}",
-    )
-    return int(steps)
-
-
-def _check_positive(name: str, value: float) -> float:
-    require(
-        isinstance(value, int | float | np.floating | np.integer)
-        and math.isfinite(value)
-        and value > 0,
-        f"{name} must be a finite positive number, got {value!r}",
-    )
-    return float(value)
-
-
-def _check_ratio(name: str, value: float) -> float:
-    require(
-        isinstance(value, int | float | np.floating | np.integer)
-        and math.isfinite(value)
-        and value >= 1,  # 1 is the constant schedule (the rho grid of SPEC §4 includes it)
-        f"{name} must be a finite number >= 1, got {value!r}",
-    )
-    return float(value)
-
-
-def array_schedule(name: str, values: ArrayLike, steps: int | None = None) -> np.ndarray:
-    """A user-given per-step sequence: finite, positive, 1-D, of length ``steps`` if given."""
-    array = np.asarray(values, dtype=np.float64)
-    require(array.ndim == 1 and array.size > 0, f"{name} must be a non-empty 1-D array")
-    require(
-        bool(np.all(np.isfinite(array))) and bool(np.all(array > 0)),
-        f"{name} must be finite and positive everywhere (min {np.min(array)!r})",
-    )
-    if steps is not None:
-        require(array.size == steps, f"{name} has length {array.size}, expected steps = {steps}")
-    return array
 
 
 def _fraction(steps: int) -> np.ndarray:
@@ -117,30 +73,30 @@ def _fraction(steps: int) -> np.ndarray:
 # --------------------------------------------------------------------------- shapes
 def constant_clip(clip: float, steps: int) -> np.ndarray:
     """C_k = C̄ for every step (Dyn[μ], Const)."""
-    return np.full(_check_steps(steps), _check_positive("clip", clip))
+    return np.full(check.steps(steps), check.positive("clip", clip))
 
 
 def exponential_clip(clip0: float, rho_c: float, steps: int) -> np.ndarray:
     """C_k = C0 · ρ_c^(−k/K) (Dyn-D2P, Dyn[C]; SPEC §2 table)."""
     clip0, rho_c, steps = (
-        _check_positive("clip0", clip0),
-        _check_ratio("rho_c", rho_c),
-        _check_steps(steps),
+        check.positive("clip0", clip0),
+        check.ratio("rho_c", rho_c),
+        check.steps(steps),
     )
     return clip0 * rho_c ** (-_fraction(steps))
 
 
 def uniform_budget(mu_bar: float, steps: int) -> np.ndarray:
     """μ_k = μ̄ for every step."""
-    return np.full(_check_steps(steps), _check_positive("mu_bar", mu_bar))
+    return np.full(check.steps(steps), check.positive("mu_bar", mu_bar))
 
 
 def exponential_budget(mu0: float, rho_mu: float, steps: int) -> np.ndarray:
     """μ_k = μ0 · ρ_μ^(k/K) (Dyn-D2P, Dyn[μ]; SPEC §2 table)."""
     mu0, rho_mu, steps = (
-        _check_positive("mu0", mu0),
-        _check_ratio("rho_mu", rho_mu),
-        _check_steps(steps),
+        check.positive("mu0", mu0),
+        check.ratio("rho_mu", rho_mu),
+        check.steps(steps),
     )
     return mu0 * rho_mu ** _fraction(steps)
 
@@ -150,53 +106,6 @@ def noise_from_budget(clip: ArrayLike, mu: ArrayLike) -> np.ndarray:
     clip = array_schedule("clip", clip)
     mu = array_schedule("mu", mu, clip.size)
     return clip / mu
-
-
-# --------------------------------------------------------------------------- CLT solves
-def mu_bar_from_mu_total(mu_tot: float, steps: int, sample_rate: float) -> float:
-    """μ̄ = sqrt(ln(μ_tot² / (K p²) + 1)) (SPEC §2, eq. 9)."""
-    mu_tot, steps, p = (
-        _check_positive("mu_tot", mu_tot),
-        _check_steps(steps),
-        _check_sample_rate(sample_rate),
-    )
-    return math.sqrt(math.log1p(mu_tot**2 / (steps * p * p)))
-
-
-def clt_noise_scale(mu_tot: float, sample_rate: float, shape: ArrayLike) -> float:
-    """The scale t with p · sqrt(Σ_k expm1(1/(t s_k)²)) = μ_tot (eq. 8 and eq. 10 in one form).
-
-    The left side falls monotonically in t. Every μ_k = 1/(t s_k) equal to μ̄ would solve it,
-    so t lies between min_k and max_k of 1/(μ̄ s_k): a bracket that is always valid.
-    """
-    mu_tot, p = _check_positive("mu_tot", mu_tot), _check_sample_rate(sample_rate)
-    shape = array_schedule("noise-multiplier shape", shape)
-    mu_bar = mu_bar_from_mu_total(mu_tot, shape.size, p)
-    low, high = 1.0 / (mu_bar * float(shape.max())), 1.0 / (mu_bar * float(shape.min()))
-    if high / low - 1 < 1e-12:  # constant shape: the closed form is exact
-        return math.sqrt(low * high)
-    log_target = 2 * math.log(mu_tot / p)
-
-    def gap(log_t: float) -> float:
-        return log_clt_sum(1.0 / (math.exp(log_t) * shape)) - log_target
-
-    return math.exp(brentq(gap, math.log(low), math.log(high), xtol=1e-13, rtol=1e-13))
-
-
-def mu0_from_mu_total(mu_tot: float, steps: int, sample_rate: float, rho_mu: float) -> float:
-    """μ0, the root of p · sqrt(Σ_k expm1(μ0² ρ_μ^(2k/K))) = μ_tot (SPEC §2, eq. 8)."""
-    rho_mu = _check_ratio("rho_mu", rho_mu)
-    shape = rho_mu ** (-_fraction(_check_steps(steps)))
-    return 1.0 / clt_noise_scale(mu_tot, sample_rate, shape)
-
-
-def sigma_scale_from_mu_total(
-    mu_tot: float, sample_rate: float, clip: ArrayLike, noise_shape: ArrayLike
-) -> float:
-    """σ̃ with p · sqrt(Σ_k expm1((C_k / (σ̃ σ̃_k))²)) = μ_tot (SPEC §2, Prop. 4, eq. 10)."""
-    clip = array_schedule("clip_shape", clip)
-    noise_shape = array_schedule("noise_shape", noise_shape, clip.size)
-    return clt_noise_scale(mu_tot, sample_rate, noise_shape / clip)
 
 
 # --------------------------------------------------------------------------- schedule
@@ -241,10 +150,8 @@ class PrivacySchedule:
         Returns an ``EpsilonReport``; ``sgp`` (no noise) has ε = ∞. ``options`` go to
         ``dpdl.accounting.certified.compute_epsilon`` (``mode``, ``blocks``, ...).
         """
-        from dpdl.accounting.calibration import epsilon_report
-
         require(self.delta is not None, "this schedule has no delta; epsilon is undefined")
-        steps = self.steps if steps is None else _check_steps(steps)
+        steps = self.steps if steps is None else check.steps(steps)
         require(steps <= self.steps, f"steps = {steps} exceeds the schedule's {self.steps} steps")
         return epsilon_report(
             accountant,
@@ -305,7 +212,7 @@ def noise_shape_of(
 
     σ_k = t · σ̃_k with the calibrated scale t; z_k = t · s_k.
     """
-    steps = _check_steps(steps)
+    steps = check.steps(steps)
     clip0 = clip if clip0 is None else clip0
     if algorithm in ("dyn-d2p", "dyn-c-d2p"):
         clips = exponential_clip(clip0, rho_c, steps)
@@ -317,7 +224,7 @@ def noise_shape_of(
         else:
             clips = array_schedule("clip_shape", clip_shape, steps)
         if noise_shape is None:  # Corollary 1: σ̃_k ∝ (ρ_c ρ_μ)^(−k/K)
-            rho_c, rho_mu = _check_ratio("rho_c", rho_c), _check_ratio("rho_mu", rho_mu)
+            rho_c, rho_mu = check.ratio("rho_c", rho_c), check.ratio("rho_mu", rho_mu)
             sigma_shape = (rho_c * rho_mu) ** (-_fraction(steps))
         else:
             sigma_shape = array_schedule("noise_shape", noise_shape, steps)
@@ -327,7 +234,7 @@ def noise_shape_of(
             f"unknown private algorithm {algorithm!r}; expected one of {ALGORITHMS[1:]}"
         )
     if algorithm in ("dyn-d2p", "dyn-mu-d2p"):
-        multiplier_shape = _check_ratio("rho_mu", rho_mu) ** (-_fraction(steps))
+        multiplier_shape = check.ratio("rho_mu", rho_mu) ** (-_fraction(steps))
     else:
         multiplier_shape = np.ones(steps)
     return clips, multiplier_shape, clips * multiplier_shape
@@ -395,14 +302,14 @@ def make_schedule(
     require(
         algorithm in ALGORITHMS, f"unknown algorithm {algorithm!r}; expected one of {ALGORITHMS}"
     )
-    steps = _check_steps(steps)
-    sample_rate = _check_sample_rate(sample_rate)
+    steps = check.steps(steps)
+    sample_rate = check.sample_rate(sample_rate)
     if algorithm == "sgp":
         return PrivacySchedule(
             algorithm="sgp",
             steps=steps,
             sample_rate=sample_rate,
-            delta=None if delta is None else _check_delta(delta),
+            delta=None if delta is None else check.delta(delta),
             epsilon_target=None,
             clip=None,
             sigma=np.zeros(steps),
@@ -410,16 +317,16 @@ def make_schedule(
             calibrated_with=None,
         )
     require(epsilon is not None, f"algorithm {algorithm!r} needs a target epsilon")
-    epsilon = _check_positive("epsilon", epsilon)
+    epsilon = check.positive("epsilon", epsilon)
     require(delta is not None, f"algorithm {algorithm!r} needs a target delta")
-    delta = _check_delta(delta)
+    delta = check.delta(delta)
     require(
-        calibrate in ACCOUNTANT_NAMES,
-        f"unknown accountant {calibrate!r}; expected one of {ACCOUNTANT_NAMES}",
+        calibrate in ACCOUNTANTS,
+        f"unknown accountant {calibrate!r}; expected one of {ACCOUNTANTS}",
     )
-    clip = _check_positive("clip", clip)
+    clip = check.positive("clip", clip)
     if clip0 is not None:
-        clip0 = _check_positive("clip0", clip0)
+        clip0 = check.positive("clip0", clip0)
     clips, multiplier_shape, sigma_shape = noise_shape_of(
         algorithm,
         steps,
@@ -443,8 +350,6 @@ def make_schedule(
             mu_from_epsilon_delta(epsilon, delta), sample_rate, multiplier_shape
         )
     else:
-        from dpdl.accounting.calibration import calibrate_noise_scale
-
         scale = calibrate_noise_scale(
             multiplier_shape,
             epsilon=epsilon,
@@ -465,3 +370,45 @@ def make_schedule(
         calibrated_with=calibrate,
         parameters=parameters,
     )
+
+
+@dataclass(frozen=True)
+class CalibrationResult:
+    """A calibrated schedule and the ε each accountant reports for it."""
+
+    schedule: Any  # PrivacySchedule
+    reports: dict[str, EpsilonReport] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = self.schedule.to_dict()
+        out["epsilon"] = {name: report.epsilon for name, report in self.reports.items()}
+        out["reports"] = {name: report.to_dict() for name, report in self.reports.items()}
+        return out
+
+
+def calibrate(
+    algorithm: str,
+    *,
+    report: tuple[str, ...] | list[str] = ACCOUNTANTS,
+    **schedule_options: Any,
+) -> CalibrationResult:
+    """``make_schedule(algorithm, **schedule_options)``, then ε under every accountant in
+    ``report`` (issue 2, item 4), each composed as :func:`accountant_options` says.
+    """
+    for name in report:
+        check_accountant(name)
+    schedule = make_schedule(algorithm, **schedule_options)
+    blocks = schedule_options.get("blocks")
+    reports: dict[str, EpsilonReport] = {}
+    for name in dict.fromkeys(report):
+        if schedule.private:
+            reports[name] = schedule.epsilon(name, blocks=blocks)
+        else:  # sgp: no noise, no finite guarantee
+            reports[name] = EpsilonReport(
+                accountant=name,
+                epsilon=math.inf,
+                delta=math.nan if schedule.delta is None else schedule.delta,
+                certified=name != "clt",
+                method="no-noise",
+            )
+    return CalibrationResult(schedule=schedule, reports=reports)

@@ -19,12 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from dpdl.accounting.calibration import ACCOUNTANTS, calibrate
+from dpdl.accounting.certified import ACCOUNTANTS
 from dpdl.accounting.schedules import (
     ALGORITHMS,
     DEFAULT_CLIP,
     DEFAULT_RHO_C,
     DEFAULT_RHO_MU,
+    calibrate,
 )
 from dpdl.errors import DPDLError, require
 

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dpdl.accounting.calibration import accountant_options, epsilon_report
+from dpdl.accounting.certified import accountant_options, epsilon_report
 from dpdl.accounting.ledger import PrivacyLedger
 from dpdl.accounting.schedules import (
     PrivacySchedule,

@@ -1,0 +1,87 @@
+"""The accounting's argument checks, in one place: each raises DPDLError with one line naming
+the argument and the value it got (accounting inputs reach here from configs and the CLI)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from dpdl.errors import require
+
+__all__ = ["delta", "epsilon", "mu", "per_step", "positive", "ratio", "sample_rate", "steps"]
+
+_NUMBER = (int, float, np.floating, np.integer)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, _NUMBER) and not isinstance(value, bool)
+
+
+def positive(name: str, value: float) -> float:
+    """A finite number > 0."""
+    require(
+        _is_number(value) and math.isfinite(value) and value > 0,
+        f"{name} must be a finite positive number, got {value!r}",
+    )
+    return float(value)
+
+
+def mu(value: float) -> float:
+    """A GDP parameter μ: finite and > 0."""
+    return positive("mu", value)
+
+
+def epsilon(value: float) -> float:
+    """A privacy-loss level ε: finite and >= 0."""
+    require(
+        _is_number(value) and math.isfinite(value) and value >= 0,
+        f"epsilon must be a finite number >= 0, got {value!r}",
+    )
+    return float(value)
+
+
+def delta(value: float) -> float:
+    """A δ in (0, 1)."""
+    require(_is_number(value) and 0 < value < 1, f"delta must lie in (0, 1), got {value!r}")
+    return float(value)
+
+
+def sample_rate(value: float) -> float:
+    """A Poisson sampling rate in (0, 1]."""
+    require(
+        _is_number(value) and 0 < value <= 1, f"sample_rate must lie in (0, 1], got {value!r}"
+    )
+    return float(value)
+
+
+def steps(value: int) -> int:
+    """A number of steps: an integer >= 1."""
+    require(
+        isinstance(value, int | np.integer) and not isinstance(value, bool) and value >= 1,
+        f"steps must be an integer >= 1, got {value!r}",
+    )
+    return int(value)
+
+
+def ratio(name: str, value: float) -> float:
+    """A decay ratio ρ: finite and >= 1 (1 is the constant schedule)."""
+    require(
+        _is_number(value) and math.isfinite(value) and value >= 1,
+        f"{name} must be a finite number >= 1, got {value!r}",
+    )
+    return float(value)
+
+
+def per_step(name: str, values: ArrayLike, count: int | None = None) -> np.ndarray:
+    """A user-given per-step sequence: finite, positive, 1-D, of length ``count`` if given."""
+    array = np.asarray(values, dtype=np.float64)
+    require(array.ndim == 1 and array.size > 0, f"{name} must be a non-empty 1-D array")
+    require(
+        bool(np.all(np.isfinite(array))) and bool(np.all(array > 0)),
+        f"{name} must be finite and positive everywhere (min {np.min(array)!r})",
+    )
+    if count is not None:
+        require(array.size == count, f"{name} has length {array.size}, expected steps = {count}")
+    return array
