@@ -9,7 +9,7 @@ HELP = "Run a grid of configurations in parallel (local processes or Ray), resum
 
 
 def add_arguments(parser) -> None:
-    from dpdl.experiments.sweep import EXECUTORS  # stdlib only: cheap at parse time
+    from dpdl.experiments.sweep.executors import EXECUTORS  # stdlib only: cheap at parse time
 
     parser.add_argument("config", nargs="?", help="sweep config (TOML with a [sweep] table)")
     parser.add_argument("--preset", help="a shipped sweep preset, e.g. table2, figure4")
@@ -77,7 +77,8 @@ def parse_override(text: str):
 def run(args) -> int:
     from dpdl.errors import DPDLError
     from dpdl.experiments.registry import load_config_file
-    from dpdl.experiments.sweep import run_sweep, set_dotted
+    from dpdl.experiments.sweep.driver import run_sweep
+    from dpdl.experiments.sweep.grid import set_dotted
 
     if args.workers is not None and args.workers < 1:
         raise DPDLError(f"--workers must be ≥ 1, got {args.workers}")

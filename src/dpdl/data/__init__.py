@@ -9,18 +9,13 @@ for "digits", "breast-cancer", "diabetes" (scikit-learn, no download), "fashion-
 
 from dpdl.data.cifar10 import download_cifar10, find_cifar10, load_cifar10, read_batch
 from dpdl.data.csv_loader import load_csv
-from dpdl.data.dataset import Dataset, dataset_names, load_dataset, register_loader
+from dpdl.data.dataset import Dataset
 from dpdl.data.fashion_mnist import find_fashion_mnist, load_fashion_mnist
 from dpdl.data.idx import parse_idx, read_idx, write_idx
 from dpdl.data.nodes import local_arrays, read_records, stack_local_datasets
 from dpdl.data.partition import SCHEMES, label_distribution, partition, stack_node_data
+from dpdl.data.registry import dataset_names, load_dataset, register_loader
 from dpdl.data.sklearn_sets import load_breast_cancer, load_diabetes, load_digits
-
-register_loader("digits", load_digits)
-register_loader("breast-cancer", load_breast_cancer)
-register_loader("diabetes", load_diabetes)
-register_loader("fashion-mnist", load_fashion_mnist)
-register_loader("cifar10", load_cifar10)
 
 __all__ = [
     "SCHEMES",

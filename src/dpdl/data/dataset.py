@@ -1,10 +1,12 @@
-"""The in-memory data-set container shared by every loader, and the name -> loader registry."""
+"""The in-memory data-set container shared by every loader.
+
+It imports no loader: the loaders import it, and the name -> loader table that
+``load_dataset`` dispatches on lives in :mod:`dpdl.data.registry`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -77,48 +79,3 @@ class Dataset:
 
 def _is_jsonable(value) -> bool:
     return isinstance(value, str | int | float | bool | list | tuple | dict) or value is None
-
-
-# name -> loader(data_dir, download, seed). Filled in by dpdl.data.__init__ to avoid
-# import cycles between the loader modules and this registry.
-_LOADERS: dict[str, Callable[..., Dataset]] = {}
-
-
-def register_loader(name: str, loader: Callable[..., Dataset]) -> None:
-    _LOADERS[name] = loader
-
-
-def dataset_names() -> tuple[str, ...]:
-    return tuple(_LOADERS)
-
-
-def load_dataset(
-    name: str,
-    *,
-    data_dir: str | Path | None = None,
-    download: bool = False,
-    seed: int = 0,
-) -> Dataset:
-    """Load a data set by name: "digits", "fashion-mnist", "cifar10", "breast-cancer",
-    "diabetes", or "csv:<path>[?option=value&...]" for a user CSV whose last column is the
-    label (options: task, binarize, normalize_rows, test_fraction; see ``load_csv``), e.g.
-    "csv:houses.csv?normalize_rows=true" for the OpenML 823 Housing set of SPEC §6.
-
-    ``seed`` fixes the train/test split of sets that ship without one (the scikit-learn sets,
-    CSV files); ``data_dir`` and ``download`` matter for the sets read from disk.
-    """
-    if not isinstance(name, str):
-        raise DPDLError(f"dataset name must be a string, got {name!r}")
-    key = name.strip().lower().replace("_", "-")
-    if key.startswith("csv:"):
-        from dpdl.data.csv_loader import load_csv_spec
-
-        return load_csv_spec(name.strip()[4:], seed=seed)
-    aliases = {"fmnist": "fashion-mnist", "cifar-10": "cifar10"}
-    key = aliases.get(key, key)
-    if key not in _LOADERS:
-        raise DPDLError(
-            f"unknown dataset {name!r}; choose one of {', '.join(sorted(_LOADERS))} "
-            "or 'csv:<path>'"
-        )
-    return _LOADERS[key](data_dir=data_dir, download=download, seed=seed)

@@ -50,7 +50,8 @@ from typing import Any
 import numpy as np
 
 from dpdl.errors import require
-from dpdl.experiments.sweep import finished_cells, run_sweep, set_dotted
+from dpdl.experiments.sweep.driver import finished_cells, run_sweep
+from dpdl.experiments.sweep.grid import set_dotted
 from dpdl.training.results import sample_std
 
 TUNE_KEYS = {"metric", "selection_seeds", "test_seeds", "workers", "candidates", "baselines"}
@@ -212,7 +213,7 @@ def run_tuning(config: dict, out: Path, *, workers: int | None = None,
     out = Path(out)
     metric, workers = tune["metric"], workers or tune.get("workers", 1)
     from dpdl.experiments.config import parse_config
-    from dpdl.experiments.sweep import LocalExecutor
+    from dpdl.experiments.sweep.executors.local import LocalExecutor
 
     parse_config(base)  # the base is a valid run config before any process starts
     pool = LocalExecutor(workers, persistent=True)  # one set of workers for every sweep

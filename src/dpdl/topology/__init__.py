@@ -34,6 +34,7 @@ from dpdl.topology.metrics import (
 )
 from dpdl.topology.validation import (
     ConnectivityReport,
+    MixingSchedule,
     check_b_strongly_connected,
     union_graph,
     validate_mixing_matrix,
@@ -46,6 +47,7 @@ __all__ = [
     "ConnectivityReport",
     "MatrixTopology",
     "MixingReport",
+    "MixingSchedule",
     "Topology",
     "check_b_strongly_connected",
     "circulant_form_of",

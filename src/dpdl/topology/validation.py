@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import networkx as nx
 import numpy as np
@@ -17,11 +17,22 @@ from scipy.sparse.csgraph import shortest_path
 
 from dpdl.errors import DPDLError
 
-if TYPE_CHECKING:
-    from dpdl.topology.base import Topology
-
 #: Absolute tolerance on row/column sums (float64 weights like 1/3 do not sum to 1 exactly).
 SUM_TOLERANCE = 1e-9
+
+
+class MixingSchedule(Protocol):
+    """What the connectivity check needs of a periodic schedule: any
+    :class:`~dpdl.topology.base.Topology` is one. Stated here so this module need not import
+    ``base``, which imports it to validate every topology it builds."""
+
+    name: str
+    n: int
+    period: int
+
+    def adjacency(self, k: int) -> np.ndarray:
+        """Boolean ``(n, n)``: ``A[i, j]`` iff ``i != j`` and ``i`` receives from ``j`` at k."""
+        ...
 
 
 def validate_mixing_matrix(
@@ -82,7 +93,7 @@ class ConnectivityReport:
         return asdict(self)
 
 
-def union_adjacency(topology: Topology, start: int, steps: int) -> np.ndarray:
+def union_adjacency(topology: MixingSchedule, start: int, steps: int) -> np.ndarray:
     """Boolean ``A[i, j]``: ``i`` receives from ``j`` in some step ``start .. start+steps-1``."""
     received = np.zeros((topology.n, topology.n), dtype=bool)
     # a window of >= period steps covers every phase once; more steps add no edge
@@ -91,7 +102,7 @@ def union_adjacency(topology: Topology, start: int, steps: int) -> np.ndarray:
     return received
 
 
-def union_graph(topology: Topology, start: int, steps: int) -> nx.DiGraph:
+def union_graph(topology: MixingSchedule, start: int, steps: int) -> nx.DiGraph:
     """The directed graph of all edges ``j -> i`` used in steps ``start .. start+steps-1``."""
     return _digraph(union_adjacency(topology, start, steps))
 
@@ -123,7 +134,9 @@ def directed_diameter(adjacency: np.ndarray, chunk: int = 256) -> int:
     return diameter
 
 
-def check_b_strongly_connected(topology: Topology, B: int | None = None) -> ConnectivityReport:
+def check_b_strongly_connected(
+    topology: MixingSchedule, B: int | None = None
+) -> ConnectivityReport:
     """Check that the union of any ``B`` consecutive steps is strongly connected (SPEC §3).
 
     ``B`` defaults to the topology's period. Because the schedule is periodic, the windows

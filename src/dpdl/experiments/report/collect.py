@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from dpdl.errors import DPDLError
-from dpdl.experiments.sweep import finished_cells
+from dpdl.experiments.sweep.driver import finished_cells
 
 _SEED_LEAVES = {"seed", "seeds"}
 _NOT_A_SETTING = _SEED_LEAVES | {"algorithms", "epsilon"}

@@ -2,9 +2,10 @@
 
 Each cell is a Ray task that asks for one CPU (and one GPU when its device is ``cuda``), so
 Ray places it wherever there is room. The task runs the cell in a scratch folder on its own
-machine and returns the folder's files with the results; the driver (:func:`commit_cell`)
-writes them into ``<cell>.partial`` and renames it into place, so the sweep folder has one
-writer and no shared file system is needed.
+machine and returns the folder's files with the results; the driver
+(:func:`dpdl.experiments.sweep.driver.commit_cell`) writes them into ``<cell>.partial`` and
+renames it into place, so the sweep folder has one writer and no shared file system is needed.
+This module imports only the executor contract, never the driver.
 
 A worker that dies mid-cell (killed, out of memory, its machine lost) makes Ray run the cell
 again, at most ``max_retries`` times; an exception raised by the experiment itself is not
@@ -19,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from dpdl.errors import DPDLError
-from dpdl.experiments.sweep import CellJob, CellOutcome, run_cell_into
+from dpdl.experiments.sweep.contract import CellJob, CellOutcome, run_cell_into
 
 DEFAULT_MAX_RETRIES = 2
 INSTALL_HINT = "--executor ray needs Ray: pip install -e '.[ray]'"

@@ -1,0 +1,65 @@
+"""Data sets by name: the name -> loader table that ``load_dataset`` dispatches on.
+
+It sits above the loaders (they import only :class:`~dpdl.data.dataset.Dataset`), so the
+shipped sets are registered here, where the table is, with no import cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from dpdl.data.cifar10 import load_cifar10
+from dpdl.data.csv_loader import load_csv_spec
+from dpdl.data.dataset import Dataset
+from dpdl.data.fashion_mnist import load_fashion_mnist
+from dpdl.data.sklearn_sets import load_breast_cancer, load_diabetes, load_digits
+from dpdl.errors import DPDLError
+
+# name -> loader(data_dir, download, seed), in the order dataset_names() reports them
+_LOADERS: dict[str, Callable[..., Dataset]] = {}
+
+
+def register_loader(name: str, loader: Callable[..., Dataset]) -> None:
+    _LOADERS[name] = loader
+
+
+def dataset_names() -> tuple[str, ...]:
+    return tuple(_LOADERS)
+
+
+register_loader("digits", load_digits)
+register_loader("breast-cancer", load_breast_cancer)
+register_loader("diabetes", load_diabetes)
+register_loader("fashion-mnist", load_fashion_mnist)
+register_loader("cifar10", load_cifar10)
+
+
+def load_dataset(
+    name: str,
+    *,
+    data_dir: str | Path | None = None,
+    download: bool = False,
+    seed: int = 0,
+) -> Dataset:
+    """Load a data set by name: "digits", "fashion-mnist", "cifar10", "breast-cancer",
+    "diabetes", or "csv:<path>[?option=value&...]" for a user CSV whose last column is the
+    label (options: task, binarize, normalize_rows, test_fraction; see ``load_csv``), e.g.
+    "csv:houses.csv?normalize_rows=true" for the OpenML 823 Housing set of SPEC §6.
+
+    ``seed`` fixes the train/test split of sets that ship without one (the scikit-learn sets,
+    CSV files); ``data_dir`` and ``download`` matter for the sets read from disk.
+    """
+    if not isinstance(name, str):
+        raise DPDLError(f"dataset name must be a string, got {name!r}")
+    key = name.strip().lower().replace("_", "-")
+    if key.startswith("csv:"):
+        return load_csv_spec(name.strip()[4:], seed=seed)
+    aliases = {"fmnist": "fashion-mnist", "cifar-10": "cifar10"}
+    key = aliases.get(key, key)
+    if key not in _LOADERS:
+        raise DPDLError(
+            f"unknown dataset {name!r}; choose one of {', '.join(sorted(_LOADERS))} "
+            "or 'csv:<path>'"
+        )
+    return _LOADERS[key](data_dir=data_dir, download=download, seed=seed)
