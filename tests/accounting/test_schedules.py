@@ -148,8 +148,19 @@ def test_schedule_epsilon_under_clt_hits_the_target():
         schedule.epsilon("clt", steps=3001)
 
 
-def test_algorithms_listed():
-    assert set(ALGORITHMS) == {"sgp", "const-d2p", "dyn-c-d2p", "dyn-mu-d2p", "dyn-d2p", "general"}
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_every_listed_algorithm_builds_its_schedule(algorithm):
+    """Each name make_schedule advertises builds a schedule of that name that meets its target
+    (sgp: no noise); a name outside the list is refused."""
+    schedule = make_schedule(
+        algorithm, epsilon=1.0, delta=DELTA, steps=200, sample_rate=0.01, calibrate="clt"
+    )
+    assert schedule.algorithm == algorithm and len(schedule.sigma) == 200
+    if algorithm == "sgp":
+        assert not schedule.sigma.any()
+    else:
+        assert (schedule.sigma > 0).all()
+        assert schedule.epsilon("clt").epsilon == pytest.approx(1.0, rel=1e-8)
 
 
 BASE = {"epsilon": 1.0, "delta": DELTA, "steps": 100, "sample_rate": 0.01, "calibrate": "clt"}

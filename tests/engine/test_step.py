@@ -271,24 +271,41 @@ def test_non_finite_data_is_refused_and_a_non_finite_model_names_node_and_step(h
     assert (info.value.node, info.value.step) == (2, 0)
 
 
-def test_step_function_matches_simulator(h):
-    """dyn_d2p_step (the pure function) and Simulator.step perform the same iteration."""
-    n = 5
-    data = h.tiny_data(n, [6] * n, seed=9)
+@pytest.mark.parametrize("graph", ["exp", "random"])
+def test_step_function_equals_per_node_reference_loop(h, graph):
+    """dyn_d2p_step (the pure function, mixing by circulant roll or by matrix) performs the
+    iteration of the node-by-node autograd reference: same x^k and w^k after several steps."""
+    n, counts, steps = 5, [6, 8, 7, 6, 9], 4
+    b, lr, clip, sigma, seed = 2.0, 0.3, 0.5, 0.7, 3
+    data = h.tiny_data(n, counts, seed=9)
+    topology = h.ExpGraph(n) if graph == "exp" else h.RandomColumnStochastic(n, seed=4)
     model = h.tiny_model(seed=1)
-    sim = Simulator(model, NodeData.from_arrays(*data), h.ExpGraph(n), lr=0.1, seed=3)
-    params = {k: v.clone() for k, v in sim.params.items()}
-    nd = sim.data
-    gens = make_node_generators(n, 3, salts=sim.data_fingerprints)
-    new, w, sizes = dyn_d2p_step(
-        model, params, torch.ones(n, dtype=torch.float64), nd.inputs, nd.targets, nd.mask, gens,
-        step=0, lr=0.1, expected_batch_size=1.0, sample_rate=sim.sample_rate, private=True,
-        clip=1.0, sigma=0.5, circulant=h.ExpGraph(n).circulant(0),
+    nd = NodeData.from_arrays(*data)
+    x0 = stack_params(model, n, torch.device("cpu"))
+    params, weights = x0, torch.ones(n, dtype=torch.float64)
+    gens = make_node_generators(n, seed, salts=nd.fingerprints())
+    p = b / min(counts)
+    for k in range(steps):
+        mixing = (
+            {"mixing": topology.mixing_matrix(k)}
+            if graph == "random"
+            else {"circulant": topology.circulant(k)}
+        )
+        params, weights, sizes = dyn_d2p_step(
+            model, params, weights, nd.inputs, nd.targets, nd.mask, gens,
+            step=k, lr=lr, expected_batch_size=b, sample_rate=p, private=True,
+            clip=clip, sigma=sigma, **mixing,
+        )  # fmt: skip
+        assert sizes.shape == (n,) and bool((sizes <= torch.as_tensor(counts)).all())
+    ref_x, ref_w = _reference_run(
+        model, x0, data, topology, steps, lr=lr, b=b, p=p,
+        clip=clip, sigma=sigma, private=True, seed=seed,
     )  # fmt: skip
-    sim_sizes = sim.step(private=True, clip=1.0, sigma=0.5)
-    assert torch.equal(sizes, sim_sizes)
-    for k in new:
-        torch.testing.assert_close(new[k], sim.params[k])
+    np.testing.assert_allclose(weights.numpy(), ref_w, atol=1e-12)
+    for name, stacked in params.items():
+        expected = torch.stack([ref_x[i][name] for i in range(n)]).numpy()
+        np.testing.assert_allclose(stacked.double().numpy(), expected, atol=1e-6, rtol=0)
+    assert any(not torch.allclose(params[k], x0[k]) for k in x0)
 
 
 def test_simulator_rejects_bad_input(h):
