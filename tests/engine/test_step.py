@@ -15,6 +15,7 @@ from dpdl.algorithms.dyn_d2p import (
     add_gaussian_noise,
     clip_per_record,
     dyn_d2p_step,
+    local_update,
     make_node_generators,
     per_record_grads,
     poisson_sample,
@@ -359,3 +360,28 @@ def test_node_data_with_a_gap_in_the_mask_is_refused():
     NodeData.from_arrays(x, y, np.array([[1, 1, 0], [1, 0, 0]], bool))
     with pytest.raises(DPDLError, match="real records first"):
         NodeData.from_arrays(x, y, np.array([[1, 0, 1], [1, 1, 1]], bool))
+
+
+def test_local_update_methods_agree_and_draw_the_same_numbers(h):
+    """Book-keeping and per-record clipping: same parameters to 1e-5, same generator states."""
+    n, counts = 5, [9, 6, 8, 7, 10]
+    x, y, mask = h.tiny_data(n, counts, seed=4)
+    data = NodeData.from_arrays(x, y, mask)
+    model = h.tiny_model(seed=2)
+    params = stack_params(model, n, torch.device("cpu"))
+    weights = torch.linspace(0.7, 1.3, n, dtype=torch.float64)
+    out, states = {}, {}
+    for method in ("per-record", "book-keeping"):
+        gens = make_node_generators(n, 8)
+        out[method] = local_update(
+            model, params, weights, data.inputs, data.targets, data.mask, gens,
+            step=0, lr=0.3, expected_batch_size=3.0, sample_rate=0.5, private=True,
+            clip=0.2, sigma=0.6, clip_method=method,
+        )  # fmt: skip
+        states[method] = torch.stack([g.get_state() for g in gens])
+    assert torch.equal(states["per-record"], states["book-keeping"])
+    assert torch.equal(out["per-record"].batch_sizes, out["book-keeping"].batch_sizes)
+    for name in params:
+        torch.testing.assert_close(
+            out["book-keeping"].params[name], out["per-record"].params[name], atol=1e-5, rtol=0
+        )
