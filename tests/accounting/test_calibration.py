@@ -1,4 +1,4 @@
-"""Calibration under clt, pld and rdp (SPEC §2), checked against dp_accounting directly."""
+"""Calibration under clt, pld and rdp (MATH.md §2), checked against dp_accounting directly."""
 
 import math
 
@@ -85,7 +85,8 @@ def test_pld_calibration_const_is_safe_and_tight_against_dp_accounting():
 
 
 def test_pld_calibration_inverts_the_spec_oracles():
-    """SPEC §2: at p = 4e-4, K = 1e4, δ = 1e-4, z = 0.491680 has PLD ε ≈ 2.26, 0.688360 ≈ 0.361."""
+    """MATH.md §2: at p = 4e-4, K = 1e4, δ = 1e-4, z = 0.491680 has PLD ε ≈ 2.26, 0.688360 ≈ 0.361.
+    """
     for eps_pld, z_ref in [(2.26, 0.491680), (0.361, 0.688360)]:
         schedule = make_schedule(
             "const-d2p",
@@ -201,7 +202,7 @@ def test_calibrate_reports_every_accountant_and_clt_understates():
     steps=st.integers(500, 3000),
 )
 def test_clt_never_exceeds_certified_pld_in_the_b1_regime(log10_p, z, steps):
-    """SPEC §1.3/§2: at small p and small multipliers the CLT understates ε."""
+    """MATH.md §1.3/§2: at small p and small multipliers the CLT understates ε."""
     p = 10.0**log10_p
     clt = epsilon_report("clt", np.full(steps, z), p, 1e-5)
     pld = epsilon_report("pld", np.full(steps, z), p, 1e-5)

@@ -1,4 +1,4 @@
-"""Schedules of the Dyn-D2P family (SPEC §2): oracles, the table, eq. 8-10, the factory."""
+"""Schedules of the Dyn-D2P family (MATH.md §2): oracles, the table, eq. 8-10, the factory."""
 
 import math
 
@@ -67,7 +67,7 @@ def test_mu0_bracketed_by_mu_bar():
 
 
 def test_table_of_section_2():
-    """The clip / budget / noise columns of every algorithm in SPEC §2's table."""
+    """The clip / budget / noise columns of every algorithm in MATH.md §2's table."""
     kw = {"epsilon": 1.0, "delta": DELTA, "steps": 1000, "sample_rate": 0.01, "calibrate": "clt"}
     k = np.arange(1000) / 1000
     dyn = make_schedule("dyn-d2p", clip0=3.0, rho_c=4.0, rho_mu=5.0, **kw)

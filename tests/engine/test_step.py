@@ -1,4 +1,4 @@
-"""The Dyn-D2P step (SPEC §4): transforms, invariants, and equality with a per-node loop."""
+"""The Dyn-D2P step (MATH.md §4): transforms, invariants, and equality with a per-node loop."""
 
 from __future__ import annotations
 

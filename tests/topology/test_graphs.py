@@ -1,4 +1,4 @@
-"""Every graph family of SPEC §3: weights, structure, connectivity, circulant forms."""
+"""Every graph family of MATH.md §3: weights, structure, connectivity, circulant forms."""
 
 import math
 

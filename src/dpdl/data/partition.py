@@ -33,7 +33,7 @@ def partition(
 ) -> list[np.ndarray]:
     """Split record indices ``0..len(y)-1`` into ``n_nodes`` disjoint, sorted index arrays.
 
-    ``scheme="iid"`` (the SPEC §4 setting, "data shuffled and split evenly"): a seeded
+    ``scheme="iid"`` (the MATH.md §4 setting, "data shuffled and split evenly"): a seeded
     shuffle cut into equal parts of ⌊N/n⌋ records each; the N mod n records that land last
     in the shuffle are dropped, so every node has exactly the same size.
 
