@@ -1,4 +1,4 @@
-"""Accounting benchmark (SPEC §2): calibration speed and certified ε of heterogeneous schedules.
+"""Accounting benchmark (MATH.md §2): calibration speed and certified ε of heterogeneous schedules.
 
     .venv/bin/python benchmarks/bench_accounting.py [--one-by-one-steps M] [--skip-exact]
 
@@ -27,8 +27,8 @@ from dpdl.accounting.certified import compute_epsilon
 from dpdl.accounting.gdp import mu0_from_mu_total
 
 SAMPLE_RATE, STEPS, DELTA, GRID = 4e-4, 10_000, 1e-4, 1e-4
-MU_TOTAL_EPS1 = 0.313902  # μ(ε = 1, δ = 1e-4), SPEC §1.2
-MU0_DYN_MU = 1.23087  # SPEC §2: Dyn[μ], ρ_μ = 2, ε = 1
+MU_TOTAL_EPS1 = 0.313902  # μ(ε = 1, δ = 1e-4), MATH.md §1.2
+MU0_DYN_MU = 1.23087  # MATH.md §2: Dyn[μ], ρ_μ = 2, ε = 1
 SPEC_EXACT_DYN_MU = 3.0373  # its exact PLD ε at grid 1e-4 (issue 15)
 
 
@@ -71,7 +71,7 @@ def bench_dyn_mu(one_by_one_steps: int, skip_exact: bool) -> None:
         report, seconds = timed(compute_epsilon, "pld", schedule, SAMPLE_RATE, DELTA)
         exact_epsilon = report.epsilon
         row("(b) Dyn[mu] K=1e4 PLD exact (Fourier, all steps)", f"{report.epsilon:.4f}", seconds,
-            f"{1e3 * seconds / STEPS:.1f} ms/step; SPEC 3.04")
+            f"{1e3 * seconds / STEPS:.1f} ms/step; MATH.md §2: 3.04")
     for blocks in (100, 1000):
         report, seconds = timed(
             compute_epsilon, "pld", schedule, SAMPLE_RATE, DELTA, mode="blocked", blocks=blocks

@@ -1,4 +1,4 @@
-"""Audit throughput (SPEC §8): trials per second, batched against one trial per engine call.
+"""Audit throughput (MATH.md §8): trials per second, batched against one trial per engine call.
 
     .venv/bin/python benchmarks/bench_audit.py [--trials T] [--steps K] [--sample-rate P]
 

@@ -1,10 +1,10 @@
-"""PN-f-DP at the paper's scale (SPEC §7, issue 15): one pair, one column, the full matrix.
+"""PN-f-DP at the paper's scale (MATH.md §7, issue 15): one pair, one column, the full matrix.
 
     .venv/bin/python benchmarks/bench_fdp.py [--sizes 256 2048] [--full-max-n 256]
 
 Setting of the PN-f-DP paper's Table 3 (seed 003): hypercube with Metropolis weights,
 T = 20000, Δ = 0.4, δ = 1e-5, the table hop form √K·Δ/(σ√t) and the paper's σ for ε = 10
-(SPEC oracles: n = 256 → ε ≈ 9.997, n = 2048 → ε ≈ 10.008). For each n:
+(MATH.md §7 oracles: n = 256 → ε ≈ 9.997, n = 2048 → ε ≈ 10.008). For each n:
 
 * one pair 0 → 1 (``pnfdp_epsilon``: T sparse matrix-vector products, upper + optimistic);
 * one column, every source against observer 1 (``pnfdp_epsilon_matrix(targets=[1])``);
@@ -28,7 +28,7 @@ from dpdl.extensions.fdp.experiment import walk_matrix_of
 from dpdl.topology import make_topology
 
 STEPS, SENSITIVITY, DELTA = 20_000, 0.4, 1e-5
-PAPER_SIGMA = {256: 0.7446875, 2048: 0.3246875}  # SPEC §7 table-form oracles
+PAPER_SIGMA = {256: 0.7446875, 2048: 0.3246875}  # MATH.md §7 table-form oracles
 SPEC_EPSILON = {256: 9.997, 2048: 10.008}
 PAPER_SECONDS = {2048: 847.0}  # the paper's code, one evaluation at n = 2048 (issue 15)
 COMMON = {"steps": STEPS, "sensitivity": SENSITIVITY, "delta": DELTA, "hop_form": "table"}
@@ -50,7 +50,7 @@ def bench(n: int, full_max_n: int) -> None:
     sigma = PAPER_SIGMA[n]
     paper = PAPER_SECONDS.get(n)
     (upper, lower), seconds = timed(fdp.pnfdp_epsilon, walk, 0, 1, sigma=sigma, **COMMON)
-    note = f"SPEC ≈ {SPEC_EPSILON[n]}"
+    note = f"MATH.md §7: ≈ {SPEC_EPSILON[n]}"
     if paper is not None:
         note += f"; paper's code {paper:.0f} s = {paper / seconds:.0f}x this"
     row(f"n={n} pair 0->1 [optimistic, upper]", f"[{lower:.4f}, {upper:.4f}]", seconds, note)

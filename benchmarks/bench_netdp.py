@@ -1,4 +1,4 @@
-"""Benchmark: the empirical pairwise network-DP accountant (SPEC §6) at paper scale.
+"""Benchmark: the empirical pairwise network-DP accountant (MATH.md §6) at paper scale.
 
 A complete-graph random walk of T = 100 n steps with n = 400 users (160 000 ordered pairs,
 40 000 steps); times the vectorized accountant for summation (exact GDP and the paper's

@@ -1,6 +1,6 @@
 """The pairwise audit table of docs/RESULTS.md: how much privacy Dyn-D2P's nodes really have
 against an observer 1, 2, 3 hops away (dpdl audit --threat observer), beside the local-DP ε
-the run claims and the exact view ε (SPEC §9).
+the run claims and the exact view ε (MATH.md §9).
 
     python examples/observer_audit_table.py [--trials 10000] [--out docs/results/observer-audit.csv]
 

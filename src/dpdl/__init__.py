@@ -19,6 +19,8 @@ Architecture (data flows one way)::
 * ``dpdl.audit``       empirical audits and reconstruction attacks.
 """
 
+from types import ModuleType as _ModuleType
+
 from dpdl.errors import DPDLError
 
 __version__ = "0.1.0"
@@ -34,3 +36,14 @@ def __getattr__(name: str):
 
         return getattr(trainer, name)
     raise AttributeError(f"module 'dpdl' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    # The public API (and the subpackages already imported), not the module's private helpers.
+    submodules = [
+        name
+        for name, value in globals().items()
+        if not name.startswith("_") and isinstance(value, _ModuleType)
+    ]
+    dunders = [name for name in globals() if name.startswith("__") and name.endswith("__")]
+    return sorted(set(__all__) | set(submodules) | set(dunders))

@@ -1,4 +1,4 @@
-"""Calibration under clt, pld and rdp (SPEC §2), checked against dp_accounting directly."""
+"""Calibration under clt, pld and rdp (MATH.md §2), checked against dp_accounting directly."""
 
 import math
 
@@ -15,10 +15,6 @@ from dpdl.accounting.certified import epsilon_report
 from dpdl.accounting.gdp import mu_from_epsilon_delta
 from dpdl.accounting.schedules import calibrate, make_schedule
 from dpdl.errors import DPDLError
-
-
-def needs_certified():
-    return pytest.importorskip("dpdl.accounting.certified")
 
 
 def event(z, p, count):
@@ -78,7 +74,6 @@ def test_epsilon_report_without_noise_is_infinite():
 
 # ----------------------------------------------------------------------------- certified
 def test_pld_calibration_const_is_safe_and_tight_against_dp_accounting():
-    needs_certified()
     p, steps, delta, target = 0.01, 1000, 1e-5, 1.0
     schedule = make_schedule(
         "const-d2p", epsilon=target, delta=delta, steps=steps, sample_rate=p, calibrate="pld"
@@ -91,8 +86,8 @@ def test_pld_calibration_const_is_safe_and_tight_against_dp_accounting():
 
 
 def test_pld_calibration_inverts_the_spec_oracles():
-    """SPEC §2: at p = 4e-4, K = 1e4, δ = 1e-4, z = 0.491680 has PLD ε ≈ 2.26, 0.688360 ≈ 0.361."""
-    needs_certified()
+    """MATH.md §2: at p = 4e-4, K = 1e4, δ = 1e-4, z = 0.491680 has PLD ε ≈ 2.26, 0.688360 ≈ 0.361.
+    """
     for eps_pld, z_ref in [(2.26, 0.491680), (0.361, 0.688360)]:
         schedule = make_schedule(
             "const-d2p",
@@ -106,7 +101,6 @@ def test_pld_calibration_inverts_the_spec_oracles():
 
 
 def test_rdp_calibration_heterogeneous_against_dp_accounting():
-    needs_certified()
     # dp_accounting's RDP takes ~50 ms per distinct event: keep the reference short.
     p, delta, target, steps = 0.05, 1e-5, 1.0, 12
     schedule = make_schedule(
@@ -128,7 +122,6 @@ def test_rdp_calibration_heterogeneous_against_dp_accounting():
 def test_pld_calibration_general_piecewise_against_dp_accounting():
     """A heterogeneous schedule with three distinct multipliers, so that dp_accounting can
     compose it exactly as three self-compositions."""
-    needs_certified()
     p, delta, target = 0.01, 1e-5, 1.5
     noise_shape = np.repeat([1.0, 0.8, 0.6], 200)
     schedule = make_schedule(
@@ -148,7 +141,6 @@ def test_pld_calibration_general_piecewise_against_dp_accounting():
 
 
 def test_blocked_pld_calibration_is_safe_for_exact():
-    needs_certified()
     p, delta, target, steps = 0.05, 1e-5, 1.0, 60
     kw = {"epsilon": target, "delta": delta, "steps": steps, "sample_rate": p, "rho_mu": 4.0}
     blocked = make_schedule("dyn-mu-d2p", calibrate="pld", blocks=6, **kw)
@@ -164,7 +156,6 @@ def test_two_phase_calibration_of_a_long_schedule_against_dp_accounting():
     """K = 1000 distinct multipliers: coarse search, then the secant refinement under the
     blocked bound the caller asked for (B = 10), verified with dp_accounting composing the
     same dominating schedule (each block at its smallest multiplier)."""
-    needs_certified()
     p, delta, target, steps, blocks = 0.01, 1e-5, 1.0, 1000, 10
     schedule = make_schedule(
         "dyn-mu-d2p",
@@ -185,7 +176,6 @@ def test_two_phase_calibration_of_a_long_schedule_against_dp_accounting():
 
 
 def test_calibrate_reports_every_accountant_and_clt_understates():
-    needs_certified()
     result = calibrate(
         "dyn-mu-d2p",
         report=("clt", "pld", "rdp"),
@@ -213,8 +203,7 @@ def test_calibrate_reports_every_accountant_and_clt_understates():
     steps=st.integers(500, 3000),
 )
 def test_clt_never_exceeds_certified_pld_in_the_b1_regime(log10_p, z, steps):
-    """SPEC §1.3/§2: at small p and small multipliers the CLT understates ε."""
-    needs_certified()
+    """MATH.md §1.3/§2: at small p and small multipliers the CLT understates ε."""
     p = 10.0**log10_p
     clt = epsilon_report("clt", np.full(steps, z), p, 1e-5)
     pld = epsilon_report("pld", np.full(steps, z), p, 1e-5)
@@ -226,7 +215,6 @@ def test_long_schedule_calibrates_with_the_binned_bound_by_default():
     """More than EXACT_MAX_DISTINCT distinct multipliers: PLD calibration uses the binned
     bound (issue 15), which needs less noise than 100 blocks by count and stays safe for the
     exact composition (the same construction as dp_accounting's, tested in test_certified)."""
-    needs_certified()
     kw = {"epsilon": 1.0, "delta": 1e-5, "steps": 600, "sample_rate": 0.01, "rho_mu": 2.0}
     binned = make_schedule("dyn-mu-d2p", calibrate="pld", **kw)
     blocked = make_schedule("dyn-mu-d2p", calibrate="pld", blocks=100, **kw)

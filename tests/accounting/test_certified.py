@@ -1,4 +1,4 @@
-"""Certified accountants (SPEC §2): oracles from SPEC, closed forms and dp_accounting itself."""
+"""Certified accountants (MATH.md §2): its oracles, closed forms and dp_accounting itself."""
 
 import math
 
@@ -24,13 +24,13 @@ from dpdl.accounting.certified import (
 )
 from dpdl.errors import DPDLError
 
-# SPEC §2 oracles (p = 1/2500, K = 10 000, δ = 1e-4)
+# MATH.md §2 oracles (p = 1/2500, K = 10 000, δ = 1e-4)
 P_B1, K_B1, DELTA_B1 = 4e-4, 10_000, 1e-4
-MU_TOTAL_EPS1 = 0.313902  # μ(ε = 1, δ = 1e-4), SPEC §1.2
+MU_TOTAL_EPS1 = 0.313902  # μ(ε = 1, δ = 1e-4), MATH.md §1.2
 
 
 def dyn_mu_multipliers(steps: int, mu0: float = 1.23087, rho_mu: float = 2.0) -> np.ndarray:
-    """z_k = 1/μ_k with μ_k = μ0·ρ_μ^(k/K) (SPEC §2, Dyn[μ]-D2P at C̄ = 1)."""
+    """z_k = 1/μ_k with μ_k = μ0·ρ_μ^(k/K) (MATH.md §2, Dyn[μ]-D2P at C̄ = 1)."""
     return 1.0 / (mu0 * rho_mu ** (np.arange(steps) / steps))
 
 
@@ -64,7 +64,7 @@ def test_pmfs_match_dp_accounting_construction(z, q, grid):
         assert mine.infinity_mass == pytest.approx(theirs._infinity_mass, rel=1e-6, abs=1e-30)
 
 
-# ------------------------------------------------------------------------- SPEC oracles
+# ------------------------------------------------------------------------- MATH.md oracles
 
 
 def test_rdp_oracle_poisson_004_z15_2250_steps():
@@ -105,7 +105,7 @@ def test_pld_shows_clt_understates_at_b1(z, expected):
 
 
 def test_clt_matches_spec_calibration():
-    # σ/C = 0.491680 is the CLT calibration to ε = 1 (SPEC §2)
+    # σ/C = 0.491680 is the CLT calibration to ε = 1 (MATH.md §2)
     clt = compute_epsilon("clt", np.full(K_B1, 0.491680), P_B1, DELTA_B1)
     assert clt.epsilon == pytest.approx(1.0, abs=2e-4)
     assert compute_delta("clt", [(0.491680, K_B1)], P_B1, 1.0).delta == pytest.approx(
@@ -126,7 +126,7 @@ def test_b64_regime_clt_is_nearly_tight():
 def test_dyn_mu_blocked_bound_within_two_percent_of_spec_exact():
     report = compute_epsilon("pld", dyn_mu_multipliers(K_B1), P_B1, DELTA_B1, mode="blocked")
     assert report.method == f"pld-blocked(B={DEFAULT_BLOCKS})"
-    # SPEC: exact ≈ 3.04, the B = 100 bound 1.6 % above it
+    # MATH.md §2: exact ≈ 3.04, the B = 100 bound 1.6 % above it
     assert 3.04 * 0.995 <= report.epsilon <= 3.04 * 1.02 * 1.005
 
 
@@ -198,7 +198,7 @@ def test_value_bins_are_narrow_where_multipliers_are_small():
 
 @pytest.mark.slow
 def test_spec_dyn_mu_binned_oracle():
-    # SPEC §2: Dyn[μ], ρ_μ = 2, CLT ε = 1 → exact PLD 3.0373; issue 15: bound in
+    # MATH.md §2: Dyn[μ], ρ_μ = 2, CLT ε = 1 → exact PLD 3.0373; issue 15: bound in
     # [3.0373, 3.0404], with a lower companion below the exact value
     report = compute_epsilon("pld", dyn_mu_multipliers(K_B1), P_B1, DELTA_B1, mode="binned")
     assert 3.0373 <= report.epsilon <= 3.0404

@@ -1,4 +1,4 @@
-"""GDP toolkit (SPEC §1): oracles, large-ε stability, monotonicity, CLT composition."""
+"""GDP toolkit (MATH.md §1): oracles, large-ε stability, monotonicity, CLT composition."""
 
 import math
 
@@ -35,7 +35,7 @@ def test_mu_oracles_at_delta_1e4(epsilon, mu):
 
 
 def test_dp_accounting_gaussian_composition_oracle():
-    # Gaussian z = sqrt(3) composed 3 times is 1-GDP: delta(eps=1) = 0.126936 (SPEC §2).
+    # Gaussian z = sqrt(3) composed 3 times is 1-GDP: delta(eps=1) = 0.126936 (MATH.md §2).
     mu = math.sqrt(3 * (1 / math.sqrt(3)) ** 2)  # GDP composition: sqrt(sum mu_k^2)
     assert delta_from_epsilon(1.0, mu) == pytest.approx(0.126936, abs=2e-6)
 

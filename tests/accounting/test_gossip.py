@@ -1,4 +1,4 @@
-"""Exact privacy of a linear Gaussian view (issue 25, SPEC §9) against a brute force that
+"""Exact privacy of a linear Gaussian view (issue 25, MATH.md §9) against a brute force that
 simulates the gossip protocol literally, impulse by impulse, and the pitfall of adding up
 per-message losses."""
 
@@ -16,7 +16,7 @@ from dpdl.errors import DPDLError
 
 
 def metropolis(graph: nx.Graph) -> np.ndarray:
-    """W_ij = 1 / (1 + max(deg_i, deg_j)) on edges, the rest on the diagonal (SPEC §9)."""
+    """W_ij = 1 / (1 + max(deg_i, deg_j)) on edges, the rest on the diagonal (MATH.md §9)."""
     n = graph.number_of_nodes()
     W = np.zeros((n, n))
     for i, j in graph.edges:
@@ -139,7 +139,7 @@ def test_without_noise_elsewhere_a_surrounded_node_is_reconstructible():
 
 
 def test_the_per_message_sum_under_counts_on_an_erdos_renyi_graph():
-    """The pitfall (SPEC §9): Muffliato's per-message sum is not an upper bound.  Its protocol
+    """The pitfall (MATH.md §9): Muffliato's per-message sum is not an upper bound.  Its protocol
     (noise added once, then plain gossip) over 10 rounds on an Erdős–Rényi graph of 64 nodes:
     most pairs are under-counted, some threefold."""
     graph = nx.erdos_renyi_graph(64, 0.1, seed=1)

@@ -182,7 +182,7 @@ def test_pld_ledger_matches_dp_accounting():
     expected = reference.get_epsilon(DELTA)
     assert ledger.epsilon_spent() == pytest.approx(expected, rel=2e-3)
     assert ledger.spent_report().certified
-    # The CLT understates the same steps (b = 1 regime of SPEC §2 is not needed to see it).
+    # The CLT understates the same steps (b = 1 regime of MATH.md §2 is not needed to see it).
     assert ledger.epsilon_spent("clt") < ledger.epsilon_spent("pld")
     with pytest.raises(PrivacyBudgetExceeded):
         PrivacyLedger(0.02, DELTA, expected * 0.99).plan(np.full(300, 1.2))

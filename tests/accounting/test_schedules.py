@@ -1,4 +1,4 @@
-"""Schedules of the Dyn-D2P family (SPEC §2): oracles, the table, eq. 8-10, the factory."""
+"""Schedules of the Dyn-D2P family (MATH.md §2): oracles, the table, eq. 8-10, the factory."""
 
 import math
 
@@ -69,7 +69,7 @@ def test_mu0_bracketed_by_mu_bar():
 
 
 def test_table_of_section_2():
-    """The clip / budget / noise columns of every algorithm in SPEC §2's table."""
+    """The clip / budget / noise columns of every algorithm in MATH.md §2's table."""
     kw = {"epsilon": 1.0, "delta": DELTA, "steps": 1000, "sample_rate": 0.01, "calibrate": "clt"}
     k = np.arange(1000) / 1000
     dyn = make_schedule("dyn-d2p", clip0=3.0, rho_c=4.0, rho_mu=5.0, **kw)
@@ -150,8 +150,19 @@ def test_schedule_epsilon_under_clt_hits_the_target():
         schedule.epsilon("clt", steps=3001)
 
 
-def test_algorithms_listed():
-    assert set(ALGORITHMS) == {"sgp", "const-d2p", "dyn-c-d2p", "dyn-mu-d2p", "dyn-d2p", "general"}
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_every_listed_algorithm_builds_its_schedule(algorithm):
+    """Each name make_schedule advertises builds a schedule of that name that meets its target
+    (sgp: no noise); a name outside the list is refused."""
+    schedule = make_schedule(
+        algorithm, epsilon=1.0, delta=DELTA, steps=200, sample_rate=0.01, calibrate="clt"
+    )
+    assert schedule.algorithm == algorithm and len(schedule.sigma) == 200
+    if algorithm == "sgp":
+        assert not schedule.sigma.any()
+    else:
+        assert (schedule.sigma > 0).all()
+        assert schedule.epsilon("clt").epsilon == pytest.approx(1.0, rel=1e-8)
 
 
 BASE = {"epsilon": 1.0, "delta": DELTA, "steps": 100, "sample_rate": 0.01, "calibrate": "clt"}

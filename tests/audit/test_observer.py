@@ -1,5 +1,5 @@
 """Pairwise audit of Dyn-D2P: the canary on node 0, the attack sees only what an observer
-(or a coalition) receives (SPEC §8, §9).
+(or a coalition) receives (MATH.md §8, §9).
 
 Oracles: the exact view μ of dpdl.accounting.gossip (itself checked against brute-force
 likelihood ratios), recomputed here with an explicit pseudo-inverse; the claimed local-DP ε.

@@ -54,8 +54,8 @@ def test_json_clt_calibration_has_the_issue_keys(capsys):
         assert key in data, key
     assert data["algorithm"] == "dyn-mu-d2p" and data["calibrated_with"] == "clt"
     assert data["steps"] == 10000 and data["sample_rate"] == 0.0004
-    assert data["mu0"] == pytest.approx(1.23087, abs=1e-5)  # SPEC §2 oracle
-    assert data["mu_tot"] == pytest.approx(0.313902, abs=1e-6)  # μ(1, 1e-4), SPEC §1
+    assert data["mu0"] == pytest.approx(1.23087, abs=1e-5)  # MATH.md §2 oracle
+    assert data["mu_tot"] == pytest.approx(0.313902, abs=1e-6)  # μ(1, 1e-4), MATH.md §1
     assert data["noise_multiplier_first"] == pytest.approx(1 / 1.23087, rel=1e-5)
     assert data["noise_multiplier_last"] == pytest.approx(
         1 / (1.23087 * 2 ** (9999 / 10000)), rel=1e-5
@@ -164,7 +164,7 @@ def test_default_calibration_is_certified_pld_and_warns_about_the_clt(capsys):
     assert set(data["epsilon"]) == {"clt", "pld", "rdp"}
     assert data["epsilon"]["pld"] <= 1.0 and data["epsilon"]["pld"] > 0.99
     assert data["certified"] == {"clt": False, "pld": True, "rdp": True}
-    # p = 1e-3 with z ≈ 0.6: the CLT understates ε (SPEC §2), so a warning is attached.
+    # p = 1e-3 with z ≈ 0.6: the CLT understates ε (MATH.md §2), so a warning is attached.
     assert data["epsilon"]["clt"] < 0.9 * data["epsilon"]["pld"]
     assert any("CLT" in warning for warning in data["warnings"])
     assert data["mu_bar"] == pytest.approx(1 / data["noise_multiplier_first"])
@@ -191,7 +191,7 @@ def test_account_never_imports_torch(tmp_path):
 
 
 def test_no_warning_where_the_clt_is_nearly_tight(capsys):
-    """SPEC §2: at b = 64 (p = 0.0256, K = 2000) CLT ε = 1 has PLD ε ≈ 1.009."""
+    """MATH.md §2: at b = 64 (p = 0.0256, K = 2000) CLT ε = 1 has PLD ε ≈ 1.009."""
     argv = ["account", "--algorithm", "const-d2p", "--epsilon", "1", "--steps", "2000"]
     argv += ["--dataset-size", "2500", "--batch-size", "64", "--calibrate", "clt"]
     code, out, err = run_cli(capsys, [*argv, "--report", "clt,pld", "--json"])

@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -125,7 +126,6 @@ def test_stack_node_data_pads_and_masks_numpy():
 
 
 def test_stack_node_data_torch_matches_numpy():
-    torch = pytest.importorskip("torch")
     rng = np.random.default_rng(0)
     x = rng.normal(size=(30, 4)).astype(np.float32)
     y = rng.integers(0, 3, size=30)

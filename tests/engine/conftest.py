@@ -35,7 +35,7 @@ def tiny_data(n: int, counts, d_in: int = 5, classes: int = 3, seed: int = 0):
 
 
 class ExpGraph:
-    """SPEC §3 time-varying directed exponential graph: P^k = I/2 + Shift_{2^(k mod m)}/2."""
+    """MATH.md §3 time-varying directed exponential graph: P^k = I/2 + Shift_{2^(k mod m)}/2."""
 
     def __init__(self, n: int):
         self.n, self.name, self.directed = n, "exp", True

@@ -1,4 +1,4 @@
-"""The Dyn-D2P step (SPEC §4): transforms, invariants, and equality with a per-node loop."""
+"""The Dyn-D2P step (MATH.md §4): transforms, invariants, and equality with a per-node loop."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from dpdl.algorithms.dyn_d2p import (
     add_gaussian_noise,
     clip_per_record,
     dyn_d2p_step,
+    local_update,
     make_node_generators,
     per_record_grads,
     poisson_sample,
@@ -271,24 +272,41 @@ def test_non_finite_data_is_refused_and_a_non_finite_model_names_node_and_step(h
     assert (info.value.node, info.value.step) == (2, 0)
 
 
-def test_step_function_matches_simulator(h):
-    """dyn_d2p_step (the pure function) and Simulator.step perform the same iteration."""
-    n = 5
-    data = h.tiny_data(n, [6] * n, seed=9)
+@pytest.mark.parametrize("graph", ["exp", "random"])
+def test_step_function_equals_per_node_reference_loop(h, graph):
+    """dyn_d2p_step (the pure function, mixing by circulant roll or by matrix) performs the
+    iteration of the node-by-node autograd reference: same x^k and w^k after several steps."""
+    n, counts, steps = 5, [6, 8, 7, 6, 9], 4
+    b, lr, clip, sigma, seed = 2.0, 0.3, 0.5, 0.7, 3
+    data = h.tiny_data(n, counts, seed=9)
+    topology = h.ExpGraph(n) if graph == "exp" else h.RandomColumnStochastic(n, seed=4)
     model = h.tiny_model(seed=1)
-    sim = Simulator(model, NodeData.from_arrays(*data), h.ExpGraph(n), lr=0.1, seed=3)
-    params = {k: v.clone() for k, v in sim.params.items()}
-    nd = sim.data
-    gens = make_node_generators(n, 3, salts=sim.data_fingerprints)
-    new, w, sizes = dyn_d2p_step(
-        model, params, torch.ones(n, dtype=torch.float64), nd.inputs, nd.targets, nd.mask, gens,
-        step=0, lr=0.1, expected_batch_size=1.0, sample_rate=sim.sample_rate, private=True,
-        clip=1.0, sigma=0.5, circulant=h.ExpGraph(n).circulant(0),
+    nd = NodeData.from_arrays(*data)
+    x0 = stack_params(model, n, torch.device("cpu"))
+    params, weights = x0, torch.ones(n, dtype=torch.float64)
+    gens = make_node_generators(n, seed, salts=nd.fingerprints())
+    p = b / min(counts)
+    for k in range(steps):
+        mixing = (
+            {"mixing": topology.mixing_matrix(k)}
+            if graph == "random"
+            else {"circulant": topology.circulant(k)}
+        )
+        params, weights, sizes = dyn_d2p_step(
+            model, params, weights, nd.inputs, nd.targets, nd.mask, gens,
+            step=k, lr=lr, expected_batch_size=b, sample_rate=p, private=True,
+            clip=clip, sigma=sigma, **mixing,
+        )  # fmt: skip
+        assert sizes.shape == (n,) and bool((sizes <= torch.as_tensor(counts)).all())
+    ref_x, ref_w = _reference_run(
+        model, x0, data, topology, steps, lr=lr, b=b, p=p,
+        clip=clip, sigma=sigma, private=True, seed=seed,
     )  # fmt: skip
-    sim_sizes = sim.step(private=True, clip=1.0, sigma=0.5)
-    assert torch.equal(sizes, sim_sizes)
-    for k in new:
-        torch.testing.assert_close(new[k], sim.params[k])
+    np.testing.assert_allclose(weights.numpy(), ref_w, atol=1e-12)
+    for name, stacked in params.items():
+        expected = torch.stack([ref_x[i][name] for i in range(n)]).numpy()
+        np.testing.assert_allclose(stacked.double().numpy(), expected, atol=1e-6, rtol=0)
+    assert any(not torch.allclose(params[k], x0[k]) for k in x0)
 
 
 def test_simulator_rejects_bad_input(h):
@@ -342,3 +360,28 @@ def test_node_data_with_a_gap_in_the_mask_is_refused():
     NodeData.from_arrays(x, y, np.array([[1, 1, 0], [1, 0, 0]], bool))
     with pytest.raises(DPDLError, match="real records first"):
         NodeData.from_arrays(x, y, np.array([[1, 0, 1], [1, 1, 1]], bool))
+
+
+def test_local_update_methods_agree_and_draw_the_same_numbers(h):
+    """Book-keeping and per-record clipping: same parameters to 1e-5, same generator states."""
+    n, counts = 5, [9, 6, 8, 7, 10]
+    x, y, mask = h.tiny_data(n, counts, seed=4)
+    data = NodeData.from_arrays(x, y, mask)
+    model = h.tiny_model(seed=2)
+    params = stack_params(model, n, torch.device("cpu"))
+    weights = torch.linspace(0.7, 1.3, n, dtype=torch.float64)
+    out, states = {}, {}
+    for method in ("per-record", "book-keeping"):
+        gens = make_node_generators(n, 8)
+        out[method] = local_update(
+            model, params, weights, data.inputs, data.targets, data.mask, gens,
+            step=0, lr=0.3, expected_batch_size=3.0, sample_rate=0.5, private=True,
+            clip=0.2, sigma=0.6, clip_method=method,
+        )  # fmt: skip
+        states[method] = torch.stack([g.get_state() for g in gens])
+    assert torch.equal(states["per-record"], states["book-keeping"])
+    assert torch.equal(out["per-record"].batch_sizes, out["book-keeping"].batch_sizes)
+    for name in params:
+        torch.testing.assert_close(
+            out["book-keeping"].params[name], out["per-record"].params[name], atol=1e-5, rtol=0
+        )

@@ -1,5 +1,5 @@
 """The reproduction presets (issue 5): every cell of every sweep preset is a valid config,
-and the presets encode the paper's settings (SPEC §4)."""
+and the presets encode the paper's settings (MATH.md §4)."""
 
 import pytest
 

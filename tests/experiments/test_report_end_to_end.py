@@ -3,7 +3,7 @@
 Digits + logistic regression on 8 nodes for 20 steps, two seeds (one cell each) x two
 algorithms x two target epsilons in one cell.  The certified epsilon the report states for
 the CLT-calibrated Const-D2P is checked against dp_accounting's PLD of the closed-form
-schedule (SPEC §2, eq. 9), not against the code's own output.
+schedule (MATH.md §2, eq. 9), not against the code's own output.
 """
 
 import json
@@ -41,7 +41,7 @@ def _config():
 
 
 def _gdp_mu(epsilon: float, delta: float) -> float:
-    """μ of the μ-GDP mechanism that is (ε, δ)-DP (SPEC §1, eq. 4), by root finding."""
+    """μ of the μ-GDP mechanism that is (ε, δ)-DP (MATH.md §1, eq. 4), by root finding."""
 
     def excess(mu):
         return (

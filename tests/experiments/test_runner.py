@@ -81,7 +81,7 @@ def test_privacy_columns(tiny_run):
         assert clt[0] == cert[0] == 0.0
         assert clt == sorted(clt) and cert == sorted(cert)  # spent epsilon never falls
     cells = {c["algorithm"]: c for c in results["cells"]}
-    # the CLT-calibrated cell spends exactly its target under the CLT (SPEC §1.3, eq. 6)
+    # the CLT-calibrated cell spends exactly its target under the CLT (MATH.md §1.3, eq. 6)
     const = cells["const-d2p@clt"]
     assert const["final"]["epsilon_clt"] == pytest.approx(2.0, rel=1e-6)
     assert const["schedule"]["mu_tot"] == pytest.approx(mu_from_epsilon_delta(2.0, 1e-4))

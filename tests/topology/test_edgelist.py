@@ -1,4 +1,4 @@
-"""Graphs read from edge-list files (SPEC §3)."""
+"""Graphs read from edge-list files (MATH.md §3)."""
 
 import numpy as np
 import pytest

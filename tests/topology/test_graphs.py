@@ -1,10 +1,11 @@
-"""Every graph family of SPEC §3: weights, structure, connectivity, circulant forms."""
+"""Every graph family of MATH.md §3: weights, structure, connectivity, circulant forms."""
 
 import math
 
 import networkx as nx
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -298,7 +299,6 @@ def test_matrices_are_returned_as_copies_and_summaries():
 @pytest.mark.parametrize(("name", "n"), [("exp", 20), ("static-exp", 12), ("undirected-ring", 7)])
 def test_circulant_form_is_a_torch_roll(name, n):
     """The engine mixes circulant graphs with torch.roll(x, s, dims=0): it must equal P @ x."""
-    torch = pytest.importorskip("torch")
     topology = make_topology(name, n)
     x = torch.randn(n, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     for k in range(topology.period):

@@ -1,4 +1,4 @@
-"""Spectral gaps and per-period contraction q against closed forms (SPEC §3, "Metrics")."""
+"""Spectral gaps and per-period contraction q against closed forms (MATH.md §3, "Metrics")."""
 
 import numpy as np
 import pytest
@@ -87,7 +87,7 @@ def test_exponential_graph_averages_exactly_at_powers_of_two():
 
 
 def test_contraction_ordering_ring_exponential_complete():
-    """SPEC §3: q decreases ring > exponential > complete (per period and per step)."""
+    """MATH.md §3: q decreases ring > exponential > complete (per period and per step)."""
     q20 = {name: mixing_report(make_topology(name, 20)) for name in ("ring", "exp", "complete")}
     assert q20["ring"].q > q20["exp"].q > q20["complete"].q
     assert q20["ring"].per_step_rate > q20["exp"].per_step_rate > q20["complete"].per_step_rate

@@ -1,4 +1,4 @@
-"""Push-sum invariants with the mixing matrices alone, pure numpy (SPEC §3).
+"""Push-sum invariants with the mixing matrices alone, pure numpy (MATH.md §3).
 
 x^{k+1} = P^k x^k, w^{k+1} = P^k w^k, z = x / w; without gradients
 Σ w = n, Σ x is preserved, and z -> mean of x^0 at a geometric rate.

@@ -1,4 +1,4 @@
-"""Assumption 1 (validate_mixing_matrix) and Assumption 2 (B-strong connectivity), SPEC §3."""
+"""Assumption 1 (validate_mixing_matrix) and Assumption 2 (B-strong connectivity), MATH.md §3."""
 
 import networkx as nx
 import numpy as np

@@ -1,4 +1,4 @@
-"""The Dyn-D2P step (SPEC §4, Algorithm 1 of seed 000) as small composable transforms.
+"""The Dyn-D2P step (MATH.md §4, Algorithm 1 of seed 000) as small composable transforms.
 
 Every tensor carries a leading *node* dimension: a model is a dict ``{name: (m, *shape)}`` of
 the stacked parameters of m nodes (any contiguous block of nodes, or all n of them), the

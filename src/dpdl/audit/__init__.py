@@ -1,4 +1,4 @@
-"""Empirical privacy auditing (SPEC §8): canaries through the real engine, lower bounds on ε.
+"""Empirical privacy auditing (MATH.md §8): canaries through the real engine, lower bounds on ε.
 
 * :mod:`dpdl.audit.stats` -- Clopper–Pearson, ε_lower, the μ-GDP bound, the one-run bound;
 * :mod:`dpdl.audit.trials` -- batched canary trials through ``local_update``/``push_sum_mix``;

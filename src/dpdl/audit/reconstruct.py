@@ -1,5 +1,5 @@
 """Reconstruction attacks on gossip (El Mrini, Cyffers & Bellet, "Privacy attacks in
-decentralized learning", ICML 2024; SPEC §9).
+decentralized learning", ICML 2024; MATH.md §9).
 
 A coalition V writes everything it received as linear equations in the honest nodes'
 contributions: the *knowledge matrix* K (one row per observed message, one column per honest

@@ -1,5 +1,5 @@
 """The reconstruction attack on decentralized gradient descent, through the real engine
-(El Mrini, Cyffers & Bellet 2024, §4; SPEC §9).
+(El Mrini, Cyffers & Bellet 2024, §4; MATH.md §9).
 
 Every node holds one record (x_u, y_u) and a softmax linear model with a bias; the network runs
 T steps of SGP (non-private) or Dyn-D2P (private) with the engine's own ``local_update`` and

@@ -1,4 +1,4 @@
-"""``run_audit``: calibrate a schedule, run canary trials through the engine, bound ε (SPEC §8).
+"""``run_audit``: calibrate a schedule, run canary trials through the engine, bound ε (MATH.md §8).
 
 The trials are split once, by index, into a *selection* part (every tenth pair of trials, one
 without and one with the canary) whose scores
@@ -66,7 +66,7 @@ class AuditResult:
     seeded: bool
     secure_noise: bool
     design: dict[str, Any] = field(default_factory=dict)
-    # threat "observer", p = 1: the exact privacy of the observers' view (SPEC §9)
+    # threat "observer", p = 1: the exact privacy of the observers' view (MATH.md §9)
     mu_view: float | None = None
     epsilon_view: float | None = None
     one_run: dict[str, Any] | None = None  # m, guesses, correct of a one-run audit

@@ -1,4 +1,4 @@
-"""Statistics of privacy auditing (SPEC §8): from attack scores to lower bounds on ε.
+"""Statistics of privacy auditing (MATH.md §8): from attack scores to lower bounds on ε.
 
 Pure numpy/scipy.  Three bounds, each sound only under the assumptions it states:
 
@@ -129,7 +129,7 @@ def epsilon_lower_bound(bounds: ThresholdBounds, delta: float) -> float:
     """ε_lb = max over thresholds of max(ln((TPR_lb−δ)/FPR_ub), ln((TNR_lb−δ)/FNR_ub)), ≥ 0.
 
     (ε, δ)-DP forces TPR ≤ e^ε FPR + δ for every test, and the same with the roles of the two
-    neighbouring data sets swapped (SPEC §8).
+    neighbouring data sets swapped (MATH.md §8).
     """
     require(0 <= delta < 1, f"delta must lie in [0, 1), got {delta!r}")
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -153,7 +153,7 @@ def gdp_mu_lower_bound(bounds: ThresholdBounds) -> float:
 
 
 def gdp_epsilon_lower_bound(bounds: ThresholdBounds, delta: float) -> tuple[float, float]:
-    """(μ_lb, ε(δ; μ_lb)) by SPEC §1.2; (0, 0) when no threshold separates the two classes."""
+    """(μ_lb, ε(δ; μ_lb)) by MATH.md §1.2; (0, 0) when no threshold separates the two classes."""
     mu = gdp_mu_lower_bound(bounds)
     return mu, (epsilon_from_delta(delta, mu) if mu > 0 else 0.0)
 

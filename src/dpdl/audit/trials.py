@@ -1,4 +1,4 @@
-"""Audit trials through the real engine: many independent trainings at once (SPEC §4, §8).
+"""Audit trials through the real engine: many independent trainings at once (MATH.md §4, §8).
 
 One *trial* is a whole private training of a small network of ``n`` nodes (node 0 holds the
 canary in half of the trials).  T trials are stacked as T independent blocks of n nodes: a
@@ -29,7 +29,7 @@ Scores (higher means "the canary was in"):
 * ``observer`` -- a coalition V of nodes other than node 0 (``observers``), each seeing only
   what it receives: the messages of its in-neighbours (never node 0's own messages unless 0
   is an in-neighbour) and knowing its own.  Along e_0 the network runs linear Gaussian gossip
-  (SPEC §9): the canary adds γ C_k / b to node 0's message at every step it is sampled, every
+  (MATH.md §9): the canary adds γ C_k / b to node 0's message at every step it is sampled, every
   node adds noise γ σ_k / b.  The score is the generalised-least-squares estimate of the
   canary's presence from V's view, V's own inputs removed (the Neyman–Pearson statistic when
   p = 1, where its privacy is exactly the view μ of ``schedule_view_mu``).

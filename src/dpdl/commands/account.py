@@ -1,4 +1,4 @@
-"""``dpdl account``: calibrate a Dyn-D2P family schedule and report its ε (SPEC §1-2).
+"""``dpdl account``: calibrate a Dyn-D2P family schedule and report its ε (MATH.md §1-2).
 
 Example::
 
@@ -137,7 +137,7 @@ def _validate(args: argparse.Namespace) -> None:
 
 
 def _warnings(reports: dict[str, Any]) -> list[str]:
-    """Warn when the CLT ε is far below the tightest certified ε (SPEC §1.3, §2)."""
+    """Warn when the CLT ε is far below the tightest certified ε (MATH.md §1.3, §2)."""
     clt = reports.get("clt")
     certified = [
         reports[name]

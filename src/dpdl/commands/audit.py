@@ -1,4 +1,7 @@
-"""``dpdl audit``: empirical lower bounds on ε from canaries through the real engine (SPEC §8)."""
+"""``dpdl audit``: empirical lower bounds on ε from canaries through the real engine.
+
+The statistics are those of MATH.md §8.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``dpdl gossip account``: what a node (or a coalition) learns about another from noisy gossip.
 
-Exact μ-GDP of the linear Gaussian view (SPEC §9, :mod:`dpdl.accounting.gossip`): one pair,
+Exact μ-GDP of the linear Gaussian view (MATH.md §9, :mod:`dpdl.accounting.gossip`): one pair,
 one observer's column, or every pair summarised by graph distance beside the local-DP level,
 with a heat map; ``--calibrate EPS --beyond D`` gives the σ that holds every pair farther than
 D hops to (EPS, δ).

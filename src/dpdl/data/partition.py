@@ -33,7 +33,7 @@ def partition(
 ) -> list[np.ndarray]:
     """Split record indices ``0..len(y)-1`` into ``n_nodes`` disjoint, sorted index arrays.
 
-    ``scheme="iid"`` (the SPEC §4 setting, "data shuffled and split evenly"): a seeded
+    ``scheme="iid"`` (the MATH.md §4 setting, "data shuffled and split evenly"): a seeded
     shuffle cut into equal parts of ⌊N/n⌋ records each; the N mod n records that land last
     in the shuffle are dropped, so every node has exactly the same size.
 
@@ -140,11 +140,9 @@ def stack_node_data(x, y, parts: list[np.ndarray]):
     mask = np.zeros((n_nodes, j_max), dtype=bool)
     mask[node_of, slot_of] = True
 
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - torch is a hard dependency of dpdl
-        torch = None
-    if torch is not None and isinstance(x, torch.Tensor):
+    import torch  # imported here: `import dpdl.data` stays free of torch
+
+    if isinstance(x, torch.Tensor):
         flat_t = torch.from_numpy(flat).to(x.device)
         rows, cols = torch.from_numpy(node_of), torch.from_numpy(slot_of)
         x_stacked = x.new_zeros((n_nodes, j_max, *x.shape[1:]))

@@ -35,7 +35,7 @@ def standardize(
 
 
 def l2_normalize_rows(x: np.ndarray) -> np.ndarray:
-    """Scale each record to unit L2 norm (all-zero records stay zero), SPEC §6 preprocessing:
+    """Scale each record to unit L2 norm (all-zero records stay zero), MATH.md §6 preprocessing:
     with ||x|| <= 1 the logistic loss is 1-Lipschitz in the weights."""
     flat = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
     norms = np.linalg.norm(flat, axis=1, keepdims=True)

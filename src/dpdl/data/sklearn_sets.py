@@ -43,8 +43,8 @@ def load_digits(*, data_dir=None, download: bool = False, seed: int = 0) -> Data
 def load_breast_cancer(*, data_dir=None, download: bool = False, seed: int = 0) -> Dataset:
     """Wisconsin breast cancer (569 records, 30 features, binary) as (N, 30).
 
-    SPEC §6 preprocessing: standardise every feature (public test-split statistics), then scale each
-    row to unit L2 norm so the logistic loss is 1-Lipschitz.
+    MATH.md §6 preprocessing: standardise every feature (public test-split statistics), then scale
+    each row to unit L2 norm so the logistic loss is 1-Lipschitz.
     """
     from sklearn.datasets import load_breast_cancer as sk_load
 
@@ -59,7 +59,7 @@ def load_breast_cancer(*, data_dir=None, download: bool = False, seed: int = 0) 
         x_test=l2_normalize_rows(x_test), y_test=labels[test_idx],
         num_classes=2, input_shape=(features.shape[1],),
         info={"preprocessing": f"per-feature standardisation ({PUBLIC_STATISTICS}), "
-                               "then each row L2-normalised (SPEC §6)",
+                               "then each row L2-normalised (MATH.md §6)",
               "split_seed": int(seed), "test_fraction": TEST_FRACTION},
     )
 

@@ -1,4 +1,4 @@
-"""Configuration of a ``decentralized`` experiment (the Dyn-D2P family, SPEC §2-4).
+"""Configuration of a ``decentralized`` experiment (the Dyn-D2P family, MATH.md §2-4).
 
 A config is a TOML document (or the same dict) with these tables; every table forbids
 unknown keys, and every error names the dotted key::

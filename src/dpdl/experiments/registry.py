@@ -20,10 +20,10 @@ from dpdl.errors import DPDLError
 DEFAULT_KIND = "decentralized"
 
 EXPERIMENT_KINDS: dict[str, str] = {
-    "decentralized": "dpdl.experiments.runner",  # Dyn-D2P family, SGP (SPEC §4)
-    "linreg": "dpdl.extensions.linreg.experiment",  # DP decentralized linear regression (SPEC §5)
-    "netdp-logreg": "dpdl.extensions.netdp.experiment",  # network-DP token SGD (SPEC §6)
-    "fdp-random-walk": "dpdl.extensions.fdp.experiment",  # PN-f-DP random-walk DP-SGD (SPEC §7)
+    "decentralized": "dpdl.experiments.runner",  # Dyn-D2P family, SGP (MATH.md §4)
+    "linreg": "dpdl.extensions.linreg.experiment",  # DP decentralized linreg (MATH.md §5)
+    "netdp-logreg": "dpdl.extensions.netdp.experiment",  # network-DP token SGD (MATH.md §6)
+    "fdp-random-walk": "dpdl.extensions.fdp.experiment",  # PN-f-DP random-walk DP-SGD (MATH.md §7)
 }
 
 

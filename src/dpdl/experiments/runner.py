@@ -1,4 +1,4 @@
-"""The ``decentralized`` experiment kind: train the Dyn-D2P family and SGP (SPEC §2-4).
+"""The ``decentralized`` experiment kind: train the Dyn-D2P family and SGP (MATH.md §2-4).
 
 ``run_experiment(config, output_dir)`` runs every cell (algorithm x seed x target epsilon; SGP
 once per seed) of a config and writes one run folder::

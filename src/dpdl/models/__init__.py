@@ -2,7 +2,7 @@
 
 Every model is a plain ``torch.nn.Module`` without BatchNorm or buffers that depend on the
 batch, so ``torch.func.functional_call`` + ``vmap`` over single records gives exact
-per-record gradients (needed for per-record clipping, SPEC §4).
+per-record gradients (needed for per-record clipping, MATH.md §4).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def make_model(
 
 
 def num_params(model: nn.Module, trainable_only: bool = True) -> int:
-    """Number of (trainable) scalar parameters, the dimension d of the noise in SPEC §4."""
+    """Number of (trainable) scalar parameters, the dimension d of the noise in MATH.md §4."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
 
 

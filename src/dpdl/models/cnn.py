@@ -1,4 +1,4 @@
-"""The shallow CNN of the Dyn-D2P experiments (SPEC §4): two conv + two fully connected
+"""The shallow CNN of the Dyn-D2P experiments (MATH.md §4): two conv + two fully connected
 layers, no normalisation layer (per-record clipping needs none)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """ResNet-18 with GroupNorm instead of BatchNorm (He et al. 2016; GroupNorm: Wu & He 2018),
 the standard choice for DP-SGD because BatchNorm mixes records and breaks per-record clipping
-(SPEC §4). CIFAR-style stem: one 3×3 convolution, stride 1, no max-pool."""
+(MATH.md §4). CIFAR-style stem: one 3×3 convolution, stride 1, no max-pool."""
 
 from __future__ import annotations
 

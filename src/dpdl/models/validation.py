@@ -1,4 +1,4 @@
-"""Refuse models whose layers mix the records of a batch (per-record clipping, SPEC §4).
+"""Refuse models whose layers mix the records of a batch (per-record clipping, MATH.md §4).
 
 Dyn-D2P clips each record's gradient alone, so a record's loss may depend on that record
 and the parameters only. Batch normalisation (and instance normalisation with running

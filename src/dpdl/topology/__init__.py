@@ -1,4 +1,6 @@
-"""Topologies: graphs -> periodic column-stochastic mixing matrices, validation, metrics (SPEC §3).
+"""Topologies: graphs -> periodic column-stochastic mixing matrices, validation, metrics.
+
+See MATH.md §3 for the mathematics.
 
 >>> from dpdl.topology import make_topology, period_contraction
 >>> exp = make_topology("exp", 20)

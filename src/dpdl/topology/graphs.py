@@ -1,4 +1,4 @@
-"""The graph families of SPEC §3 and :func:`make_topology`.
+"""The graph families of MATH.md §3 and :func:`make_topology`.
 
 Directed graphs use :func:`uniform_sender_weights` (column-stochastic), undirected ones
 :func:`metropolis_hastings_weights` (symmetric, doubly stochastic). Random graphs are drawn
@@ -39,7 +39,7 @@ DEFAULT_MAX_ATTEMPTS = 100
 
 
 def exponential_period(n: int) -> int:
-    """m = ⌊log2(n−1)⌋ + 1 computed with integers (SPEC §3)."""
+    """m = ⌊log2(n−1)⌋ + 1 computed with integers (MATH.md §3)."""
     return (n - 1).bit_length()
 
 
@@ -70,19 +70,19 @@ def _adjacency_from_graph(graph: nx.Graph, n: int) -> np.ndarray:
 
 
 def time_varying_exponential(n: int) -> Topology:
-    """One-peer exponential graph: at step k node i sends to i + 2^(k mod m) (SPEC §3)."""
+    """One-peer exponential graph: at step k node i sends to i + 2^(k mod m) (MATH.md §3)."""
     m = exponential_period(n)
     forms = [[(0, 0.5), (2**t, 0.5)] for t in range(m)]
     return CirculantTopology("exp", n, forms, directed=True)
 
 
 def directed_ring(n: int) -> Topology:
-    """i -> i+1 mod n with weights ½, ½ (SPEC §3)."""
+    """i -> i+1 mod n with weights ½, ½ (MATH.md §3)."""
     return CirculantTopology("ring", n, [[(0, 0.5), (1, 0.5)]], directed=True)
 
 
 def complete(n: int) -> Topology:
-    """P = 11ᵀ/n (SPEC §3); dense, so no circulant form."""
+    """P = 11ᵀ/n (MATH.md §3); dense, so no circulant form."""
     return MatrixTopology(
         "complete",
         [np.full((n, n), 1.0 / n)],
@@ -102,7 +102,7 @@ def undirected_ring(n: int) -> Topology:
 
 
 def static_exponential(n: int) -> Topology:
-    """Static directed exponential graph: i -> i + 2^j for j < m, weight 1/(m+1) (SPEC §3)."""
+    """Static directed exponential graph: i -> i + 2^j for j < m, weight 1/(m+1) (MATH.md §3)."""
     m = exponential_period(n)
     weight = 1.0 / (m + 1)
     return CirculantTopology(
@@ -359,7 +359,7 @@ def from_edgelist(n: int, path=None, *, directed: bool = False) -> Topology:
 
 
 def from_networkx(graph: nx.Graph, *, name: str = "networkx") -> Topology:
-    """A user's networkx graph as a validated topology (SPEC §3 weights).
+    """A user's networkx graph as a validated topology (MATH.md §3 weights).
 
     Node ``i`` of the topology is the ``i``-th node of ``graph.nodes`` (its iteration order),
     so the i-th local data set belongs to it. A directed graph (``u -> v``: u sends to v) gets
@@ -453,7 +453,7 @@ assert tuple(_BUILDERS) == TOPOLOGIES
 
 
 def make_topology(name: str, n: int, *, seed: int = 0, **params) -> Topology:
-    """Build, validate and return the topology ``name`` on ``n`` nodes (SPEC §3).
+    """Build, validate and return the topology ``name`` on ``n`` nodes (MATH.md §3).
 
     Parameters by family: torus ``rows``/``cols``; random-regular ``degree``,
     ``max_attempts``; erdos-renyi ``probability``, ``directed``, ``max_attempts``;

@@ -1,4 +1,4 @@
-"""Mixing metrics and matrix stacks (SPEC §3, "Metrics").
+"""Mixing metrics and matrix stacks (MATH.md §3, "Metrics").
 
 * :func:`spectral_gap` — ``1 − |λ₂|`` of one (static) matrix, ``|λ₂|`` the second-largest
   eigenvalue modulus (SLEM). For a symmetric doubly-stochastic ``W`` this is the usual gap

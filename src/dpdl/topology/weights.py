@@ -1,4 +1,4 @@
-"""Mixing weights from a graph's adjacency (SPEC §3, "Weights").
+"""Mixing weights from a graph's adjacency (MATH.md §3, "Weights").
 
 Adjacency convention, shared by the whole package: ``A[i, j]`` is true iff node ``i``
 receives from node ``j`` (the edge ``j -> i``), exactly like ``P[i, j] > 0`` for a mixing
@@ -25,7 +25,7 @@ def _as_adjacency(adjacency: np.ndarray) -> np.ndarray:
 
 
 def uniform_sender_weights(adjacency: np.ndarray) -> np.ndarray:
-    """Column-stochastic weights of a directed graph (SPEC §3).
+    """Column-stochastic weights of a directed graph (MATH.md §3).
 
     Sender ``j`` splits its mass uniformly over itself and its out-neighbours:
     ``P[i, j] = 1 / (outdeg_j + 1)`` for ``i = j`` or ``j -> i``, else 0.
@@ -38,7 +38,7 @@ def uniform_sender_weights(adjacency: np.ndarray) -> np.ndarray:
 
 
 def metropolis_hastings_weights(adjacency: np.ndarray) -> np.ndarray:
-    """Metropolis–Hastings weights of an undirected graph (SPEC §3).
+    """Metropolis–Hastings weights of an undirected graph (MATH.md §3).
 
     ``W_ij = 1 / (1 + max(d_i, d_j))`` on edges, ``W_ii = 1 - sum_j W_ij``; the result is
     symmetric and doubly stochastic with a positive diagonal.

@@ -48,7 +48,7 @@ def test_pair_only_reports_the_pair_and_both_rdp_baselines(tmp_path, capsys):
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     pair = out["pair"]
-    # SPEC §7 oracle (lemma form, K_loc = 1): 6.155 ± 0.002, bracketed by the twin
+    # MATH.md §7 oracle (lemma form, K_loc = 1): 6.155 ± 0.002, bracketed by the twin
     assert abs(pair["epsilon_upper"] - 6.155) < 2e-3 and pair["epsilon_lower"] <= 6.1556
     assert pair["compositions"] == 8
     assert pair["epsilon_upper"] < pair["epsilon_rdp_ht"] < pair["epsilon_rdp_baseline"]

@@ -1,4 +1,4 @@
-"""DECOR's Sec-LDP (RDP) and Sec-f-LDP accounting (SPEC §7)."""
+"""DECOR's Sec-LDP (RDP) and Sec-f-LDP accounting (MATH.md §7)."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""The DECOR simulation (SPEC §7): pairwise secrets, gradients, training."""
+"""The DECOR simulation (MATH.md §7): pairwise secrets, gradients, training."""
 
 import networkx as nx
 import numpy as np

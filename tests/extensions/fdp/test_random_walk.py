@@ -1,4 +1,4 @@
-"""PN-f-DP of random-walk DP-SGD (SPEC §7) and the RDP baseline."""
+"""PN-f-DP of random-walk DP-SGD (MATH.md §7) and the RDP baseline."""
 
 import math
 
@@ -24,7 +24,7 @@ from dpdl.extensions.fdp.accounting import (
     single_visit_tradeoff,
 )
 
-ORACLE = dict(steps=275, sigma=1.0, delta=1e-5)  # SPEC §7: ⌊275/32⌋ = 8 compositions
+ORACLE = dict(steps=275, sigma=1.0, delta=1e-5)  # MATH.md §7: ⌊275/32⌋ = 8 compositions
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def directed_cycle(n):
 
 def test_spec_oracle_neighbouring_pair(hypercube):
     upper, lower = pnfdp_epsilon(hypercube, 0, 1, **ORACLE)
-    # SPEC §7: 6.155 ± 0.002; discretisations bracket [6.1540, 6.1556]; report the upper one
+    # MATH.md §7: 6.155 ± 0.002; discretisations bracket [6.1540, 6.1556]; report the upper one
     assert upper == pytest.approx(6.155, abs=2e-3)
     assert 6.1540 <= upper
     assert lower <= upper
@@ -126,7 +126,7 @@ def test_rdp_conversion_sits_between_gdp_and_the_classical_bound():
 
 def test_per_hop_mu_forms():
     t = np.arange(1, 6)
-    # SPEC §7 lemma form: √K·Δ/(σ√(tK+1)); table form: √K·Δ/(σ√t)
+    # MATH.md §7 lemma form: √K·Δ/(σ√(tK+1)); table form: √K·Δ/(σ√t)
     mu = per_hop_mu(5, 2.0, sensitivity=3.0, local_steps=4)
     np.testing.assert_allclose(mu, 2 * 3 / (2 * np.sqrt(4 * t + 1)))
     table = per_hop_mu(5, 2.0, sensitivity=3.0, local_steps=4, hop_form="table")
@@ -167,7 +167,7 @@ def test_zeta_slack(hypercube):
 def test_calibration_recovers_the_oracle_sigma(hypercube):
     sigma = calibrate_sigma_pnfdp(hypercube, steps=275, target_epsilon=6.155, delta=1e-5,
                                   pair=(0, 1))
-    assert sigma == pytest.approx(1.0, abs=2e-3)  # SPEC §7: σ = 1 gives 6.155
+    assert sigma == pytest.approx(1.0, abs=2e-3)  # MATH.md §7: σ = 1 gives 6.155
     upper, _ = pnfdp_epsilon(hypercube, 0, 1, steps=275, sigma=sigma, delta=1e-5)
     assert upper <= 6.155 + 1e-9
     sigma_rdp = calibrate_sigma_rdp_baseline(hypercube, steps=275, target_epsilon=6.155,
@@ -290,7 +290,7 @@ def test_pnfdp_beats_rdp_ht_which_beats_cyffers_on_the_oracle_hypercube(hypercub
 @pytest.mark.parametrize(("n", "sigma", "expected"),
                          [(256, 0.7446875, 9.997), (2048, 0.3246875, 10.008)])
 def test_spec_table_form_oracles(n, sigma, expected):
-    # SPEC §7: hypercube (Metropolis), T = 20000, Δ = 0.4, δ = 1e-5, pair 0 → 1, table form
+    # MATH.md §7: hypercube (Metropolis), T = 20000, Δ = 0.4, δ = 1e-5, pair 0 → 1, table form
     upper, lower = pnfdp_epsilon(hypercube_walk(n), 0, 1, steps=20000, sigma=sigma,
                                  sensitivity=0.4, delta=1e-5, hop_form="table")
     assert lower <= upper

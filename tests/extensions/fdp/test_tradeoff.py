@@ -1,4 +1,4 @@
-"""Trade-off function objects (SPEC §7, first bullet)."""
+"""Trade-off function objects (MATH.md §7, first bullet)."""
 
 import math
 
@@ -26,7 +26,7 @@ from dpdl.extensions.fdp.accounting import (
 
 
 def test_gaussian_delta_matches_spec_oracles():
-    # SPEC §1.2: μ = 1, ε = 1 → δ = 0.1269367; at δ = 1e-4, μ(0.3)=0.107716, μ(1)=0.313902
+    # MATH.md §1.2: μ = 1, ε = 1 → δ = 0.1269367; at δ = 1e-4, μ(0.3)=0.107716, μ(1)=0.313902
     assert gaussian_delta(1.0, 1.0) == pytest.approx(0.1269367, abs=1e-7)
     assert GaussianTradeOff(0.313902).epsilon(1e-4) == pytest.approx(1.0, abs=1e-5)
     assert GaussianTradeOff(0.107716).epsilon(1e-4) == pytest.approx(0.3, abs=1e-5)

@@ -1,4 +1,4 @@
-"""SPEC §5 privacy of DP decentralized linear regression: hand computations, closed form,
+"""MATH.md §5 privacy of DP decentralized linear regression: hand computations, closed form,
 its validity conditions, calibration (checked with a scipy root find) and data-norm bounds."""
 
 import math

@@ -1,4 +1,4 @@
-"""SPEC §5 algorithm: projection, noise scale v(t), convergence without noise, fail-closed
+"""MATH.md §5 algorithm: projection, noise scale v(t), convergence without noise, fail-closed
 checks. References: scipy optimizers, scipy.stats.laplace, numpy lstsq, networkx graphs."""
 
 import networkx as nx
@@ -92,7 +92,7 @@ def test_row_and_label_clipping_enforce_the_data_norm_bounds(rng):
     np.testing.assert_array_equal(clipped[norms <= 1.0], x[norms <= 1.0])
     y, label_count = clip_labels(rng.normal(scale=3.0, size=40), 2.0)
     assert np.all(np.abs(y) <= 2.0) and label_count > 0
-    # SPEC §5: delta_X = r sqrt(n_i) bounds the spectral norm of the clipped block.
+    # MATH.md §5: delta_X = r sqrt(n_i) bounds the spectral norm of the clipped block.
     assert spectral_norm_bound_holds([clipped], [y], 1.0 * np.sqrt(40), 2.0 * np.sqrt(40))
     assert not spectral_norm_bound_holds([x], [y], 1.0 * np.sqrt(40), 2.0 * np.sqrt(40))
 
@@ -272,7 +272,7 @@ def test_fit_private_linreg_spends_exactly_the_target(rng):
     # Default noise shape (d_v, e_v) = (d_alpha - 1, e_alpha): the closed form is exact.
     assert (fit.noise.d, fit.noise.e) == (19.0, 0.6)
     assert fit.privacy.epsilon_closed_form == pytest.approx(1e7, rel=1e-12)
-    # Recompute the epsilon by hand from SPEC §5 with the enforced bounds (m=3, k=6, n_M=20).
+    # Recompute the epsilon by hand from MATH.md §5 with the enforced bounds (m=3, k=6, n_M=20).
     dx, dy = np.sqrt(20) * 1.0, np.sqrt(20) * 2.0
     coefficient = 4 * dx * np.sqrt(3 * 20) * (dx * 4.0 * np.sqrt(6 * 3) + dy)
     assert fit.privacy.epsilon == pytest.approx(coefficient * 0.1 / fit.noise.c * 300, rel=1e-12)

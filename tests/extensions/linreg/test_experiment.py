@@ -1,4 +1,4 @@
-"""The ``linreg`` experiment kind (SPEC §5 on scikit-learn's diabetes data) and its preset."""
+"""The ``linreg`` experiment kind (MATH.md §5 on scikit-learn's diabetes data) and its preset."""
 
 import json
 import tomllib

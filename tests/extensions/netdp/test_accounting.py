@@ -1,4 +1,4 @@
-"""SPEC §6 accounting: oracle values, closed forms, the pairwise accountant vs brute force."""
+"""MATH.md §6 accounting: oracle values, closed forms, the pairwise accountant vs brute force."""
 
 import math
 
@@ -11,7 +11,7 @@ from dpdl.accounting import gdp
 from dpdl.errors import DPDLError
 from dpdl.extensions.netdp import accounting as nd
 
-# SPEC §6 oracle: eps0 = 0.1, delta = 1e-7, T = 100 n
+# MATH.md §6 oracle: eps0 = 0.1, delta = 1e-7, T = 100 n
 ORACLES = {10: (11.762, 13.512), 20: (13.519, 9.759), 100: (20.034, 5.112)}
 
 
@@ -48,7 +48,7 @@ def test_advanced_composition_closed_form():
 
 def test_gaussian_ldp_sigma_is_exactly_calibrated():
     sigma = nd.gaussian_sigma_for_ldp(0.7, 1e-5, sensitivity=2.0)
-    # the Gaussian mechanism of sensitivity 2 with noise sigma is (2/sigma)-GDP (SPEC §1)
+    # the Gaussian mechanism of sensitivity 2 with noise sigma is (2/sigma)-GDP (MATH.md §1)
     assert gdp.delta_from_epsilon(0.7, 2.0 / sigma) == pytest.approx(1e-5, rel=1e-6)
     assert nd.gaussian_epsilon(sigma, 1e-5, 2.0) == pytest.approx(0.7, rel=1e-6)
 

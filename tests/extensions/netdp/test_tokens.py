@@ -1,4 +1,4 @@
-"""SPEC §6 token algorithms: unbiasedness and predicted error, caps, walks, bad input."""
+"""MATH.md §6 token algorithms: unbiasedness and predicted error, caps, walks, bad input."""
 
 import math
 

@@ -8,7 +8,7 @@ cell's ``metrics.csv``) and writes ``report.md`` with PNG figures beside it, and
   (setting, ε) and algorithm label, and the relative gain of Dyn-D2P over Const-D2P;
 * privacy: what the CLT-calibrated runs really spend by the certified accountant, and for
   every run the ε of the CLT approximation beside the certified ε;
-* the claims of SPEC §4 checked against the measured means;
+* the claims of MATH.md §4 checked against the measured means;
 * runs whose noise was derived from their seed (``noise_entropy = "seed"`` in results.json,
   the reproducible research mode) are named in a note under the introduction, and the
   per-run table has a noise column;

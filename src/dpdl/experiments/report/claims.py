@@ -1,4 +1,4 @@
-"""The claims of SPEC §4, checked against the mean final accuracies of a sweep.
+"""The claims of MATH.md §4, checked against the mean final accuracies of a sweep.
 
 Each check returns (claim, verdict) pairs, and none when the sweep has nothing to compare
 (a missing rival algorithm, a single ε, a single topology).
@@ -32,7 +32,7 @@ ORDERED_CLAIMS = (
 
 
 def check_claims(runs: list[CellRun]) -> list[tuple[str, str]]:
-    """The claims of SPEC §4 against the measured means: [(claim, verdict)]."""
+    """The claims of MATH.md §4 against the measured means: [(claim, verdict)]."""
     claims = []
     calibrations = sorted({r.calibration for r in runs if r.private}, key=calibration_rank)
     for calibration in calibrations:

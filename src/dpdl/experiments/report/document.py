@@ -61,7 +61,7 @@ def report_sections(runs: list[CellRun], tables: Tables, figures: list[Figure]) 
             ],
         ),
         Section(
-            "The paper's claims (SPEC §4) in this sweep",
+            "The paper's claims (MATH.md §4) in this sweep",
             [Table(["claim", "verdict"], [[c, v] for c, v in claims])]
             if claims
             else [Paragraph("No claim applies.")],

@@ -104,5 +104,5 @@ def gain_pairs(algorithms: list[str]) -> list[tuple[str, str, str]]:
 
 
 def relative_gain(dyn: float, const: float) -> float:
-    """Dyn-D2P's accuracy relative to Const-D2P's, minus one (SPEC §4: +39 % at ε = 0.3)."""
+    """Dyn-D2P's accuracy relative to Const-D2P's, minus one (MATH.md §4: +39 % at ε = 0.3)."""
     return dyn / const - 1 if const > 0 else math.nan

@@ -2,7 +2,7 @@
 
 * accuracy: final test accuracy of the average model, mean ± sample std over seeds
   (ddof = 1: ``results.sample_std``), one row per (setting, ε), one column per algorithm
-  label (``dyn-d2p@clt``: calibrated with the paper's CLT, SPEC §2), and the relative gain of
+  label (``dyn-d2p@clt``: calibrated with the paper's CLT, MATH.md §2), and the relative gain of
   Dyn-D2P over Const-D2P per calibration;
 * privacy: for every run the ε of the CLT approximation beside the certified ε;
 * calibration: for the runs of each algorithm and target ε, the certified ε they really

@@ -1,4 +1,4 @@
-"""f-DP accounting for decentralized learning (SPEC §7; seed 003, Li, Su, Wang, Long, Su 2025).
+"""f-DP accounting for decentralized learning (MATH.md §7; seed 003, Li, Su, Wang, Long, Su 2025).
 
 One import point for the three parts:
 

@@ -1,4 +1,4 @@
-"""``dpdl fdp``: f-DP accounting for decentralized learning (SPEC §7, seed 003).
+"""``dpdl fdp``: f-DP accounting for decentralized learning (MATH.md §7, seed 003).
 
 ``dpdl fdp [pairwise]`` — PN-f-DP of random-walk DP-SGD on a named graph, beside two RDP
 baselines (Cyffers et al. 2024, and "RDP (HT)" with exact hitting times, seed 003's
@@ -10,7 +10,7 @@ Table 1). Three scopes:
 * neither — the full matrix, computed in chunks of targets with truncated hitting weights
   (``--tolerance``: sound) and a progress bar; CSV + heat-map PNGs.
 
-``--hop-form lemma|table`` picks the per-hop μ_t (SPEC §7): Lemma 4.3's √K·Δ/(σ√(tK+1))
+``--hop-form lemma|table`` picks the per-hop μ_t (MATH.md §7): Lemma 4.3's √K·Δ/(σ√(tK+1))
 (default) or the more conservative √K·Δ/(σ√t) of the script behind the paper's Table 3
 (use it to reproduce that table's σ). ``--target-epsilon`` calibrates σ for the pair, the
 column's worst source, or the worst pair.

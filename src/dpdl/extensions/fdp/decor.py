@@ -1,4 +1,4 @@
-"""DECOR: decentralized SGD with pairwise-cancelling correlated noise (SPEC §7).
+"""DECOR: decentralized SGD with pairwise-cancelling correlated noise (MATH.md §7).
 
 Each step every node i
   1. draws a mini-batch, computes per-record gradients of a softmax (multinomial logistic)
@@ -132,7 +132,7 @@ def run_decor(mixing: ArrayLike, x_nodes: np.ndarray, y_nodes: np.ndarray, *,
               sigma_cor: float, batch_size: int = 1, mask: np.ndarray | None = None,
               seed: Randomness = None, eval_every: int = 0, eval_data: tuple | None = None,
               progress: bool = False, unsafe_zero_noise: bool = False) -> DecorResult:
-    """Run DECOR (SPEC §7) for ``steps`` steps on stacked node data.
+    """Run DECOR (MATH.md §7) for ``steps`` steps on stacked node data.
 
     ``mixing`` is the symmetric doubly stochastic W (undirected graph); x_nodes (n, J, ...),
     y_nodes (n, J) integer labels, ``mask`` (n, J) marks real records (all by default).

@@ -1,4 +1,4 @@
-"""DECOR's privacy: Sec-LDP (RDP form) and Sec-f-LDP (SPEC §7; seed 003 Theorem 4.2).
+"""DECOR's privacy: Sec-LDP (RDP form) and Sec-f-LDP (MATH.md §7; seed 003 Theorem 4.2).
 
 Every step node i shares its clipped gradient (‖g‖ ≤ C) plus N(0, σ²I) + Σ_{j∈N(i)} v_ij with
 pairwise secrets v_ij = −v_ji ~ N(0, σ_cor² I). Stacking the nodes, the shared noise is
@@ -7,7 +7,7 @@ coordinate. A curious node knows the secrets it shares, so for the honest set H 
 that still hides them has covariance Σ_H = σ² I + σ_cor² L_H, L_H the Laplacian of the graph
 induced on H (H = V: an eavesdropper only).
 
-Replace-one adjacency moves node i's share by at most 2C (SPEC §7), so one step is a
+Replace-one adjacency moves node i's share by at most 2C (MATH.md §7), so one step is a
 Gaussian mechanism with μ_step² = 4C² [Σ_H⁻¹]_ii ≤ 4C² max_i [Σ_H⁻¹]_ii; equivalently
 ρ = μ_step²/2 = 2C² max_i [Σ_H⁻¹]_ii (DECOR's ρ-zCDP/RDP). Over T steps:
 
@@ -125,7 +125,7 @@ def _check_noise(sigma: float, sigma_cor: float, clip: float) -> None:
 
 def decor_rho(graph, *, sigma: float, sigma_cor: float, clip: float = 1.0,
               curious: Iterable[int] = ()) -> float:
-    """Per-step ρ = 2C² max_{i∈H} [(σ² I + σ_cor² L_H)⁻¹]_ii (SPEC §7)."""
+    """Per-step ρ = 2C² max_{i∈H} [(σ² I + σ_cor² L_H)⁻¹]_ii (MATH.md §7)."""
     _check_noise(sigma, sigma_cor, clip)
     return 2 * clip**2 * _InverseDiagonal(honest_laplacian(graph, curious))(sigma, sigma_cor)
 
@@ -148,7 +148,7 @@ def _privacy_from_rho(rho: float, steps: int, delta: float) -> DecorPrivacy:
 
 def decor_privacy(graph, *, sigma: float, sigma_cor: float, steps: int, delta: float,
                   clip: float = 1.0, curious: Iterable[int] = ()) -> DecorPrivacy:
-    """All three DECOR guarantees for T steps (SPEC §7)."""
+    """All three DECOR guarantees for T steps (MATH.md §7)."""
     return _privacy_from_rho(decor_rho(graph, sigma=sigma, sigma_cor=sigma_cor, clip=clip,
                                        curious=curious), steps, delta)
 

@@ -1,11 +1,11 @@
-"""The "fdp-random-walk" experiment kind: random-walk DP-SGD under PN-f-DP (SPEC §7).
+"""The "fdp-random-walk" experiment kind: random-walk DP-SGD under PN-f-DP (MATH.md §7).
 
 For every target ε the noise σ is calibrated with each accountant so that the worst ordered
 pair (i → j) of the graph meets (ε, δ):
 
 * ``pn-fdp`` — the certified PN-f-DP bound (revealed-mixture,
   :mod:`dpdl.extensions.fdp.accounting`),
-* ``rdp-baseline`` — the pairwise RDP bound of Cyffers et al. 2024 (SPEC §7),
+* ``rdp-baseline`` — the pairwise RDP bound of Cyffers et al. 2024 (MATH.md §7),
 * ``local`` — no amplification by the walk: each of the ⌊T/n⌋ contributions is seen as is
   (G_{√(k K_loc)·Δ/σ}),
 
@@ -99,7 +99,7 @@ class PrivacySection(_Section):
     contraction: float = Field(1.0, gt=0, le=1)
     accountants: list[str] = Field(default_factory=lambda: list(ACCOUNTANTS))
     relative_slack: float = Field(1e-3, gt=0, lt=0.1)
-    # The per-hop mu_t of the PN-f-DP bound (SPEC §7): "lemma" is Lemma 4.3 of seed 003,
+    # The per-hop mu_t of the PN-f-DP bound (MATH.md §7): "lemma" is Lemma 4.3 of seed 003,
     # "table" the form of the script behind the paper's Table 3 (no contraction).
     hop_form: Literal["lemma", "table"] = "lemma"
 
@@ -202,7 +202,7 @@ def random_walk_dp_sgd(walk: np.ndarray, x_nodes: np.ndarray, y_nodes: np.ndarra
                        batch_size: int, local_steps: int = 1, cap: int | None = None,
                        seed=None, eval_every: int = 0, eval_data: tuple | None = None,
                        mask: np.ndarray | None = None, unsafe_zero_noise: bool = False) -> dict:
-    """Random-walk DP-SGD (SPEC §7) on stacked node data; returns the final model, the
+    """Random-walk DP-SGD (MATH.md §7) on stacked node data; returns the final model, the
     evaluation history and the contribution count of every node.
 
     The walk, batches and noise are secret: ``seed`` is a Generator/SeedSequence (a cell's

@@ -1,4 +1,4 @@
-"""PN-f-DP of random-walk DP-SGD on any graph (SPEC §7; seed 003, Lemmas 4.1–4.3).
+"""PN-f-DP of random-walk DP-SGD on any graph (MATH.md §7; seed 003, Lemmas 4.1–4.3).
 
 A token walks on the graph with row-stochastic W (W_ab = Pr(token moves a → b)); the node
 holding it takes K_loc noisy local steps and passes it on. Node j sees the token whenever the
@@ -33,7 +33,7 @@ walk reaches it, so one contribution of node i reaches j after a random number t
   group's rounded *up*, which dominates every member, so the shared answer is an upper
   bound for each of them.
 
-The RDP baseline (Cyffers et al. 2024, SPEC §7) is ρ_ij = Δ²(T·H_T/(σ²n²) +
+The RDP baseline (Cyffers et al. 2024, MATH.md §7) is ρ_ij = Δ²(T·H_T/(σ²n²) +
 T·[log W]_ij/(σ²n)), (α, αρ_ij)-RDP for all α > 1, converted with dp_accounting's RDP
 conversion. "RDP (HT)" (seed 003's Table 1 / Figure 1c) replaces its spectral estimate of
 the hitting times by the exact first-hitting weights: ρ_ij = K_loc·Δ²·(T/n)·Σ_t w_t/(tσ²).
@@ -109,7 +109,7 @@ def _check_steps(steps: int) -> int:
 
 
 def first_hitting_weights(walk: ArrayLike, steps: int, *, target: int | None = None) -> np.ndarray:
-    """First-hitting weights of SPEC §7 (the reference's w_t), vectorized over pairs.
+    """First-hitting weights of MATH.md §7 (the reference's w_t), vectorized over pairs.
 
     Returns shape (T+1, n, n) with ``out[t-1, i, j]`` = Pr(the walk from i first reaches j
     at hop t) for t = 1..T and ``out[T, i, j]`` = Pr(it does not within T hops); with
@@ -146,7 +146,7 @@ def first_hitting_weights(walk: ArrayLike, steps: int, *, target: int | None = N
 
 def per_hop_mu(steps: int, sigma: float, *, sensitivity: float = 1.0, local_steps: int = 1,
                contraction: float = 1.0, hop_form: str = "lemma") -> np.ndarray:
-    """μ_t for t = 1..T (SPEC §7), K = ``local_steps``, Δ = ``sensitivity``:
+    """μ_t for t = 1..T (MATH.md §7), K = ``local_steps``, Δ = ``sensitivity``:
 
     * ``hop_form="lemma"`` (default) — Lemma 4.3 of seed 003: √K·Δ/(σ√(tK+1));
     * ``hop_form="table"`` — what the script behind the paper's Table 3 uses: √K·Δ/(σ√t),
@@ -184,7 +184,7 @@ def per_hop_mu(steps: int, sigma: float, *, sensitivity: float = 1.0, local_step
 
 
 def markov_slack_delta(walk: ArrayLike, steps: int, zeta: float) -> float:
-    """δ' = exp(−(1−λ)/(1+λ) · 2ζ²T/n²), λ = max(λ₂, 0) (SPEC §7).
+    """δ' = exp(−(1−λ)/(1+λ) · 2ζ²T/n²), λ = max(λ₂, 0) (MATH.md §7).
 
     The Hoeffding bound for Markov chains needs a reversible chain started at its uniform
     stationary law, so W must be symmetric (fails closed otherwise).
@@ -202,7 +202,7 @@ def markov_slack_delta(walk: ArrayLike, steps: int, zeta: float) -> float:
 
 
 def composition_count(n: int, steps: int, *, zeta: float | None = None) -> int:
-    """k = ⌊T/n⌋ (contribution cap) or ⌈(1+ζ)T/n⌉ (ζ slack) (SPEC §7)."""
+    """k = ⌊T/n⌋ (contribution cap) or ⌈(1+ζ)T/n⌉ (ζ slack) (MATH.md §7)."""
     T = _check_steps(steps)
     if zeta is None:
         k = T // n
@@ -486,7 +486,7 @@ def pnfdp_epsilon(walk: ArrayLike, source: int, target: int, *, steps: int, sigm
                   contraction: float = 1.0, zeta: float | None = None,
                   relative_slack: float = 1e-4, hop_form: str = "lemma",
                   tolerance: float = DEFAULT_TOLERANCE) -> tuple[float, float]:
-    """(certified upper bound, optimistic value) of ε for the pair source → target (SPEC §7).
+    """(certified upper bound, optimistic value) of ε for the pair source → target (MATH.md §7).
 
     Costs T matrix-vector products (one column of first-hitting weights); never builds the
     (T+1)·n² table."""
@@ -597,7 +597,7 @@ def pnfdp_epsilon_matrix(walk: ArrayLike, *, steps: int, sigma: float, delta: fl
                          hop_form: str = "lemma", tolerance: float = DEFAULT_TOLERANCE,
                          targets: ArrayLike | None = None, chunk: int | None = None,
                          progress: bool = False) -> PairwiseReport:
-    """The PN-f-DP ε of every ordered pair (i → j), certified upper bounds (SPEC §7).
+    """The PN-f-DP ε of every ordered pair (i → j), certified upper bounds (MATH.md §7).
 
     Entry [i, j] is the leak of i's data to j. The first-hitting weights are produced in
     chunks of ``chunk`` targets (one n×chunk product per hop; memory ~ chunk·n·(1/slack)
@@ -645,7 +645,7 @@ def pnfdp_epsilon_matrix(walk: ArrayLike, *, steps: int, sigma: float, delta: fl
 def rdp_baseline_rho(walk: ArrayLike, *, steps: int, sigma: float,
                      sensitivity: float = 1.0) -> np.ndarray:
     """ρ_ij = Δ²(T·H_T/(σ²n²) + T·[log W]_ij/(σ²n)), log W = Σ_{λ_k<1} −ln(1−λ_k) u_k u_kᵀ
-    (Cyffers et al. 2024 as stated in SPEC §7); needs a symmetric W. Diagonal NaN."""
+    (Cyffers et al. 2024 as stated in MATH.md §7); needs a symmetric W. Diagonal NaN."""
     W = walk_matrix(walk)
     T = _check_steps(steps)
     require(np.allclose(W, W.T, atol=1e-12), "the RDP baseline needs a symmetric walk matrix")

@@ -1,8 +1,8 @@
-"""Trade-off functions as objects (SPEC §7, first bullet; Dong, Roth & Su 2022).
+"""Trade-off functions as objects (MATH.md §7, first bullet; Dong, Roth & Su 2022).
 
 A trade-off function f(α) is the smallest type-II error β of any test of D against D' whose
 type-I error is at most α. Every class here describes a *symmetric* f (all mechanisms of
-SPEC §7 are), so the privacy profile is δ(ε) = 1 + f*(−e^ε) with f* the convex conjugate, and
+MATH.md §7 are), so the privacy profile is δ(ε) = 1 + f*(−e^ε) with f* the convex conjugate, and
 conversely f = sup_ε f_{ε, δ(ε)} (Dong et al., Prop. 2.12). Both directions are implemented:
 
 * :class:`GaussianTradeOff` — G_μ(α) = Φ(Φ⁻¹(1−α) − μ); G_a ⊗ G_b = G_√(a²+b²).
@@ -77,7 +77,7 @@ def _check_alpha(alpha: ArrayLike) -> np.ndarray:
 
 
 def gaussian_log_delta(epsilon: ArrayLike, mu: ArrayLike) -> np.ndarray:
-    """log δ(ε; μ) of G_μ (SPEC §1.2, eq. 4), vectorized and broadcasting; −inf where μ = 0.
+    """log δ(ε; μ) of G_μ (MATH.md §1.2, eq. 4), vectorized and broadcasting; −inf where μ = 0.
 
     Log space keeps e^ε Φ(·) finite for large ε: δ = e^{a}(1 − e^{b−a}) with
     a = log Φ(−ε/μ + μ/2) and b = ε + log Φ(−ε/μ − μ/2) ≤ a.
@@ -100,7 +100,7 @@ def gaussian_delta(epsilon: ArrayLike, mu: ArrayLike) -> np.ndarray:
 
 
 class TradeOff(ABC):
-    """A symmetric trade-off function f: [0, 1] → [0, 1] (SPEC §7)."""
+    """A symmetric trade-off function f: [0, 1] → [0, 1] (MATH.md §7)."""
 
     @abstractmethod
     def delta(self, epsilon: ArrayLike) -> np.ndarray | float:
@@ -153,7 +153,7 @@ class TradeOff(ABC):
 
 
 class GaussianTradeOff(TradeOff):
-    """G_μ (SPEC §7): the Gaussian mechanism with sensitivity/σ = μ."""
+    """G_μ (MATH.md §7): the Gaussian mechanism with sensitivity/σ = μ."""
 
     def __init__(self, mu: float):
         self.mu = _finite_positive(mu, "mu", allow_zero=True)
@@ -202,7 +202,7 @@ class GaussianTradeOff(TradeOff):
 
 
 class EpsilonDeltaTradeOff(TradeOff):
-    """f_{ε,δ}(α) = max(0, 1−δ−e^ε α, e^{−ε}(1−δ−α)) (SPEC §7)."""
+    """f_{ε,δ}(α) = max(0, 1−δ−e^ε α, e^{−ε}(1−δ−α)) (MATH.md §7)."""
 
     def __init__(self, epsilon: float, delta: float):
         self.eps = _finite_positive(epsilon, "epsilon", allow_zero=True)
@@ -368,7 +368,7 @@ class TabulatedTradeOff(TradeOff):
     """A convex piecewise-linear f through the points (α_v, β_v) (e.g. an audited curve).
 
     Conversion back to (ε, δ): δ(ε) = 1 + f*(−e^ε) = 1 + max_v(−e^ε α_v − β_v), exact for the
-    polyline (SPEC §7).
+    polyline (MATH.md §7).
     """
 
     def __init__(self, alpha: ArrayLike, beta: ArrayLike):
@@ -392,7 +392,7 @@ class TabulatedTradeOff(TradeOff):
 
 
 def compose(*tradeoffs: TradeOff) -> TradeOff:
-    """f_1 ⊗ f_2 ⊗ … (SPEC §7)."""
+    """f_1 ⊗ f_2 ⊗ … (MATH.md §7)."""
     require(len(tradeoffs) >= 1, "compose needs at least one trade-off function")
     result = tradeoffs[0]
     for f in tradeoffs[1:]:

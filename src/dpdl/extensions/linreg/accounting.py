@@ -1,11 +1,11 @@
-"""Privacy of DP decentralized linear regression (SPEC §5, seed 001 Theorem 1).
+"""Privacy of DP decentralized linear regression (MATH.md §5, seed 001 Theorem 1).
 
 Mechanism: every node shares ``β♭_i(t) = β_i(t) + ω_i(t)`` with i.i.d. Laplace coordinates of
 *scale* ``v(t)`` (density ∝ exp(−|x|/v), std √2·v). Adjacency ("(δ_X, δ_y)-adjacency"): one
 node's whole data set is replaced, both versions satisfying ``‖X_i‖₂ ≤ δ_X`` (spectral norm)
 and ``‖y_i‖₂ ≤ δ_y``. These are *data-norm bounds*, not the δ of (ε, δ)-DP: the guarantee
 is pure ε-DP. Per step the ℓ1 sensitivity of the gradient term divided by the Laplace scale
-gives (SPEC §5)::
+gives (MATH.md §5)::
 
     ε_T = Σ_{t<T} 4 δ_X √(m n_M) (δ_X B_Ω √(k m) + δ_y) · α(t) / v(t+1)
 
@@ -71,7 +71,7 @@ def _positive_int(value, name: str) -> int:
 
 @dataclass(frozen=True)
 class PowerDecay:
-    """The decaying sequence ``c / (t + d)^e`` for t = 0, 1, 2, ... (SPEC §5: α(t), v(t)).
+    """The decaying sequence ``c / (t + d)^e`` for t = 0, 1, 2, ... (MATH.md §5: α(t), v(t)).
 
     ``c > 0`` and ``d > 0`` (so every term is finite and positive); ``e ≥ 0`` (``e = 0`` is a
     constant sequence, allowed for the exact sum but not by the paper's closed form).
@@ -104,7 +104,7 @@ class PowerDecay:
 
 
 def data_norm_bounds(row_norm: float, label_bound: float, max_local_records: int):
-    """Data-norm bounds ``(δ_X, δ_y)`` enforced by clipping (SPEC §5).
+    """Data-norm bounds ``(δ_X, δ_y)`` enforced by clipping (MATH.md §5).
 
     Rows clipped to ℓ2 norm ``row_norm`` and labels to ``|y_j| ≤ label_bound`` give
     ``‖X_i‖₂ ≤ ‖X_i‖_F ≤ row_norm √n_i`` and ``‖y_i‖₂ ≤ label_bound √n_i``; the adjacency
@@ -163,7 +163,7 @@ def _check_steps(steps) -> int:
 def epsilon_per_step(
     sensitivity: LinRegSensitivity, alpha: PowerDecay, noise: PowerDecay, steps: int
 ) -> np.ndarray:
-    """ε spent by each step t = 0..T−1: ``coefficient · α(t) / v(t+1)`` (SPEC §5)."""
+    """ε spent by each step t = 0..T−1: ``coefficient · α(t) / v(t+1)`` (MATH.md §5)."""
     t = np.arange(_check_steps(steps), dtype=np.float64)
     return sensitivity.coefficient * alpha(t) / noise(t + 1.0)
 
@@ -178,7 +178,7 @@ def epsilon_sum(
 def closed_form_violations(alpha: PowerDecay, noise: PowerDecay) -> list[str]:
     """Which conditions of the paper's closed form fail (empty list: it applies).
 
-    Theorem 1 (seed 001) needs c_α, e_α, c_v, e_v > 0 and 1 < d_v + 1 ≤ d_α; SPEC §5 adds
+    Theorem 1 (seed 001) needs c_α, e_α, c_v, e_v > 0 and 1 < d_v + 1 ≤ d_α; MATH.md §5 adds
     e_v ≤ e_α, without which α(t)/v(t+1) grows and the closed form is not a bound.
     """
     problems = []

@@ -1,4 +1,4 @@
-"""DP decentralized linear regression (SPEC §5, seed 001 Algorithm 1), vectorized over nodes.
+"""DP decentralized linear regression (MATH.md §5, seed 001 Algorithm 1), vectorized over nodes.
 
 State: β is an (k, m) array, one row per node. Node i holds X_i (n_i × m) and y_i, with
 L_i(β) = ½‖X_i β − y_i‖², so ∇L_i(β) = G_i β − h_i with the Gram matrix G_i = X_iᵀX_i and
@@ -67,7 +67,7 @@ __all__ = [
 # ---------------------------------------------------------------------------- domains Ω
 @dataclass(frozen=True)
 class Ball:
-    """Ω = {β : ‖β − center‖₂ ≤ radius}; center 0 by default (SPEC §5's default Ω)."""
+    """Ω = {β : ‖β − center‖₂ ≤ radius}; center 0 by default (MATH.md §5's default Ω)."""
 
     radius: float
     center: np.ndarray | None = None
@@ -150,7 +150,7 @@ def omega_bound(domain: Ball | Box, num_features: int) -> float:
 def clip_rows(x: np.ndarray, max_norm: float) -> tuple[np.ndarray, int]:
     """Scale every row of ``x`` to ℓ2 norm at most ``max_norm``; returns (clipped, #clipped).
 
-    Then ‖X_i‖₂ ≤ max_norm·√n_i (SPEC §5: δ_X = r√n_M, not r).
+    Then ‖X_i‖₂ ≤ max_norm·√n_i (MATH.md §5: δ_X = r√n_M, not r).
     """
     require(math.isfinite(max_norm) and max_norm > 0,
             f"the row clipping norm must be a finite positive number, got {max_norm!r}")
@@ -208,7 +208,7 @@ def enforce_data_bounds(
     label_clip: float,
 ) -> BoundedData:
     """Clip every node's rows and labels so that ‖X_i‖₂ ≤ δ_X = r√n_M and ‖y_i‖₂ ≤ δ_y =
-    r_y√n_M (SPEC §5), then verify the bounds on the clipped blocks (fails closed)."""
+    r_y√n_M (MATH.md §5), then verify the bounds on the clipped blocks (fails closed)."""
     require(len(x_parts) >= 1 and len(x_parts) == len(y_parts),
             f"need one (X_i, y_i) per node; got {len(x_parts)} feature and {len(y_parts)} "
             "label blocks")
@@ -225,7 +225,7 @@ def enforce_data_bounds(
 
 # ------------------------------------------------------------------------- mixing matrix
 def validate_symmetric_mixing(w: np.ndarray, *, atol: float = 1e-10) -> np.ndarray:
-    """Check SPEC §5's W: square, non-negative, symmetric, doubly stochastic, positive
+    """Check MATH.md §5's W: square, non-negative, symmetric, doubly stochastic, positive
     diagonal, and a connected graph. Returns W as float64."""
     w = np.asarray(w, dtype=np.float64)
     require(w.ndim == 2 and w.shape[0] == w.shape[1] and w.shape[0] >= 1,
@@ -307,7 +307,7 @@ class LocalProblems:
 
 
 def pooled_least_squares(x_parts: Sequence[np.ndarray], y_parts: Sequence[np.ndarray]):
-    """β* of the pooled data (SPEC §5 utility reference), by ``numpy.linalg.lstsq``."""
+    """β* of the pooled data (MATH.md §5 utility reference), by ``numpy.linalg.lstsq``."""
     x = np.concatenate([np.asarray(p, dtype=np.float64) for p in x_parts])
     y = np.concatenate([np.asarray(p, dtype=np.float64).reshape(-1) for p in y_parts])
     return np.linalg.lstsq(x, y, rcond=None)[0]
@@ -360,7 +360,7 @@ def run_linreg(
     record_every: int = 1,
     keep_trajectory: bool = False,
 ) -> LinRegResult:
-    """Run T steps of SPEC §5's algorithm for all nodes at once.
+    """Run T steps of MATH.md §5's algorithm for all nodes at once.
 
     ``noise=None`` skips step 1 and ``domain=None`` skips step 3 (the non-private baseline).
     Privacy-critical: a private run must have both (the guarantee needs ‖β♯‖ ≤ B_Ω), so
@@ -531,7 +531,7 @@ def fit_private_linreg(
     noise_exponent: float | None = None,
     record_every: int = 1,
 ) -> PrivateFit:
-    """ε-DP decentralized linear regression end to end (SPEC §5), failing closed.
+    """ε-DP decentralized linear regression end to end (MATH.md §5), failing closed.
 
     Clips the data (:func:`enforce_data_bounds`), calibrates c_v so that the exact ε_T sum
     is ``epsilon`` (d_v, e_v default to

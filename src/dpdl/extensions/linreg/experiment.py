@@ -1,4 +1,4 @@
-"""The ``linreg`` experiment kind: DP decentralized linear regression (SPEC §5, seed 001).
+"""The ``linreg`` experiment kind: DP decentralized linear regression (MATH.md §5, seed 001).
 
 A config (TOML, top-level ``kind = "linreg"``) has these tables; unknown keys are errors
 naming the dotted key::
@@ -410,7 +410,7 @@ def run_experiment(
         "sensitivity": sensitivity.to_dict(),
         "noise_entropy": entropy,
         "privacy_notion": "pure epsilon-DP under (delta_X, delta_y)-adjacency: one node's whole "
-        "data set replaced (SPEC §5); delta_X, delta_y are data-norm bounds, not the DP delta",
+        "data set replaced (MATH.md §5); delta_X, delta_y are data-norm bounds, not the DP delta",
         "metrics": "test MSE, on the public test split, of what the nodes released: the "
         "projected noisy models they shared at each recorded t, and the final noisy estimate",
         "cells": cells,
@@ -471,8 +471,8 @@ def _write_tables(run_dir: Path, summary: list[dict[str, Any]], entropy: str,
         "# DP decentralized linear regression: test error of the released models against ε",
         "",
         "Test MSE (public test split) of each node's released estimate P_Ω(β_i(T) + ω_i(T)), "
-        "averaged over nodes, then mean ± std over seeds; ε is the exact sum (pure ε-DP, SPEC "
-        "§5), the closed form is the paper's bound.",
+        "averaged over nodes, then mean ± std over seeds; ε is the exact sum (pure ε-DP, "
+        "MATH.md §5), the closed form is the paper's bound.",
         "",
         *([f"**Note:** {REPRODUCIBLE_NOISE_NOTE}.", ""] if entropy == "seed" else []),
         *(["**Unaccounted:** the error columns are distances to the pooled least-squares β* "

@@ -1,4 +1,4 @@
-"""Network DP accounting for the token algorithms of Cyffers & Bellet (SPEC §6, seed 002).
+"""Network DP accounting for the token algorithms of Cyffers & Bellet (MATH.md §6, seed 002).
 
 Network DP: for every pair u ≠ v, everything v receives is (ε, δ)-DP with respect to u's data.
 This module holds the pure mathematics (numpy/scipy/dp_accounting, never torch):
@@ -9,7 +9,7 @@ This module holds the pure mathematics (numpy/scipy/dp_accounting, never torch):
 * amplification by shuffling, Feldman, McMillan & Talwar 2021 ("Hiding among the clones"),
   Theorem 3.1;
 * the guarantees of A1 (ring summation), A2 (ring histogram), A3 (random-walk summation, the
-  reference-figure heuristic of SPEC §6) under local, network and central DP, and the
+  reference-figure heuristic of MATH.md §6) under local, network and central DP, and the
   calibrations that reach a target ε;
 * the empirical pairwise accountant over an actual walk (A3 and A4), vectorized over pairs.
 
@@ -114,9 +114,9 @@ def _users(n) -> int:
 # composition
 def advanced_composition(epsilon: ArrayLike, k: ArrayLike, delta_prime: float) -> np.ndarray:
     """ε of the k-fold adaptive composition of ε-DP mechanisms (Dwork, Rothblum & Vadhan 2010):
-    ε' = √(2k ln(1/δ')) ε + k ε (e^ε − 1); the δ's add up to k δ₀ + δ' (SPEC §6, A1).
+    ε' = √(2k ln(1/δ')) ε + k ε (e^ε − 1); the δ's add up to k δ₀ + δ' (MATH.md §6, A1).
 
-    Vectorized over ``epsilon`` and ``k`` (k may be fractional, as in SPEC §6's heuristic).
+    Vectorized over ``epsilon`` and ``k`` (k may be fractional, as in MATH.md §6's heuristic).
     """
     delta_prime = _probability("delta_prime", delta_prime)
     epsilon, k = np.asarray(epsilon, dtype=float), np.asarray(k, dtype=float)
@@ -144,7 +144,7 @@ def gaussian_sigma_for_ldp(epsilon: float, delta: float, sensitivity: float = 1.
     """Smallest σ for which x ↦ x + N(0, σ²) is (ε, δ)-DP at the given l2 sensitivity.
 
     Exact (analytic Gaussian mechanism, Balle & Wang 2018) through ``dp_accounting``; this is
-    σ_loc of SPEC §6 (Perturb(·; σ_loc) is (ε, δ)-LDP).
+    σ_loc of MATH.md §6 (Perturb(·; σ_loc) is (ε, δ)-LDP).
     """
     from dp_accounting import get_sigma_gaussian
 
@@ -165,7 +165,7 @@ def gaussian_epsilon(sigma: float, delta: float, sensitivity: float = 1.0) -> fl
 
 
 def gdp_epsilon(mu: ArrayLike, delta: float, *, iterations: int = 80) -> np.ndarray:
-    """ε(δ; μ) of μ-GDP (SPEC §1.2, eq. 4) for an array of μ at once.
+    """ε(δ; μ) of μ-GDP (MATH.md §1.2, eq. 4) for an array of μ at once.
 
     ``dpdl.accounting.gdp.epsilon_from_delta`` is the scalar reference; the pairwise accountant
     needs it for n² pairs, so this bisects on log δ(ε; μ) for all μ together (monotone in ε).
@@ -279,7 +279,7 @@ class NetDPGuarantee:
 
     ``error`` is the utility cost that goes with it: the std of the sum estimate (A1, A3) or
     the expected L1 error of the histogram estimate (A2); ``certified`` is False for
-    heuristics (SPEC §6's reference-figure curve), True for proved bounds.
+    heuristics (MATH.md §6's reference-figure curve), True for proved bounds.
     """
 
     algorithm: str
@@ -305,7 +305,7 @@ def ring_summation_guarantees(
     *,
     sensitivity: float = 1.0,
 ) -> dict[str, NetDPGuarantee]:
-    """A1 (SPEC §6; seed 002 Th. 1): Perturb = Gaussian with σ_loc calibrated to (ε₀, δ₀)-LDP.
+    """A1 (MATH.md §6; seed 002 Th. 1): Perturb = Gaussian with σ_loc calibrated to (ε₀, δ₀)-LDP.
 
     * network: noise once every n − 1 hops, so each of v's K views adds ≤ one contribution of
       u and one σ_loc draw; K-fold advanced composition → (ε', K δ₀ + δ'); the estimate's std
@@ -380,7 +380,7 @@ def ring_histogram_guarantees(
     delta_shuffle: float,
     delta_prime: float,
 ) -> dict[str, NetDPGuarantee]:
-    """A2 (SPEC §6; seed 002 Th. 2): each contribution passes RR_γ (ε₀-LDP, ε₀ =
+    """A2 (MATH.md §6; seed 002 Th. 2): each contribution passes RR_γ (ε₀-LDP, ε₀ =
     ln(1 + L(1 − γ)/γ)) and is added to a count-vector token started with n − 1 uniform
     elements.
 
@@ -431,7 +431,7 @@ def ring_histogram_gamma_for_target(
 
 
 def random_walk_contribution_bound(n: int, steps: int, delta: float) -> float:
-    """Per-user contributions assumed by SPEC §6's reference heuristic:
+    """Per-user contributions assumed by MATH.md §6's reference heuristic:
     N = T/n + √(3T/2 · ln(1/δ)) (a Chernoff-style high-probability bound on the visit count)."""
     n, T = _users(n), _count("T (number of steps)", steps, 1)
     delta = _probability("delta", delta)
@@ -441,13 +441,13 @@ def random_walk_contribution_bound(n: int, steps: int, delta: float) -> float:
 def random_walk_summation_guarantees(
     n: int, steps: int, epsilon0: float, delta: float
 ) -> dict[str, NetDPGuarantee]:
-    """A3 on the complete graph, SPEC §6's code-faithful reference heuristic (the curve of the
+    """A3 on the complete graph, MATH.md §6's code-faithful reference heuristic (the curve of the
     paper's Figure 1(a), not a Chernoff-certified bound):
 
     * local DP = min(advanced composition over N, N ε₀) with δ' = δ;
     * network DP: per-cycle loss ε_c = 3ε₀/√n composed (advanced, δ' = δ) over N + T/n steps,
 
-    where N = ``random_walk_contribution_bound``. Oracles in SPEC §6 (ε₀ = 0.1, δ = 1e-7,
+    where N = ``random_walk_contribution_bound``. Oracles in MATH.md §6 (ε₀ = 0.1, δ = 1e-7,
     T = 100n).
     """
     n, T = _users(n), _count("T (number of steps)", steps, 1)
@@ -487,7 +487,7 @@ def random_walk_epsilon0_for_target(
 # ---------------------------------------------------------------------------------------------
 # walks, caps, and the empirical pairwise accountant
 def contribution_cap(c: float, steps: int, n: int) -> int:
-    """A4's per-user contribution cap ⌈c·T/n⌉ (SPEC §6)."""
+    """A4's per-user contribution cap ⌈c·T/n⌉ (MATH.md §6)."""
     c = _positive("c (cap factor)", c)
     T, n = _count("T (number of steps)", steps, 1), _users(n)
     return max(1, math.ceil(c * T / n - 1e-12))
@@ -599,7 +599,7 @@ def pairwise_costs(
 
 @dataclass(frozen=True)
 class PairwiseReport:
-    """Empirical pairwise network-DP losses of one walk (SPEC §6): ε[u, v] is the loss of u's
+    """Empirical pairwise network-DP losses of one walk (MATH.md §6): ε[u, v] is the loss of u's
     data in v's view; mean/best/worst over the n(n − 1) ordered pairs."""
 
     epsilon: np.ndarray
@@ -635,7 +635,7 @@ def pairwise_privacy(
     contributes: ArrayLike | None = None,
     final_view: bool = True,
 ) -> PairwiseReport:
-    """The empirical pairwise accountant of SPEC §6 over an actual walk.
+    """The empirical pairwise accountant of MATH.md §6 over an actual walk.
 
     ``composition="exact"`` composes the per-view Gaussian losses exactly (GDP for summation,
     RDP via amplification by iteration for SGD), with noise multiplier z = σ/sensitivity.

@@ -1,4 +1,4 @@
-"""Token algorithms of Cyffers & Bellet (SPEC §6, seed 002): A1-A4.
+"""Token algorithms of Cyffers & Bellet (MATH.md §6, seed 002): A1-A4.
 
 A token (a number, a count vector or a model) travels between users; each holder updates it.
 Summation and histogram outputs come with their predicted error so the utility of local vs

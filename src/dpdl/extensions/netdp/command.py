@@ -1,4 +1,4 @@
-"""``dpdl netdp``: local vs network DP for the token algorithms (SPEC §6, seed 002).
+"""``dpdl netdp``: local vs network DP for the token algorithms (MATH.md §6, seed 002).
 
 Prints (or writes as JSON) three comparisons for each number of users n, with T = steps or
 T = T/n·n steps:
@@ -112,7 +112,7 @@ def compare(args) -> dict:
 
 def format_tables(result: dict) -> str:
     eps0, delta = result["epsilon0"], result["delta"]
-    lines = [f"A3 random-walk summation, SPEC §6 reference heuristic (not certified); "
+    lines = [f"A3 random-walk summation, MATH.md §6 reference heuristic (not certified); "
              f"eps0={eps0:g}, delta={delta:g}",
              f"{'n':>6} {'T':>8} {'local eps':>10} {'network eps':>12} {'winner':>8}"]
     for r in result["rows"]:

@@ -1,5 +1,5 @@
 """The ``netdp-logreg`` experiment: logistic regression with local, network and centralized
-DP-SGD along a random walk (SPEC §6, seed 002 Section 5 / Figure 2).
+DP-SGD along a random walk (MATH.md §6, seed 002 Section 5 / Figure 2).
 
 Every user holds ``records_per_user`` records (8 in the paper) and, when it holds the token,
 takes a projected gradient step on its whole local data set (A4). User-level replace-one
@@ -151,7 +151,7 @@ def load_users(cfg: NetDPLogRegConfig) -> dict[str, Any]:
     norms = np.linalg.norm(np.vstack([x, x_test]), axis=1)
     if norms.max() > 1 + 1e-6:  # the 1-Lipschitz claim (L = 1) relies on it: fail closed
         raise DPDLError(f"data: rows must have L2 norm <= 1 (got {norms.max():.4g}); "
-                        "normalise rows (SPEC §6)")
+                        "normalise rows (MATH.md §6)")
     # float32 storage leaves norms of 1 + 1e-8: bring them back inside the unit ball
     x = x / np.maximum(1.0, np.linalg.norm(x, axis=1, keepdims=True))
     x_test = x_test / np.maximum(1.0, np.linalg.norm(x_test, axis=1, keepdims=True))

@@ -14,7 +14,7 @@ from dpdl.errors import DPDLError
 
 
 class _Shift:
-    """Time-varying one-peer exponential graph of SPEC §3, built here from its definition."""
+    """Time-varying one-peer exponential graph of MATH.md §3, built here from its definition."""
 
     def __init__(self, n):
         self.n, self.m = n, (n - 1).bit_length()

@@ -12,15 +12,9 @@ import torch
 from torch import nn
 
 import dpdl.algorithms.per_sample as per_sample
-from dpdl.algorithms.dyn_d2p import (
-    LOSSES,
-    NodeBatch,
-    clipped_record_sums,
-    local_update,
-    make_node_generators,
-)
+from dpdl.algorithms.dyn_d2p import LOSSES, NodeBatch, clipped_record_sums
 from dpdl.algorithms.per_sample_layers import LayerTerms, LinearTerms, register_layer
-from dpdl.engine import NodeData, stack_params
+from dpdl.engine import stack_params
 from dpdl.errors import DPDLError
 from dpdl.models import make_model
 
@@ -311,28 +305,3 @@ def test_models_book_keeping_cannot_read_fall_back(cls):
         clipped_record_sums(model, params, batch, clip, method="book-keeping")
     with pytest.raises(DPDLError, match="unknown clipping method 'ghost'"):
         clipped_record_sums(model, params, batch, clip, method="ghost")
-
-
-def test_local_update_methods_agree_and_draw_the_same_numbers(h):
-    """Book-keeping and per-record clipping: same parameters to 1e-5, same generator states."""
-    n, counts = 5, [9, 6, 8, 7, 10]
-    x, y, mask = h.tiny_data(n, counts, seed=4)
-    data = NodeData.from_arrays(x, y, mask)
-    model = h.tiny_model(seed=2)
-    params = stack_params(model, n, torch.device("cpu"))
-    weights = torch.linspace(0.7, 1.3, n, dtype=torch.float64)
-    out, states = {}, {}
-    for method in ("per-record", "book-keeping"):
-        gens = make_node_generators(n, 8)
-        out[method] = local_update(
-            model, params, weights, data.inputs, data.targets, data.mask, gens,
-            step=0, lr=0.3, expected_batch_size=3.0, sample_rate=0.5, private=True,
-            clip=0.2, sigma=0.6, clip_method=method,
-        )  # fmt: skip
-        states[method] = torch.stack([g.get_state() for g in gens])
-    assert torch.equal(states["per-record"], states["book-keeping"])
-    assert torch.equal(out["per-record"].batch_sizes, out["book-keeping"].batch_sizes)
-    for name in params:
-        torch.testing.assert_close(
-            out["book-keeping"].params[name], out["per-record"].params[name], atol=1e-5, rtol=0
-        )
