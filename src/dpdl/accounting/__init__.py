@@ -1,8 +1,8 @@
 """Privacy accounting of the Dyn-D2P family: pure numpy/scipy + dp_accounting, never torch.
 
-Imports run one way inside: ``validators`` → ``gdp`` (SPEC §1's GDP toolkit and the CLT
+Imports run one way inside: ``validators`` → ``gdp`` (MATH.md §1's GDP toolkit and the CLT
 solves) → ``certified`` (PLD/RDP accountants, ε reports) → ``calibration`` (the safe search for
-a noise scale) → ``schedules`` (SPEC §2: per-step clip and noise, calibrated) → ``ledger`` (what
+a noise scale) → ``schedules`` (MATH.md §2: per-step clip and noise, calibrated) → ``ledger`` (what
 a run has spent); ``gossip`` (exact view accounting of linear Gaussian protocols) stands apart.
 """
 

@@ -1,6 +1,6 @@
 """Fast, vectorised PLD of Poisson-subsampled Gaussian steps and their Fourier composition.
 
-Private helper of ``dpdl.accounting.certified`` (SPEC §2, "Rigorous accounting").
+Private helper of ``dpdl.accounting.certified`` (MATH.md §2, "Rigorous accounting").
 
 1. :func:`subsampled_gaussian_pmfs` builds the same pessimistic connect-the-dots PMFs as
    ``dp_accounting.pld.privacy_loss_distribution.from_gaussian_mechanism(z,

@@ -1,4 +1,4 @@
-"""Calibrate a schedule's noise scale under any accountant: clt, pld or rdp (SPEC §2).
+"""Calibrate a schedule's noise scale under any accountant: clt, pld or rdp (MATH.md §2).
 
 A private schedule has noise multipliers z_k = t · s_k (see ``schedules``): t = 1/μ0 for the
 dyn-μ variants, 1/μ̄ for the constant-budget ones and σ̃ for the general form. ε falls as t
@@ -14,7 +14,7 @@ upper bound with ``blocks`` blocks when the caller gives ``blocks`` (kept for ba
 compatibility); otherwise exact composition, unless the schedule has more distinct
 multipliers than ``EXACT_MAX_DISTINCT`` (exact PLD costs ~50 ms per distinct step on two
 shared cores, 10 min for 10⁴; exact RDP ~20 ms). Then PLD uses the binned bound with its
-lower companion (``certified``'s ``mode="binned"``: within 0.1 % of exact on SPEC §2's
+lower companion (``certified``'s ``mode="binned"``: within 0.1 % of exact on MATH.md §2's
 Dyn[μ] case, where 100 blocks by count overstate ε by 1.6 % and so cost noise) and RDP the
 blocked bound with ``DEFAULT_BLOCKS``. Either way the number is a certified upper bound and
 its ``method`` says which.
@@ -137,7 +137,7 @@ def calibrate_noise_scale(
     epsilon_rtol: float = 2e-3,
 ) -> float:
     """The smallest scale t (its ε within ``epsilon_rtol`` of the target) with
-    ε(z = t·s) ≤ ``epsilon`` under ``accountant`` (SPEC §2, "Calibration").
+    ε(z = t·s) ≤ ``epsilon`` under ``accountant`` (MATH.md §2, "Calibration").
 
     For ``pld``/``rdp`` the result is on the safe side: its ε under the accountant with
     :func:`accountant_options` (``blocks``) has been computed and is ≤ the target.

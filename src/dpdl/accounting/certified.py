@@ -1,4 +1,4 @@
-"""Certified ε/δ of a noise-multiplier schedule: PLD, RDP and the CLT approximation (SPEC §2).
+"""Certified ε/δ of a noise-multiplier schedule: PLD, RDP and the CLT approximation (MATH.md §2).
 
 A schedule is accounted through its noise multipliers z_k = σ_k / C_k: step k is a
 Poisson(p)-subsampled Gaussian mechanism with multiplier z_k, under add/remove adjacency
@@ -17,10 +17,10 @@ Accountants
          ``blocks`` groups of (nearly) equal size and each group is composed as a
          self-composition at its *smallest* multiplier (less noise dominates, so ε only
          grows). Composition is order-free, so the groups are contiguous runs of the
-         multipliers *sorted* — for the monotone schedules of SPEC §2 these are exactly the
+         multipliers *sorted* — for the monotone schedules of MATH.md §2 these are exactly the
          contiguous blocks in time, for any other order they are at least as tight, and the
          bound never depends on the order of the steps. ``DEFAULT_BLOCKS`` = 100 keeps the
-         bound within 2 % of exact on the Dyn[μ] schedule of SPEC §2 (1.6 % there).
+         bound within 2 % of exact on the Dyn[μ] schedule of MATH.md §2 (1.6 % there).
          ``mode="binned"`` (the default for long heterogeneous schedules) is the tight
          certified bound: the distinct multipliers are cut into ``bins`` groups *by value*
          (``value_bins``: narrow where a step's privacy loss is most sensitive to its
@@ -38,9 +38,9 @@ Accountants
 ``rdp``  (certified) Rényi DP through dp_accounting's ``RdpAccountant`` (its default orders and
          its improved RDP → (ε, δ) conversion); exact RDP composition is a sum, one RDP
          evaluation per distinct multiplier (~20 ms each).
-``clt``  (NOT certified) the paper's central-limit approximation, SPEC §1.3 eq. 6:
+``clt``  (NOT certified) the paper's central-limit approximation, MATH.md §1.3 eq. 6:
          μ_tot = p·sqrt(Σ_k expm1(1/z_k²)), then ε(δ) / δ(ε) of μ_tot-GDP (eq. 4). It
-         understates ε badly at small p (SPEC §2); reports say ``certified=False``.
+         understates ε badly at small p (MATH.md §2); reports say ``certified=False``.
 
 Non-private steps: z_k ≤ 0 (no noise, e.g. SGP) or NaN is **refused** with ``DPDLError``
 — such a step has no finite guarantee and no accountant here returns a number for it;
@@ -160,7 +160,7 @@ def blocked_run_length(
     multipliers: np.ndarray, counts: np.ndarray, blocks: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """The blocked dominating schedule: ``blocks`` equal groups of the sorted steps, each at
-    its smallest multiplier (SPEC §2, "A certified upper bound")."""
+    its smallest multiplier (MATH.md §2, "A certified upper bound")."""
     total = int(counts.sum())
     blocks = min(blocks, total)
     if blocks == 0:
@@ -284,7 +284,7 @@ def _composed_plds(
 
 
 def clt_mu_total(multipliers: np.ndarray, counts: np.ndarray, sample_rate: float) -> float:
-    """μ_tot = p·sqrt(Σ_k c_k·expm1(1/z_k²)) (SPEC §1.3, eq. 6) in log space; 0 for no steps."""
+    """μ_tot = p·sqrt(Σ_k c_k·expm1(1/z_k²)) (MATH.md §1.3, eq. 6) in log space; 0 for no steps."""
     if multipliers.size == 0:
         return 0.0
     squares = 1.0 / np.square(multipliers)
@@ -347,7 +347,7 @@ def compute_epsilon(
     bins: int | None = None,
     value_discretization: float | None = None,
 ) -> EpsilonReport:
-    """The smallest ε with the schedule (ε, δ)-DP under ``accountant`` (SPEC §2).
+    """The smallest ε with the schedule (ε, δ)-DP under ``accountant`` (MATH.md §2).
 
     ``noise_multipliers``: per-step z_k (1-D, length K) or (multiplier, count) rows.
     ``mode``/``blocks``/``bins`` select exact, blocked or binned composition (pld, rdp;
@@ -473,7 +473,7 @@ def epsilon_report(
 ) -> EpsilonReport:
     """ε of Poisson(p)-subsampled Gaussian steps with multipliers z_k under ``accountant``.
 
-    ``clt`` is the CLT approximation (SPEC §1.3, not certified); ``pld``/``rdp`` are
+    ``clt`` is the CLT approximation (MATH.md §1.3, not certified); ``pld``/``rdp`` are
     certified. ``options`` go to ``certified.compute_epsilon``; without ``mode`` they default
     to :func:`accountant_options`. A step without noise (z = 0) gives ε = ∞.
     """

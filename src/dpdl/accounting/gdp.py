@@ -1,4 +1,4 @@
-"""Gaussian differential privacy toolkit (SPEC §1, seed 000 Propositions 1-3).
+"""Gaussian differential privacy toolkit (MATH.md §1, seed 000 Propositions 1-3).
 
 All conversions work in log space so that they stay finite for large ε (ε = 200 and beyond):
 ``e^ε Φ(·)`` in eq. 4 is evaluated as ``exp(ε + log Φ(·))`` and the difference of the two
@@ -44,12 +44,12 @@ def log_delta_from_epsilon(epsilon: float, mu: float) -> float:
 
 
 def delta_from_epsilon(epsilon: float, mu: float) -> float:
-    """δ(ε; μ) = Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2) (SPEC §1.2, eq. 4)."""
+    """δ(ε; μ) = Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2) (MATH.md §1.2, eq. 4)."""
     return math.exp(log_delta_from_epsilon(epsilon, mu))
 
 
 def epsilon_from_delta(delta: float, mu: float) -> float:
-    """The smallest ε ≥ 0 with δ(ε; μ) ≤ δ (SPEC §1.2); a root find in log δ.
+    """The smallest ε ≥ 0 with δ(ε; μ) ≤ δ (MATH.md §1.2); a root find in log δ.
 
     δ(ε; μ) ≤ Φ(−ε/μ + μ/2) gives the upper bracket ε ≤ μ(μ/2 − Φ⁻¹(δ)).
     """
@@ -72,7 +72,7 @@ def epsilon_from_delta(delta: float, mu: float) -> float:
 
 
 def mu_from_epsilon_delta(epsilon: float, delta: float) -> float:
-    """The μ with δ(ε; μ) = δ (SPEC §1.2): δ grows with μ, so a 1-D root find in log μ."""
+    """The μ with δ(ε; μ) = δ (MATH.md §1.2): δ grows with μ, so a 1-D root find in log μ."""
     epsilon, delta = check.epsilon(epsilon), check.delta(delta)
     log_target = math.log(delta)
 
@@ -91,7 +91,7 @@ def mu_from_epsilon_delta(epsilon: float, delta: float) -> float:
 
 
 def gaussian_sigma(sensitivity: float, mu: float) -> float:
-    """σ = S/μ: the Gaussian mechanism of l2-sensitivity S is then μ-GDP (SPEC §1.1, Prop. 1)."""
+    """σ = S/μ: the Gaussian mechanism of l2-sensitivity S is then μ-GDP (MATH.md §1.1, Prop. 1)."""
     require(
         math.isfinite(sensitivity) and sensitivity > 0,
         f"sensitivity must be a finite positive number, got {sensitivity!r}",
@@ -114,10 +114,10 @@ def log_clt_sum(mus: ArrayLike) -> float:
 
 
 def clt_mu_total(sample_rate: float, mus: ArrayLike) -> float:
-    """μ_tot = p · sqrt(Σ_k expm1(μ_k²)) (SPEC §1.3, eq. 6).
+    """μ_tot = p · sqrt(Σ_k expm1(μ_k²)) (MATH.md §1.3, eq. 6).
 
     A central-limit *approximation* for K Poisson(p)-subsampled μ_k-GDP steps; it can
-    understate the true ε badly at small p (SPEC §2); certified numbers come from
+    understate the true ε badly at small p (MATH.md §2); certified numbers come from
     ``dpdl.accounting.certified``.
     """
     p = check.sample_rate(sample_rate)
@@ -126,7 +126,7 @@ def clt_mu_total(sample_rate: float, mus: ArrayLike) -> float:
 
 # --------------------------------------------------------------------------- CLT solves
 def mu_bar_from_mu_total(mu_tot: float, steps: int, sample_rate: float) -> float:
-    """μ̄ = sqrt(ln(μ_tot² / (K p²) + 1)) (SPEC §2, eq. 9)."""
+    """μ̄ = sqrt(ln(μ_tot² / (K p²) + 1)) (MATH.md §2, eq. 9)."""
     mu_tot, steps, p = (
         check.positive("mu_tot", mu_tot),
         check.steps(steps),
@@ -156,7 +156,7 @@ def clt_noise_scale(mu_tot: float, sample_rate: float, shape: ArrayLike) -> floa
 
 
 def mu0_from_mu_total(mu_tot: float, steps: int, sample_rate: float, rho_mu: float) -> float:
-    """μ0, the root of p · sqrt(Σ_k expm1(μ0² ρ_μ^(2k/K))) = μ_tot (SPEC §2, eq. 8)."""
+    """μ0, the root of p · sqrt(Σ_k expm1(μ0² ρ_μ^(2k/K))) = μ_tot (MATH.md §2, eq. 8)."""
     rho_mu = check.ratio("rho_mu", rho_mu)
     steps = check.steps(steps)
     shape = rho_mu ** (-(np.arange(steps, dtype=np.float64) / steps))  # k / K, k = 0 … K−1
@@ -166,7 +166,7 @@ def mu0_from_mu_total(mu_tot: float, steps: int, sample_rate: float, rho_mu: flo
 def sigma_scale_from_mu_total(
     mu_tot: float, sample_rate: float, clip: ArrayLike, noise_shape: ArrayLike
 ) -> float:
-    """σ̃ with p · sqrt(Σ_k expm1((C_k / (σ̃ σ̃_k))²)) = μ_tot (SPEC §2, Prop. 4, eq. 10)."""
+    """σ̃ with p · sqrt(Σ_k expm1((C_k / (σ̃ σ̃_k))²)) = μ_tot (MATH.md §2, Prop. 4, eq. 10)."""
     clip = check.per_step("clip_shape", clip)
     noise_shape = check.per_step("noise_shape", noise_shape, clip.size)
     return clt_noise_scale(mu_tot, sample_rate, noise_shape / clip)

@@ -1,5 +1,5 @@
 """Exact privacy of a linear Gaussian view: what a coalition of nodes learns about node u from
-the messages of noisy gossip (SPEC §9).
+the messages of noisy gossip (MATH.md §9).
 
 Protocol (the tests' convention): x^0 = 0; at round t every node i sends the message
 m_i^t = x_i^t + a_i^t + z_i^t (its contribution a and fresh noise z_i^t ~ N(0, σ²)), and
@@ -16,7 +16,7 @@ reconstructs u's contribution).  Computed by least squares on B, never an explic
 Other nodes' contributions are fixed inputs (the adversary may know them): they shift y by a
 known vector and do not enter μ.
 
-Scope (SPEC §9): exact for fixed inputs (averaging, sums, histograms) and for a gradient canary
+Scope (MATH.md §9): exact for fixed inputs (averaging, sums, histograms) and for a gradient canary
 whose contribution does not depend on the model; a valid *lower* bound on D-SGD's pairwise
 loss, not an upper bound for D-SGD with data-dependent gradients (there only local DP, μ ≤
 √T·Δ/σ, is a guarantee).
@@ -270,7 +270,7 @@ def per_message_mu(mixing, *, rounds: int, target: int, observers: Sequence[int]
 
 
 def epsilon_of(mu: float | np.ndarray, delta: float) -> float | np.ndarray:
-    """The exact ε(δ) of μ-GDP (SPEC §1 eq. 4), elementwise; ∞ for μ = ∞, 0 for μ = 0."""
+    """The exact ε(δ) of μ-GDP (MATH.md §1 eq. 4), elementwise; ∞ for μ = ∞, 0 for μ = 0."""
     def one(m: float) -> float:
         if not math.isfinite(m):
             return math.inf

@@ -1,6 +1,6 @@
 """A privacy ledger for training: what every step spent, and a budget that fails closed.
 
-Each step is a Poisson(p)-subsampled Gaussian mechanism with noise multiplier z = σ/C (SPEC §2),
+Each step is a Poisson(p)-subsampled Gaussian mechanism with noise multiplier z = σ/C (MATH.md §2),
 stored run-length encoded ([z, count] pairs). Training calls :meth:`PrivacyLedger.plan` once
 with the whole schedule (one certified ε computation, refused if over budget) and then
 :meth:`PrivacyLedger.record_step` per step, which only compares z with the approved plan: a

@@ -1,4 +1,4 @@
-"""Clip, budget and noise schedules of the Dyn-D2P family (SPEC §2, seed 000 §3).
+"""Clip, budget and noise schedules of the Dyn-D2P family (MATH.md §2, seed 000 §3).
 
 Every private schedule is described the same way: a *noise-multiplier shape* s_k > 0 and a
 scalar *noise scale* t, the noise multiplier of step k being z_k = σ_k / C_k = t · s_k.
@@ -19,7 +19,7 @@ algorithm and every accountant: the CLT (eq. 8, 9, 10, solved here) and the cert
 accountants (``dpdl.accounting.calibration``).
 
 Defaults (exposed everywhere; the paper's appendix with its values is not available, see
-SPEC §4): C̄ = 1.0, C0 = C̄, ρ_c = 2, ρ_μ = 2; ``general`` defaults to Corollary 1's instance
+MATH.md §4): C̄ = 1.0, C0 = C̄, ρ_c = 2, ρ_μ = 2; ``general`` defaults to Corollary 1's instance
 C_k ∝ ρ_c^(−k/K), σ̃_k ∝ (ρ_c ρ_μ)^(−k/K) with C_0 = C0.
 """
 
@@ -77,7 +77,7 @@ def constant_clip(clip: float, steps: int) -> np.ndarray:
 
 
 def exponential_clip(clip0: float, rho_c: float, steps: int) -> np.ndarray:
-    """C_k = C0 · ρ_c^(−k/K) (Dyn-D2P, Dyn[C]; SPEC §2 table)."""
+    """C_k = C0 · ρ_c^(−k/K) (Dyn-D2P, Dyn[C]; MATH.md §2 table)."""
     clip0, rho_c, steps = (
         check.positive("clip0", clip0),
         check.ratio("rho_c", rho_c),
@@ -92,7 +92,7 @@ def uniform_budget(mu_bar: float, steps: int) -> np.ndarray:
 
 
 def exponential_budget(mu0: float, rho_mu: float, steps: int) -> np.ndarray:
-    """μ_k = μ0 · ρ_μ^(k/K) (Dyn-D2P, Dyn[μ]; SPEC §2 table)."""
+    """μ_k = μ0 · ρ_μ^(k/K) (Dyn-D2P, Dyn[μ]; MATH.md §2 table)."""
     mu0, rho_mu, steps = (
         check.positive("mu0", mu0),
         check.ratio("rho_mu", rho_mu),
@@ -111,7 +111,7 @@ def noise_from_budget(clip: ArrayLike, mu: ArrayLike) -> np.ndarray:
 # --------------------------------------------------------------------------- schedule
 @dataclass(frozen=True)
 class PrivacySchedule:
-    """The per-step clip bound and noise of one run, and how they were calibrated (SPEC §2).
+    """The per-step clip bound and noise of one run, and how they were calibrated (MATH.md §2).
 
     ``mu_tot`` is the CLT total μ (eq. 6) of the schedule; it equals μ(ε, δ) when the schedule
     was calibrated with the CLT and is smaller when a certified accountant was used.
@@ -291,7 +291,7 @@ def make_schedule(
     noise_shape: ArrayLike | None = None,
     blocks: int | None = None,
 ) -> PrivacySchedule:
-    """The calibrated schedule of ``algorithm`` for a target (ε, δ) (SPEC §2).
+    """The calibrated schedule of ``algorithm`` for a target (ε, δ) (MATH.md §2).
 
     ``calibrate`` picks the accountant whose ε must stay ≤ ``epsilon``: ``"clt"`` is the
     paper's approximation (eq. 8-10, closed form / root find); ``"pld"`` (default) and

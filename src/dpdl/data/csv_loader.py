@@ -1,4 +1,4 @@
-"""Generic CSV loader for user-supplied tables (e.g. the OpenML 823 Housing CSV of SPEC §6):
+"""Generic CSV loader for user-supplied tables (e.g. the OpenML 823 Housing CSV of MATH.md §6):
 numeric feature columns, the label in the last column."""
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def load_csv(
 
     Features are standardised with the public test split's statistics (seeded split,
     stratified for classification); ``normalize_rows=True`` then scales each row to unit
-    norm (SPEC §6).
+    norm (MATH.md §6).
     ``binarize`` turns a numeric label into classes {0, 1}: ``"median"`` thresholds at the
     test split's median (label > median -> 1), a number thresholds there. ``task`` defaults to
     classification when the label is non-numeric or has at most 20 distinct integer values,

@@ -45,7 +45,7 @@ def load_dataset(
     """Load a data set by name: "digits", "fashion-mnist", "cifar10", "breast-cancer",
     "diabetes", or "csv:<path>[?option=value&...]" for a user CSV whose last column is the
     label (options: task, binarize, normalize_rows, test_fraction; see ``load_csv``), e.g.
-    "csv:houses.csv?normalize_rows=true" for the OpenML 823 Housing set of SPEC §6.
+    "csv:houses.csv?normalize_rows=true" for the OpenML 823 Housing set of MATH.md §6.
 
     ``seed`` fixes the train/test split of sets that ship without one (the scikit-learn sets,
     CSV files); ``data_dir`` and ``download`` matter for the sets read from disk.

@@ -1,4 +1,4 @@
-"""Periodic schedules of column-stochastic mixing matrices (SPEC §3).
+"""Periodic schedules of column-stochastic mixing matrices (MATH.md §3).
 
 A :class:`Topology` is a periodic sequence ``P^0, P^1, ...`` of mixing matrices with
 ``P^k = P^(k mod period)``; ``P[i, j] > 0`` iff node ``i`` receives from node ``j`` at step
@@ -232,7 +232,7 @@ def circulant_spectrum(form: Sequence[tuple[int, float]], n: int) -> np.ndarray:
 
 
 class CirculantTopology(Topology):
-    """Each phase is a weighted sum of shifts; no matrix is stored (SPEC §3)."""
+    """Each phase is a weighted sum of shifts; no matrix is stored (MATH.md §3)."""
 
     def __init__(
         self,
@@ -290,7 +290,7 @@ class CirculantTopology(Topology):
 
 
 class MatrixTopology(Topology):
-    """A periodic schedule of explicit matrices (any graph, SPEC §3).
+    """A periodic schedule of explicit matrices (any graph, MATH.md §3).
 
     ``detect_circulant`` reports the shift form of circulant phases so the engine can roll;
     dense schedules (the complete graph) turn it off because one matmul beats ``n`` rolls.

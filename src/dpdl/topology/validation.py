@@ -1,4 +1,4 @@
-"""Validation of mixing matrices and of B-strong connectivity (SPEC §3, Assumptions 1–2).
+"""Validation of mixing matrices and of B-strong connectivity (MATH.md §3, Assumptions 1–2).
 
 Everything here fails closed: a matrix or schedule that breaks an assumption raises
 :class:`~dpdl.errors.DPDLError` with a message naming the offending entry, column or node.
@@ -137,7 +137,7 @@ def directed_diameter(adjacency: np.ndarray, chunk: int = 256) -> int:
 def check_b_strongly_connected(
     topology: MixingSchedule, B: int | None = None
 ) -> ConnectivityReport:
-    """Check that the union of any ``B`` consecutive steps is strongly connected (SPEC §3).
+    """Check that the union of any ``B`` consecutive steps is strongly connected (MATH.md §3).
 
     ``B`` defaults to the topology's period. Because the schedule is periodic, the windows
     starting at ``0 .. period-1`` are all the windows there are; every one of them is checked
