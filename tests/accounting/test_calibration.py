@@ -10,7 +10,7 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpdl.accounting.calibration import calibrate_noise_scale
+from dpdl.accounting.calibration import calibrate_noise_scale, calibrate_safe
 from dpdl.accounting.certified import epsilon_report
 from dpdl.accounting.gdp import mu_from_epsilon_delta
 from dpdl.accounting.schedules import calibrate, make_schedule
@@ -224,3 +224,42 @@ def test_long_schedule_calibrates_with_the_binned_bound_by_default():
     assert binned.noise_multipliers[0] < blocked.noise_multipliers[0]
     exact = binned.epsilon("pld", mode="exact", value_discretization=3e-4).epsilon
     assert exact <= report.epsilon <= 1.0
+
+
+# ------------------------------------------------------------------ the one safe calibrator
+
+
+@pytest.mark.parametrize("target", [0.3, 1.0, 7.0])
+def test_calibrate_safe_falling_epsilon_lands_on_the_safe_side_of_the_closed_form(target):
+    seen = []
+
+    def epsilon_of(sigma):
+        seen.append(sigma)
+        return 2.0 / sigma  # root at 2 / target
+
+    sigma = calibrate_safe(epsilon_of, target, (0.01, 1.0), xtol=1e-10)
+    assert epsilon_of(sigma) <= target
+    assert sigma == pytest.approx(2.0 / target, rel=1e-9)
+    assert sigma in seen[:-1]  # returned only after being evaluated
+
+
+def test_calibrate_safe_rising_epsilon_returns_the_largest_safe_parameter():
+    eps0 = calibrate_safe(lambda e: e * e, 2.0, (1e-6, 10.0), log_scale=False, xtol=1e-13)
+    assert eps0 * eps0 <= 2.0
+    assert eps0 == pytest.approx(math.sqrt(2.0), abs=1e-12)
+
+
+def test_calibrate_safe_at_a_jump_returns_a_point_past_it():
+    # ε jumps at 1.2345: no point below it is safe, whatever brentq interpolates
+    sigma = calibrate_safe(lambda s: 1.0 if s < 1.2345 else 0.5, 0.75, (0.1, 10.0), xtol=1e-12)
+    assert 1.2345 <= sigma < 1.2345 * (1 + 1e-9)
+
+
+def test_calibrate_safe_expands_the_safe_end_and_fails_closed():
+    assert calibrate_safe(lambda s: 1 / s, 0.01, (0.1, 0.2)) == pytest.approx(100.0, rel=1e-9)
+    with pytest.raises(DPDLError, match="no parameter reaches epsilon"):
+        calibrate_safe(lambda s: 1.0, 0.5, (0.1, 1.0), max_expansions=3)
+
+
+def test_calibrate_safe_returns_the_other_end_when_it_is_safe_already():
+    assert calibrate_safe(lambda s: 1 / s, 100.0, (0.5, 2.0)) == 0.5

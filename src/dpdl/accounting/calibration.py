@@ -29,6 +29,7 @@ scale (to ``epsilon_rtol`` below the target) and verifies the final answer.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -39,7 +40,7 @@ from dpdl.accounting.certified import _cached_epsilon, accountant_options, check
 from dpdl.accounting.gdp import clt_noise_scale, mu_from_epsilon_delta
 from dpdl.errors import DPDLError, require
 
-__all__ = ["calibrate_noise_scale"]
+__all__ = ["calibrate_noise_scale", "calibrate_safe"]
 
 COARSE_PLD = {"mode": "binned", "bins": 100, "value_discretization": 1e-3}
 COARSE_RDP = {"mode": "blocked", "blocks": 20}
@@ -54,23 +55,24 @@ class _Converged(Exception):
 
 
 class _Search:
-    """Memoised ε(t) − target on log t; remembers the smallest safe scale evaluated and stops
-    (raising ``_Converged``) at the first safe point with ε ≥ target · (1 − epsilon_rtol)."""
+    """Memoised ε − target along a coordinate u in which ε falls; remembers the smallest u
+    *evaluated* safe (ε ≤ target) and stops (raising ``_Converged``) at the first safe point
+    with ε ≥ target · (1 − epsilon_rtol)."""
 
     def __init__(self, evaluate, target: float, epsilon_rtol: float):
         self.evaluate, self.target, self.epsilon_rtol = evaluate, target, epsilon_rtol
         self.cache: dict[float, float] = {}
         self.best_safe = math.inf
 
-    def __call__(self, log_t: float) -> float:
-        if log_t not in self.cache:
-            epsilon = float(self.evaluate(math.exp(log_t)))
-            self.cache[log_t] = epsilon
+    def __call__(self, u: float) -> float:
+        if u not in self.cache:
+            epsilon = float(self.evaluate(u))
+            self.cache[u] = epsilon
             if epsilon <= self.target:
-                self.best_safe = min(self.best_safe, math.exp(log_t))
+                self.best_safe = min(self.best_safe, u)
                 if epsilon >= self.target * (1 - self.epsilon_rtol):
                     raise _Converged
-        return self.cache[log_t] - self.target
+        return self.cache[u] - self.target
 
     def _slope(self, log_a: float, log_b: float, fallback: float) -> float:
         eps_a, eps_b = self.cache[log_a], self.cache[log_b]
@@ -84,19 +86,30 @@ class _Search:
         nearest = sorted(self.cache, key=lambda log_t: abs(self.cache[log_t] - self.target))
         return -3.0 if len(nearest) < 2 else self._slope(nearest[0], nearest[1], -3.0)
 
+    def _best(self) -> float:
+        if not math.isfinite(self.best_safe):
+            raise DPDLError("calibration failed to find a safe noise scale")
+        return self.best_safe
+
     def solve(self, log_t0: float, slope: float = -3.0, *, log_rtol: float = 1e-5) -> float:
         """Secant steps in log ε from log_t0 until the root is bracketed, then brentq.
 
-        Returns the smallest safe scale evaluated (its ε is ≤ the target, within
+        Returns the smallest safe u evaluated (its ε is ≤ the target, within
         ``epsilon_rtol`` of it unless the search ran out of resolution).
         """
         try:
             self._solve(log_t0, slope, log_rtol)
         except _Converged:
             pass
-        if not math.isfinite(self.best_safe):
-            raise DPDLError("calibration failed to find a safe noise scale")
-        return self.best_safe
+        return self._best()
+
+    def solve_bracket(self, low: float, high: float, xtol: float) -> float:
+        """brentq on [low, high] (ε(low) > target ≥ ε(high)); the smallest safe u evaluated."""
+        try:
+            brentq(self, low, high, xtol=xtol, rtol=4 * np.finfo(float).eps)
+        except _Converged:
+            pass
+        return self._best()
 
     def _solve(self, log_t: float, slope: float, log_rtol: float) -> None:
         low = high = None  # unsafe (ε > target) and safe log scales
@@ -162,20 +175,60 @@ def calibrate_noise_scale(
     def final(t: float) -> float:
         return _cached_epsilon(accountant, t * shape, sample_rate, delta, **final_options).epsilon
 
-    search = _Search(final, epsilon, epsilon_rtol)
+    search = _Search(lambda log_t: final(math.exp(log_t)), epsilon, epsilon_rtol)
     distinct = np.unique(shape).size
     if _is_constant(shape) or (accountant == "rdp" and distinct <= COARSE_RDP["blocks"]):
         # A coarse phase would cost as much as the real thing: search directly.
-        return search.solve(math.log(clt_scale))
+        return math.exp(search.solve(math.log(clt_scale)))
     coarse_options = COARSE_PLD if accountant == "pld" else COARSE_RDP
     coarse = _Search(
-        lambda t: (
-            _cached_epsilon(accountant, t * shape, sample_rate, delta, **coarse_options).epsilon
-        ),
+        lambda log_t: _cached_epsilon(
+            accountant, math.exp(log_t) * shape, sample_rate, delta, **coarse_options
+        ).epsilon,
         epsilon,
         epsilon_rtol,
     )
-    coarse_scale = coarse.solve(math.log(clt_scale))
-    return search.solve(math.log(coarse_scale), coarse.log_slope())
+    coarse_scale = math.exp(coarse.solve(math.log(clt_scale)))
+    return math.exp(search.solve(math.log(coarse_scale), coarse.log_slope()))
 
 
+def calibrate_safe(
+    epsilon_of: Callable[[float], float],
+    target: float,
+    bracket: tuple[float, float],
+    *,
+    log_scale: bool = True,
+    xtol: float = 1e-12,
+    epsilon_rtol: float = 0.0,
+    max_expansions: int = 60,
+) -> float:
+    """The parameter nearest the root of ε(x) = ``target`` whose ε was *evaluated* ≤ target:
+    the one safe calibrator of every accountant (shaped like dp_accounting's
+    ``calibrate_dp_mechanism``: a function from the parameter to ε, a target, a bracket).
+
+    ε must be monotone in x on the bracket, falling (a noise scale) or rising (a per-step ε):
+    the direction is read from the bracket's ends. The safe end is pushed outwards (×4, or
+    +1.4 without ``log_scale``) until it is safe; if the other end is safe already, it is
+    returned (nothing inside the bracket does better). ``xtol`` is brentq's tolerance in log
+    x (in x without ``log_scale``); ``epsilon_rtol`` > 0 stops at the first safe point within
+    that relative distance of the target.
+    """
+    require(math.isfinite(target) and target > 0, f"target epsilon must be > 0, got {target!r}")
+    low, high = (math.log(b) for b in bracket) if log_scale else map(float, bracket)
+    require(low < high, f"the bracket must be increasing, got {bracket!r}")
+    to_x = math.exp if log_scale else float
+    falling = epsilon_of(to_x(high)) <= epsilon_of(to_x(low))
+    sign = 1.0 if falling else -1.0  # the search runs along v = sign · u, in which ε falls
+    search = _Search(lambda v: epsilon_of(to_x(sign * v)), target, epsilon_rtol)
+    unsafe_end, safe_end = (low, high) if falling else (-high, -low)
+    step = math.log(4.0) if log_scale else 1.4
+    for _ in range(max_expansions):
+        if search(safe_end) <= 0:
+            break
+        safe_end += step
+    else:
+        raise DPDLError(f"no parameter reaches epsilon <= {target!r} (searched to "
+                        f"{to_x(sign * safe_end)!r})")
+    if search(unsafe_end) <= 0:
+        return to_x(sign * unsafe_end)
+    return to_x(sign * search.solve_bracket(unsafe_end, safe_end, xtol))

@@ -65,6 +65,10 @@ def _check_multipliers(values: ArrayLike, what: str) -> np.ndarray:
     return array
 
 
+# Relative slack of the budget check for float round-off of a calibration that hits its target.
+ROUNDOFF_TOLERANCE = 1e-12
+
+
 class PrivacyLedger:
     """Records the mechanism of every step and refuses steps that would exceed the budget.
 
@@ -118,13 +122,18 @@ class PrivacyLedger:
     ) -> PrivacyLedger:
         """A ledger for a ``PrivacySchedule`` with its whole schedule planned (one check).
 
+        The one privacy gate of every run (``dpdl run``, ``dpdl.train``, ``dpdl audit``): nothing
+        trains or is audited before it has approved the whole schedule.
         The budget defaults to the schedule's ε target and the accountant to the one it was
         calibrated with (a CLT-calibrated schedule is thus held to the CLT, as in the paper;
         pass ``accountant="pld"`` to hold it to a certified bound). Raises
         ``PrivacyBudgetExceeded`` when the schedule does not fit the budget.
         """
         require(schedule.private, f"algorithm {schedule.algorithm!r} is not private: no ledger")
+        # A closed-form (CLT) calibration lands on its target up to float round-off (~1e-16
+        # relative); allow 1e-12 of it so an exact calibration is not refused. Anything more is.
         budget = schedule.epsilon_target if epsilon_budget is None else epsilon_budget
+        budget *= 1 + ROUNDOFF_TOLERANCE
         ledger = cls(
             schedule.sample_rate,
             schedule.delta,

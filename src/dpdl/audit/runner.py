@@ -109,7 +109,7 @@ def _calibrated(algorithm, epsilon, delta, steps, sample_rate, calibrate, schedu
     )  # fmt: skip
     require(schedule.private, f"algorithm {algorithm!r} is not private: nothing to audit")
     # The same fail-closed gate as `dpdl run`: the claim must fit its budget before any trial.
-    ledger = PrivacyLedger.for_schedule(schedule, epsilon_budget=epsilon * (1 + 1e-12))
+    ledger = PrivacyLedger.for_schedule(schedule)
     return (
         schedule,
         ledger,

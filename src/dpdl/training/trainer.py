@@ -65,7 +65,6 @@ from dpdl.training.settings import (
 )
 
 RUNTIMES = ("simulator", "distributed")
-ROUNDOFF_TOLERANCE = 1e-12
 
 METRIC_COLUMNS = (
     "iteration",
@@ -160,15 +159,9 @@ def build_schedule(
 
 
 def approve_schedule(privacy: PrivacySection, schedule: PrivacySchedule) -> PrivacyLedger:
-    """A ledger that has approved the whole schedule (else ``PrivacyBudgetExceeded``)."""
-    accountant = schedule.calibrated_with or privacy.calibrate
-    blocks = privacy.calibration_blocks if accountant == "pld" else None
-    # A closed-form (CLT) calibration lands on the target up to float round-off (~1e-16
-    # relative); allow 1e-12 of it so an exact calibration is not refused.  Anything larger is.
-    budget = schedule.epsilon_target * (1 + ROUNDOFF_TOLERANCE)
-    ledger = PrivacyLedger(schedule.sample_rate, schedule.delta, budget, accountant, blocks=blocks)
-    ledger.plan(schedule.noise_multipliers)  # raises PrivacyBudgetExceeded: nothing trains
-    return ledger
+    """A ledger that has approved the whole schedule (else ``PrivacyBudgetExceeded``): the
+    schedule is held to the accountant it was calibrated with (blocks included)."""
+    return PrivacyLedger.for_schedule(schedule)
 
 
 def _spent(privacy: PrivacySection, ledger: PrivacyLedger | None, final: bool):

@@ -49,6 +49,7 @@ from numpy.typing import ArrayLike
 from scipy.optimize import brentq
 from scipy.special import ndtr
 
+from dpdl.accounting.calibration import calibrate_safe
 from dpdl.errors import DPDLError, require
 from dpdl.extensions.fdp.tradeoff import (
     RevealedGaussianMixture,
@@ -761,20 +762,9 @@ def calibrate_sigma_pnfdp(walk: ArrayLike, *, steps: int, target_epsilon: float,
 
 
 def _calibrate_decreasing(epsilon_of_sigma, target: float) -> float:
-    """Root of ε(σ) = target for a decreasing ε(σ), returned on the safe side (ε ≤ target)."""
-    lo, hi = 0.1, 1.0
-    while epsilon_of_sigma(hi) > target:
-        lo, hi = hi, hi * 4
-        require(hi < 1e8, f"no sigma below 1e8 reaches epsilon {target}")
-    while epsilon_of_sigma(lo) <= target:
-        lo /= 4
-        require(lo > 1e-8, f"epsilon {target} is met even with sigma -> 0")
-    root = brentq(lambda log_s: epsilon_of_sigma(math.exp(log_s)) - target,
-                  math.log(lo), math.log(hi), xtol=1e-5)
-    sigma = math.exp(root)
-    while epsilon_of_sigma(sigma) > target:
-        sigma *= 1 + 1e-5
-    return sigma
+    """The smallest σ whose ε(σ), a decreasing function, was evaluated ≤ target."""
+    require(epsilon_of_sigma(1e-8) > target, f"epsilon {target} is met even with sigma -> 0")
+    return calibrate_safe(epsilon_of_sigma, target, (1e-8, 1.0), xtol=1e-9, max_expansions=14)
 
 
 def calibrate_sigma_rdp_baseline(walk: ArrayLike, *, steps: int, target_epsilon: float,

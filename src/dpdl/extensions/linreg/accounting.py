@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
+from dpdl.accounting.calibration import calibrate_safe
 from dpdl.errors import DPDLError, require
 
 __all__ = [
@@ -226,7 +227,7 @@ def calibrate_noise_scale(
     """The noise schedule ``v(t) = c_v/(t + d_v)^{e_v}`` whose exact ε_T equals ``epsilon``.
 
     ε_T is proportional to 1/c_v, so ``c_v = ε_T(c_v = 1) / ε``. Fails closed: if rounding
-    leaves ε_T a hair above the target, c_v is nudged up until it is not.
+    leaves ε_T a hair above the target, the safe calibrator moves c_v to where it is not.
     """
     epsilon = _positive_finite(epsilon, "epsilon (target privacy budget)")
     unit = PowerDecay(1.0, noise_offset, noise_exponent)
@@ -236,12 +237,14 @@ def calibrate_noise_scale(
         math.isfinite(scale) and scale > 0,
         f"cannot calibrate c_v for epsilon = {epsilon!r}: got c_v = {scale!r}",
     )
-    noise = PowerDecay(scale, noise_offset, noise_exponent)
-    for _ in range(64):
-        if epsilon_sum(sensitivity, alpha, noise, steps) <= epsilon:
-            return noise
-        noise = PowerDecay(float(np.nextafter(noise.c, np.inf)) * (1 + 1e-15), noise.d, noise.e)
-    raise DPDLError(f"could not calibrate c_v to reach epsilon <= {epsilon!r}")  # pragma: no cover
+
+    def epsilon_of(c_v: float) -> float:
+        return epsilon_sum(sensitivity, alpha, PowerDecay(c_v, noise_offset, noise_exponent), steps)
+
+    # The closed form's scale up to round-off: the safe calibrator settles the last bits.
+    c_v = calibrate_safe(epsilon_of, epsilon, (scale * (1 - 1e-9), scale * (1 + 1e-9)),
+                         xtol=1e-15)
+    return PowerDecay(c_v, noise_offset, noise_exponent)
 
 
 def default_noise_shape(alpha: PowerDecay) -> tuple[float, float]:

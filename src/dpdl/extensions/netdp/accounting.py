@@ -25,9 +25,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant as _rdp
 from numpy.typing import ArrayLike
-from scipy.optimize import brentq
 from scipy.special import log_ndtr, ndtri
 
+from dpdl.accounting.calibration import calibrate_safe
 from dpdl.errors import DPDLError, require
 
 __all__ = [
@@ -65,20 +65,6 @@ COMPOSITIONS = ("exact", "advanced")
 
 # ---------------------------------------------------------------------------------------------
 # input checks
-
-def _safe_root(gap, low: float, high: float, xtol: float) -> float:
-    """A root of ``gap`` (an ε − target) on the SAFE side: brentq's root can land a round-off
-    above the target, so step from it towards the end of [low, high] where gap ≤ 0 until the
-    target is met (never return a calibration whose ε exceeds the target)."""
-    root = brentq(gap, low, high, xtol=xtol)
-    safe_end = low if gap(low) <= 0 else high
-    step = xtol
-    for _ in range(200):
-        if gap(root) <= 0:
-            return root
-        root = root + math.copysign(min(step, abs(safe_end - root)), safe_end - root)
-        step *= 2
-    raise DPDLError("calibration failed to reach a safe point")
 
 def _positive(name: str, value) -> float:
     require(
@@ -355,7 +341,7 @@ def ring_summation_sigma_for_target(
     target = _positive("epsilon", epsilon)
     require(model in ("network", "local"), f"model must be 'network' or 'local', got {model!r}")
     dp = _probability("delta_prime", delta_prime)
-    eps0 = _safe_root(lambda e: float(advanced_composition(e, K, dp)) - target, 1e-12, 50.0,
+    eps0 = calibrate_safe(lambda e: float(advanced_composition(e, K, dp)), target, (1e-12, 50.0),
                       xtol=1e-14)
     return float(eps0), gaussian_sigma_for_ldp(eps0, delta0, sensitivity)
 
@@ -427,7 +413,7 @@ def ring_histogram_gamma_for_target(
     low = 1e-12
     if eps_of(low) <= target:
         return low
-    return float(_safe_root(lambda g: eps_of(g) - target, low, high, xtol=1e-12))
+    return calibrate_safe(eps_of, target, (low, high), log_scale=False, xtol=1e-12)
 
 
 def random_walk_contribution_bound(n: int, steps: int, delta: float) -> float:
@@ -474,14 +460,11 @@ def random_walk_epsilon0_for_target(
     target = _positive("epsilon", epsilon)
     require(model in ("network", "local"), f"model must be 'network' or 'local', got {model!r}")
 
-    def gap(log_eps0: float) -> float:
-        return random_walk_summation_guarantees(n, steps, math.exp(log_eps0), delta)[
-            model
-        ].epsilon - target
+    def epsilon_of(eps0: float) -> float:
+        return random_walk_summation_guarantees(n, steps, eps0, delta)[model].epsilon
 
-    low, high = math.log(1e-9), math.log(50.0)
-    require(gap(high) > 0, f"epsilon={target} is larger than the heuristic can express")
-    return math.exp(_safe_root(gap, low, high, xtol=1e-13))
+    require(epsilon_of(50.0) > target, f"epsilon={target} is larger than the heuristic can express")
+    return calibrate_safe(epsilon_of, target, (1e-9, 50.0), xtol=1e-13)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -708,12 +691,11 @@ def noise_multiplier_for_target(
 
 
 def _rho_for_epsilon(epsilon: float, delta: float) -> float:
-    def gap(log_rho: float) -> float:
-        return float(rdp_epsilon(math.exp(log_rho), delta)) - epsilon
+    def epsilon_of(rho: float) -> float:
+        return float(rdp_epsilon(rho, delta))
 
-    low, high = math.log(1e-12), math.log(1e4)
-    require(gap(high) > 0, f"epsilon={epsilon} is too large to calibrate")
-    return math.exp(_safe_root(gap, low, high, xtol=1e-12))
+    require(epsilon_of(1e4) > epsilon, f"epsilon={epsilon} is too large to calibrate")
+    return calibrate_safe(epsilon_of, epsilon, (1e-12, 1e4), xtol=1e-12)
 
 
 def local_noise_multiplier_for_target(contributions: int, epsilon: float, delta: float) -> float:

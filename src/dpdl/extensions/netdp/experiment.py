@@ -223,17 +223,11 @@ def central_epsilon(noise_multiplier: float, n: int, steps: int, delta: float) -
 
 
 def central_noise_multiplier(n: int, steps: int, epsilon: float, delta: float) -> float:
-    """Smallest z (to relative 1e-4, rounded up) with ``central_epsilon`` ≤ ε."""
-    from scipy.optimize import brentq
+    """Smallest z with ``central_epsilon`` ≤ ε (evaluated: the safe side of the root)."""
+    from dpdl.accounting.calibration import calibrate_safe
 
-    def gap(log_z: float) -> float:
-        return central_epsilon(math.exp(log_z), n, steps, delta) - epsilon
-
-    low, high = math.log(0.05), math.log(50.0)
-    while gap(high) > 0:
-        low, high = high, high + 2.0
-    log_z = brentq(gap, low, high, xtol=1e-4)
-    return math.exp(log_z + 1e-4)  # the upper side of the bracket: never under target
+    return calibrate_safe(lambda z: central_epsilon(z, n, steps, delta), epsilon, (0.05, 50.0),
+                          xtol=1e-9)
 
 
 def calibrate(approach: str, *, n: int, steps: int, cap: int, walk, mask, epsilon: float,
