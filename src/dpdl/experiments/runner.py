@@ -31,6 +31,7 @@ from dpdl.engine.simulator import NodeData, Simulator, resolve_device
 from dpdl.errors import DPDLError, require
 from dpdl.experiments.config import RunConfig, parse_config
 from dpdl.files import write_atomic
+from dpdl.training.plan import build_schedule, resolve_steps
 from dpdl.training.results import RunRecord, write_results
 from dpdl.training.run_folder import make_run_dir
 from dpdl.training.settings import AlgorithmSpec
@@ -40,8 +41,6 @@ from dpdl.training.trainer import (
     CellCheckpointer,
     CSVLogger,
     DecentralizedTrainer,
-    build_schedule,
-    resolve_steps,
 )
 
 __all__ = [

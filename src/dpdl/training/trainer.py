@@ -81,6 +81,9 @@ RUNTIMES = ("simulator", "distributed")
 _REPORTING_PRIVACY = ("certified_accountant", "eval_blocks", "final_mode", "final_blocks")
 _TRAINING_SHAPING = ("steps", "epochs", "batch_size", "lr", "lr_decay")
 
+# The facade's own names and those a caller of it needs.  The plan's functions
+# (build_schedule, approve_schedule, noise_root, resolve_steps) are importable from here as
+# before, but belong to dpdl.training.plan.
 __all__ = [
     "METRIC_COLUMNS",
     "UNACCOUNTED_TRAIN_LOSS",
@@ -91,10 +94,6 @@ __all__ = [
     "RunRecord",
     "TensorBoardLogger",
     "TrainingResult",
-    "approve_schedule",
-    "build_schedule",
-    "noise_root",
-    "resolve_steps",
     "train",
 ]
 
