@@ -29,16 +29,6 @@ from dpdl.files import write_atomic
 CHECKPOINT_VERSION = 3  # 3: one file per process, with its own nodes only
 
 
-def capture(sim) -> dict[str, Any]:
-    """The engine's state: its hosted nodes' (:meth:`Simulator.state_dict`)."""
-    return sim.state_dict()
-
-
-def restore(sim, state: dict[str, Any]) -> None:
-    """Put ``state`` (from :func:`capture`) back into a freshly built engine."""
-    sim.load_state_dict(state)
-
-
 def _rank() -> int | None:
     import torch.distributed as dist
 

@@ -1,4 +1,4 @@
-"""Single-process simulator of n push-sum nodes (SPEC §4) with stacked tensors.
+"""Single-process simulator of n push-sum nodes (MATH.md §4) with stacked tensors.
 
 Every node's model lives in one dict of stacked parameters ``{name: (n, *shape)}``, its
 push-sum weight in ``w`` (n,), its local data in padded ``(n, J_max, ...)`` tensors.  A step
@@ -128,7 +128,7 @@ class Simulator:
 
     ``sample_rate`` p = b / J_min: every node samples at the same rate (the accountant's p),
     so a node with more than J_min records has a slightly larger expected batch than b; the
-    noisy sum is still divided by b (SPEC §4 step 5).  The per-node sampling and noise
+    noisy sum is still divided by b (MATH.md §4 step 5).  The per-node sampling and noise
     streams are secret: ``seed=None`` (the default) keys them from OS entropy; a root key
     (bytes, :func:`dpdl.algorithms.randomness.stream_root`) or an int derives them, with each
     node's data fingerprint, reproducibly (a research choice, see

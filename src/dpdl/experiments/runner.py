@@ -31,7 +31,8 @@ from dpdl.engine.simulator import NodeData, Simulator, resolve_device
 from dpdl.errors import DPDLError, require
 from dpdl.experiments.config import RunConfig, parse_config
 from dpdl.files import write_atomic
-from dpdl.training.results import write_results
+from dpdl.training.plan import build_schedule, resolve_steps
+from dpdl.training.results import RunRecord, write_results
 from dpdl.training.run_folder import make_run_dir
 from dpdl.training.settings import AlgorithmSpec
 from dpdl.training.trainer import (
@@ -40,8 +41,6 @@ from dpdl.training.trainer import (
     CellCheckpointer,
     CSVLogger,
     DecentralizedTrainer,
-    build_schedule,
-    resolve_steps,
 )
 
 __all__ = [
@@ -243,8 +242,8 @@ def run_cell(
     on_row=None,
     simulator_factory=Simulator,
     checkpoint: CellCheckpointer | None = None,
-) -> dict[str, Any]:
-    """Train one algorithm for one seed and target epsilon; returns the cell's results.
+) -> RunRecord:
+    """Train one algorithm for one seed and target epsilon; returns the cell's record.
 
     ``on_row(row)`` is called with every metrics row as it is produced;
     ``simulator_factory`` builds the engine (the distributed runtime passes its own).  A
@@ -257,8 +256,8 @@ def run_cell(
     spec = algorithm if isinstance(algorithm, AlgorithmSpec) else AlgorithmSpec.parse(algorithm)
     trainer = DecentralizedTrainer(
         build_model(work), work.node_data, topology=work.topology, algorithm=spec,
-        epsilon=epsilon, **cfg.privacy.model_dump(exclude={"epsilon"}),
-        **cfg.training.model_dump(exclude={"checkpoint_every"}), loss=work.loss,
+        epsilon=epsilon, privacy=cfg.privacy.model_dump(exclude={"epsilon"}),
+        training=cfg.training.model_dump(exclude={"checkpoint_every"}), loss=work.loss,
         eval_data=(work.x_test, work.y_test),
         train_eval_data=(work.x_train_eval, work.y_train_eval)
         if cfg.training.unsafe_train_metrics else None,
@@ -395,7 +394,8 @@ def run_experiment(
         if cfg.training.checkpoint_every:
             state_dir.mkdir(parents=True, exist_ok=True)
             (state_dir / CONFIG_DIGEST).write_text(_digest(run_dir / "config.json"))
-    finished = _load_finished(state_dir) if resume and main_process else {}
+    saved = _load_finished(state_dir) if resume and main_process else {}
+    finished = {key: RunRecord.from_dict(record) for key, record in saved.items()}
     if cfg.experiment.runtime == "distributed":  # the other ranks skip the same cells
         done = distributed.from_main_process(sorted(finished))
         finished = finished or dict.fromkeys(done)
@@ -413,7 +413,7 @@ def run_experiment(
                     if key in finished:
                         cell = finished[key]
                         if metrics is not None:
-                            for row in cell["rows"]:
+                            for row in cell.rows:
                                 metrics.write_row(row)
                     else:
                         work = work or prepare_workload(cfg, seed, device, block=block, rank=rank)
@@ -429,10 +429,11 @@ def run_experiment(
                         if cfg.training.checkpoint_every:
                             if main_process:
                                 finished[key] = cell
-                                _save_finished(state_dir, finished)
+                                _save_finished(state_dir, {k: r.to_dict()
+                                                           for k, r in finished.items()})
                             checkpoints.remove(ckpt.path)
                     if main_process:
-                        cells.append({k: v for k, v in cell.items() if k != "rows"})
+                        cells.append(cell.to_dict(rows=False))
     finally:
         if metrics is not None:
             metrics.close()

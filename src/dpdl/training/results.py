@@ -4,8 +4,10 @@ seeds) and ``curves.png``, written the same way by ``dpdl run`` and by
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,69 @@ SUMMARY_METRICS = (
     "epsilon_clt",
     "epsilon_certified",
 )
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One cell's record: its entry of ``results.json`` (:meth:`to_dict`, the metrics rows
+    left out there) and of a checkpointed run's ``finished.json`` (rows included).
+
+    ``epsilon_target`` None for a non-private run; ``delta`` None there too;
+    ``final`` the last metrics row (non-finite numbers as None) with the ledger's final
+    epsilons; ``steps_done`` the engine's iteration at the end, ``steps_spent`` the
+    ledger's (a diverged step is recorded before it runs); ``unaccounted_outputs`` what the
+    run releases without accounting for it.
+    """
+
+    algorithm: str
+    base_algorithm: str
+    seed: int
+    epsilon_target: float | None
+    delta: float | None
+    calibrated_with: str | None
+    noise_entropy: str | None
+    secure_noise: bool | None
+    private: bool | None
+    status: str | None
+    message: str | None
+    steps: int | None
+    steps_done: int | None
+    sample_rate: float | None
+    train_seconds: float | None
+    final: dict[str, Any] | None
+    certified_method: str | None
+    steps_spent: int | None
+    unaccounted_outputs: tuple[str, ...] | None
+    ledger_epsilon_spent: float | None
+    ledger_accountant: str | None
+    schedule: dict[str, Any] | None
+    rows: tuple[dict[str, Any], ...] = ()
+
+    def to_dict(self, rows: bool = True) -> dict[str, Any]:
+        """The record as written, keys in this order (without ``rows`` when ``rows=False``)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if self.unaccounted_outputs is not None:
+            out["unaccounted_outputs"] = list(self.unaccounted_outputs)
+        if rows:
+            out["rows"] = list(self.rows)
+        else:
+            del out["rows"]
+        return out
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> RunRecord:
+        """A record read back (results.json, finished.json).  Entries it does not hold (a
+        record of another experiment kind, or of an older dpdl) read as None; others are
+        ignored."""
+        values = {f.name: record.get(f.name) for f in dataclasses.fields(cls)}
+        values["rows"] = tuple(record.get("rows") or ())
+        if values["unaccounted_outputs"] is not None:
+            values["unaccounted_outputs"] = tuple(values["unaccounted_outputs"])
+        return cls(**values)
+
+    def __getitem__(self, key: str) -> Any:
+        """``record["steps"]``: reading it as its results.json entry, as before it had fields."""
+        return self.to_dict()[key]
 
 
 def sample_std(values) -> float:

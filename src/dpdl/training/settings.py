@@ -36,6 +36,7 @@ __all__ = [
     "TrainingSection",
     "seeded_cell_name",
     "validate_config",
+    "with_overrides",
 ]
 
 
@@ -216,3 +217,17 @@ def validate_config(model: type[M], config: dict[str, Any] | M, what: str = "con
         raise DPDLError(f"invalid {what}: {_describe(err)}") from None
 
 
+
+
+def with_overrides(model: type[M], given: M | dict[str, Any] | None, overrides: dict[str, Any],
+                   what: str) -> M:  # fmt: skip
+    """``given`` (settings, a dict of them, or None: the defaults) with each override that is
+    not None, validated as one: errors name the offending key as :func:`validate_config`'s."""
+    if isinstance(given, model):
+        base = given.model_dump()
+    elif given is None or isinstance(given, dict):
+        base = dict(given or {})
+    else:
+        raise DPDLError(f"{what} must be a {model.__name__} or a dict, got {type(given).__name__}")
+    return validate_config(model, base | {k: v for k, v in overrides.items() if v is not None},
+                           what)  # fmt: skip

@@ -20,6 +20,7 @@ import numpy as np
 
 from dpdl.errors import DPDLError
 from dpdl.experiments.sweep.driver import finished_cells
+from dpdl.training.results import RunRecord
 
 _SEED_LEAVES = {"seed", "seeds"}
 _NOT_A_SETTING = _SEED_LEAVES | {"algorithms", "epsilon"}
@@ -105,7 +106,7 @@ def _override_epsilon(overrides: dict) -> float:
     return math.nan
 
 
-def _run_records(results_path: Path) -> dict[tuple[str, str, float], dict]:
+def _run_records(results_path: Path) -> dict[tuple[str, str, float], RunRecord]:
     """(algorithm, seed, ε target) -> the runner's record of it in results.json."""
     try:
         results = json.loads(results_path.read_text())
@@ -114,8 +115,9 @@ def _run_records(results_path: Path) -> dict[tuple[str, str, float], dict]:
     out = {}
     for cell in results.get("cells", []) if isinstance(results, dict) else []:
         if isinstance(cell, dict) and "algorithm" in cell:
-            eps = as_float(cell.get("epsilon_target"))
-            out[(str(cell["algorithm"]), str(cell.get("seed")), round(eps, 12))] = cell
+            record = RunRecord.from_dict(cell)
+            eps = as_float(record.epsilon_target)
+            out[(str(record.algorithm), str(record.seed), round(eps, 12))] = record
     return out
 
 
@@ -139,8 +141,8 @@ def _runs_of_file(metrics_path: Path, overrides: dict, cell: str) -> list[CellRu
             continue
         if math.isnan(eps) and algorithm.partition("@")[0] != "sgp":
             eps = _override_epsilon(overrides)
-        record = records.get((algorithm, seed, round(eps, 12)), {})
-        calibration = record.get("calibrated_with") or algorithm.partition("@")[2] or None
+        record = records.get((algorithm, seed, round(eps, 12)))
+        calibration = (record and record.calibrated_with) or algorithm.partition("@")[2] or None
         runs.append(
             CellRun(
                 overrides=overrides,
@@ -154,11 +156,11 @@ def _runs_of_file(metrics_path: Path, overrides: dict, cell: str) -> list[CellRu
                 epsilon_certified=cols.get("epsilon_certified", [math.nan])[-1],
                 cell=cell,
                 calibrated_with=calibration,
-                status=str(record.get("status", "ok")),
-                noise_entropy=record.get("noise_entropy"),
+                status="ok" if record is None or record.status is None else str(record.status),
+                noise_entropy=record and record.noise_entropy,
                 extra={
                     "metrics_path": str(metrics_path),
-                    "train_seconds": as_float(record.get("train_seconds")),
+                    "train_seconds": as_float(record and record.train_seconds),
                 },
             )
         )

@@ -1,0 +1,137 @@
+"""What a run will do, fixed before anything runs: its number of steps, the calibrated privacy
+schedule, the ledger's approval of that whole schedule, the step sizes, and the root of its
+secret streams; and the epsilon a ledger says was spent.
+
+A private run trains only after a :class:`PrivacyLedger` under the schedule's calibrating
+accountant has approved every step of it (``PrivacyBudgetExceeded`` otherwise): the plan is
+complete, and checked, before the engine exists.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dpdl.accounting.certified import accountant_options, epsilon_report
+from dpdl.accounting.ledger import PrivacyLedger
+from dpdl.accounting.schedules import PrivacySchedule, make_schedule
+from dpdl.algorithms.randomness import stream_root
+from dpdl.training.settings import AlgorithmSpec, PrivacySection, TrainingSection
+
+__all__ = [
+    "RunPlan",
+    "approve_schedule",
+    "build_schedule",
+    "epsilon_spent",
+    "noise_root",
+    "resolve_steps",
+]
+
+
+def noise_root(entropy: str, seed: int, settings: dict[str, Any]) -> bytes | None:
+    """The root of one run's secret per-node streams (Poisson sampling and noise).
+
+    The one place where it is decided, for ``dpdl run`` and the Python API alike
+    (:mod:`dpdl.algorithms.randomness`): ``entropy="os"`` (the default) gives None, every
+    node's stream keyed from the operating system; ``"seed"`` derives it from ``seed`` and the
+    run's ``settings`` (:meth:`DecentralizedTrainer.stream_settings`: everything that shapes
+    training), so runs that differ in any of them never share noise.
+    """
+    return stream_root(entropy, seed, settings)
+
+
+def resolve_steps(steps: int | None, epochs: float | None, j_min: int, batch_size: float) -> int:
+    """``steps``, or ``epochs`` in steps: one epoch = J_min / b steps (each record is sampled
+    once per epoch on average)."""
+    if steps is not None:
+        return steps
+    return max(1, math.ceil(epochs * j_min / batch_size))
+
+
+def build_schedule(
+    privacy: PrivacySection,
+    spec: AlgorithmSpec,
+    epsilon: float | None,
+    steps: int,
+    sample_rate: float,
+) -> PrivacySchedule:
+    """The calibrated privacy schedule of one run (MATH.md §2)."""
+    calibrate = spec.calibrate or privacy.calibrate
+    return make_schedule(
+        spec.name,
+        epsilon=None if spec.name == "sgp" else epsilon,
+        delta=privacy.delta,
+        steps=steps,
+        sample_rate=sample_rate,
+        clip=privacy.clip,
+        clip0=privacy.clip0,
+        rho_c=privacy.rho_c,
+        rho_mu=privacy.rho_mu,
+        calibrate=calibrate,
+        blocks=privacy.calibration_blocks if calibrate == "pld" else None,
+    )
+
+
+def approve_schedule(privacy: PrivacySection, schedule: PrivacySchedule) -> PrivacyLedger:
+    """A ledger that has approved the whole schedule (else ``PrivacyBudgetExceeded``): the one
+    gate, ``PrivacyLedger.for_schedule``, holds it to the accountant (and blocks) it was
+    calibrated with; ``privacy`` is kept for the callers' signature."""
+    return PrivacyLedger.for_schedule(schedule)
+
+
+def epsilon_spent(privacy: PrivacySection, ledger: PrivacyLedger | None, final: bool):
+    """(CLT epsilon, certified epsilon, certified method) of the steps the ledger recorded:
+    every epsilon a run reports is the ledger's, of what was actually sent.  At evaluation
+    points the certified bound is the cheap blocked one, for the final report ``final_mode``."""
+    if ledger is None:
+        return math.inf, math.inf, "none"
+    if ledger.steps_taken == 0:
+        return 0.0, 0.0, "no-steps"
+    multipliers, p, delta = ledger.recorded_multipliers, ledger.sample_rate, ledger.delta
+    clt = epsilon_report("clt", multipliers, p, delta).epsilon
+    accountant = privacy.certified_accountant
+    options = _certified_options(privacy, multipliers, final) if accountant == "pld" else {}
+    report = epsilon_report(accountant, multipliers, p, delta, **options)
+    return float(clt), float(report.epsilon), report.method
+
+
+def _certified_options(privacy: PrivacySection, multipliers, final: bool) -> dict[str, Any]:
+    if final and privacy.final_mode == "auto":
+        return accountant_options("pld", multipliers)
+    if final and privacy.final_mode == "exact":
+        return {"mode": "exact"}
+    return {"mode": "blocked", "blocks": privacy.final_blocks if final else privacy.eval_blocks}
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """The steps of one run, under its approved schedule: ``step_arguments(k)`` is what the
+    engine's step ``k`` is given, ``noise_multiplier(k)`` what the ledger records before it."""
+
+    schedule: PrivacySchedule
+    step_sizes: np.ndarray  # γ_k
+    noise_multipliers: np.ndarray  # z_k = σ_k / C_k, computed once (a schedule recomputes it)
+    private: bool
+
+    @classmethod
+    def of(cls, schedule: PrivacySchedule, training: TrainingSection) -> RunPlan:
+        k = np.arange(schedule.steps)
+        step_sizes = training.lr * training.lr_decay ** (-k / schedule.steps)
+        return cls(schedule, step_sizes, schedule.noise_multipliers, schedule.private)
+
+    @property
+    def steps(self) -> int:
+        return self.schedule.steps
+
+    def noise_multiplier(self, k: int) -> float:
+        return float(self.noise_multipliers[k])
+
+    def step_arguments(self, k: int) -> dict[str, Any]:
+        lr = float(self.step_sizes[k])
+        if not self.private:
+            return {"private": False, "lr": lr}
+        return {"private": True, "clip": float(self.schedule.clip[k]),
+                "sigma": float(self.schedule.sigma[k]), "lr": lr}  # fmt: skip
