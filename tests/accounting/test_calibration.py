@@ -258,8 +258,30 @@ def test_calibrate_safe_at_a_jump_returns_a_point_past_it():
 def test_calibrate_safe_expands_the_safe_end_and_fails_closed():
     assert calibrate_safe(lambda s: 1 / s, 0.01, (0.1, 0.2)) == pytest.approx(100.0, rel=1e-9)
     with pytest.raises(DPDLError, match="no parameter reaches epsilon"):
-        calibrate_safe(lambda s: 1.0, 0.5, (0.1, 1.0), max_expansions=3)
+        calibrate_safe(lambda s: 2.0 + 1 / s, 0.5, (0.1, 1.0), max_expansions=3)
 
 
-def test_calibrate_safe_returns_the_other_end_when_it_is_safe_already():
-    assert calibrate_safe(lambda s: 1 / s, 100.0, (0.5, 2.0)) == 0.5
+def test_calibrate_safe_pushes_a_safe_lower_end_outwards_on_a_log_scale_only():
+    assert calibrate_safe(lambda s: 1 / s, 100.0, (0.5, 2.0)) == pytest.approx(0.01, rel=1e-9)
+    # on a linear scale the bracket's end is the caller's domain: returned as it is
+    assert calibrate_safe(lambda g: 1 / g, 100.0, (0.5, 0.9), log_scale=False) == 0.5
+
+
+def test_calibrate_safe_an_end_exactly_at_the_target_is_the_answer():
+    assert calibrate_safe(lambda x: 2 / x, 1.0, (1.0, 2.0)) == 2.0
+    assert calibrate_safe(lambda x: 1 / x, 0.6, (1.0, 1.7), epsilon_rtol=0.1) == 1.7
+
+
+@pytest.mark.parametrize(
+    ("epsilon_of", "bracket", "kwargs", "needle"),
+    [
+        (lambda x: 1 / x, (0.0, 1.0), {}, "log-scale bracket must be positive"),
+        (lambda x: 1 / x, (2.0, 1.0), {}, "bracket must be increasing"),
+        (lambda x: 1.0, (1.0, 2.0), {}, "at both ends"),
+        (lambda x: float("nan"), (1.0, 2.0), {}, "NaN"),
+        (lambda x: 1 / x if x < 1.5 or x > 1.9 else float("nan"), (1.0, 2.0), {}, "NaN"),
+    ],
+)
+def test_calibrate_safe_refuses_with_one_line(epsilon_of, bracket, kwargs, needle):
+    with pytest.raises(DPDLError, match=needle):
+        calibrate_safe(epsilon_of, 0.55, bracket, **kwargs)

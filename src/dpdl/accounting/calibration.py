@@ -207,28 +207,54 @@ def calibrate_safe(
     ``calibrate_dp_mechanism``: a function from the parameter to ε, a target, a bracket).
 
     ε must be monotone in x on the bracket, falling (a noise scale) or rising (a per-step ε):
-    the direction is read from the bracket's ends. The safe end is pushed outwards (×4, or
-    +1.4 without ``log_scale``) until it is safe; if the other end is safe already, it is
-    returned (nothing inside the bracket does better). ``xtol`` is brentq's tolerance in log
-    x (in x without ``log_scale``); ``epsilon_rtol`` > 0 stops at the first safe point within
-    that relative distance of the target.
+    the direction is read from the bracket's ends, which must give distinct, non-NaN ε. The
+    safe end is pushed outwards (×4, or +1.4 without ``log_scale``) until it is safe; with
+    ``log_scale`` the other end is pushed outwards too while it is safe (without, it is returned
+    as it is: the caller's domain ends there). ``xtol`` is brentq's tolerance in log x (in x
+    without ``log_scale``); ``epsilon_rtol`` > 0 stops at the first safe point within that
+    relative distance of the target. Every failure is a one-line ``DPDLError``.
     """
     require(math.isfinite(target) and target > 0, f"target epsilon must be > 0, got {target!r}")
-    low, high = (math.log(b) for b in bracket) if log_scale else map(float, bracket)
+    low, high = (float(b) for b in bracket)
     require(low < high, f"the bracket must be increasing, got {bracket!r}")
+    require(not log_scale or low > 0, f"a log-scale bracket must be positive, got {bracket!r}")
     to_x = math.exp if log_scale else float
-    falling = epsilon_of(to_x(high)) <= epsilon_of(to_x(low))
-    sign = 1.0 if falling else -1.0  # the search runs along v = sign · u, in which ε falls
-    search = _Search(lambda v: epsilon_of(to_x(sign * v)), target, epsilon_rtol)
-    unsafe_end, safe_end = (low, high) if falling else (-high, -low)
+    memo: dict[float, float] = {}
+
+    def epsilon_at(x: float) -> float:
+        if x not in memo:
+            memo[x] = float(epsilon_of(x))
+            require(not math.isnan(memo[x]), f"epsilon is NaN at {x!r}: cannot calibrate")
+        return memo[x]
+
+    u_low, u_high = (math.log(low), math.log(high)) if log_scale else (low, high)
+    at_low, at_high = epsilon_at(to_x(u_low)), epsilon_at(to_x(u_high))
+    require(at_low != at_high, f"epsilon is {at_low!r} at both ends of {bracket!r}")
+    sign = 1.0 if at_high < at_low else -1.0  # the search runs along v = sign · u; ε falls in v
+    search = _Search(lambda v: epsilon_at(to_x(sign * v)), target, epsilon_rtol)
+    unsafe_end, safe_end = (u_low, u_high) if sign > 0 else (-u_high, -u_low)
     step = math.log(4.0) if log_scale else 1.4
+    try:
+        return to_x(sign * _safe_point(search, unsafe_end, safe_end, step, log_scale,
+                                       max_expansions, xtol))
+    except _Converged:  # an end (or an expanded end) already met the target closely enough
+        return to_x(sign * search._best())
+    except (ValueError, OverflowError) as err:  # NaN inside the bracket, overflow of x
+        raise DPDLError(f"calibration failed: {err}") from None
+
+
+def _safe_point(search, unsafe_end, safe_end, step, expand_unsafe, max_expansions, xtol):
     for _ in range(max_expansions):
         if search(safe_end) <= 0:
             break
-        safe_end += step
+        unsafe_end, safe_end = safe_end, safe_end + step
     else:
-        raise DPDLError(f"no parameter reaches epsilon <= {target!r} (searched to "
-                        f"{to_x(sign * safe_end)!r})")
+        raise DPDLError(f"no parameter reaches epsilon <= {search.target!r} (searched "
+                        f"{max_expansions} expansions of the bracket)")
+    for _ in range(max_expansions if expand_unsafe else 0):
+        if search(unsafe_end) > 0:
+            break
+        unsafe_end -= step
     if search(unsafe_end) <= 0:
-        return to_x(sign * unsafe_end)
-    return to_x(sign * search.solve_bracket(unsafe_end, safe_end, xtol))
+        return unsafe_end
+    return search.solve_bracket(unsafe_end, safe_end, xtol)

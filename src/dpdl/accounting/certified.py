@@ -59,11 +59,10 @@ import numpy as np
 from dp_accounting import dp_event
 from dp_accounting.rdp import rdp_privacy_accountant
 from numpy.typing import ArrayLike
-from scipy.special import logsumexp
 
 from dpdl.accounting import _pld_gaussian
 from dpdl.accounting import validators as check
-from dpdl.accounting.gdp import delta_from_epsilon, epsilon_from_delta
+from dpdl.accounting.gdp import clt_mu_total, delta_from_epsilon, epsilon_from_delta
 from dpdl.errors import DPDLError, require
 
 __all__ = [
@@ -78,7 +77,6 @@ __all__ = [
     "compute_delta",
     "run_length",
     "blocked_run_length",
-    "clt_mu_total",
     "privacy_loss_distribution",
     "EXACT_MAX_DISTINCT",
     "accountant_options",
@@ -283,13 +281,11 @@ def _composed_plds(
 # ------------------------------------------------------------------------------ accountants
 
 
-def clt_mu_total(multipliers: np.ndarray, counts: np.ndarray, sample_rate: float) -> float:
-    """μ_tot = p·sqrt(Σ_k c_k·expm1(1/z_k²)) (MATH.md §1.3, eq. 6) in log space; 0 for no steps."""
+def _clt_mu_total(multipliers: np.ndarray, counts: np.ndarray, sample_rate: float) -> float:
+    """μ_tot of a run-length schedule (z_k, c_k); 0 for no steps."""
     if multipliers.size == 0:
         return 0.0
-    squares = 1.0 / np.square(multipliers)
-    log_terms = squares + np.log(-np.expm1(-squares))  # ln expm1(x) without overflow
-    return float(sample_rate * math.exp(0.5 * logsumexp(log_terms, b=counts)))
+    return clt_mu_total(sample_rate, noise_multipliers=multipliers, counts=counts)
 
 
 def privacy_loss_distribution(
@@ -367,7 +363,7 @@ def compute_epsilon(
     if multipliers.size == 0:
         return EpsilonReport(accountant, 0.0, delta, certified, method)
     if accountant == "clt":
-        mu_total = clt_mu_total(multipliers, counts, float(sample_rate))
+        mu_total = _clt_mu_total(multipliers, counts, float(sample_rate))
         if mu_total == 0.0:  # z so large that every step's μ_k² underflows
             epsilon = 0.0
         elif not math.isfinite(mu_total):
@@ -413,7 +409,7 @@ def compute_delta(
     if multipliers.size == 0:
         return EpsilonReport(accountant, epsilon, 0.0, certified, method)
     if accountant == "clt":
-        mu_total = clt_mu_total(multipliers, counts, float(sample_rate))
+        mu_total = _clt_mu_total(multipliers, counts, float(sample_rate))
         if mu_total == 0.0:
             delta = 0.0
         elif not math.isfinite(mu_total):

@@ -18,6 +18,8 @@ from dpdl.accounting import validators as check
 from dpdl.errors import require
 
 __all__ = [
+    "gaussian_delta",
+    "gaussian_log_delta",
     "log_delta_from_epsilon",
     "delta_from_epsilon",
     "epsilon_from_delta",
@@ -32,15 +34,33 @@ __all__ = [
 ]
 
 
+def gaussian_log_delta(epsilon: ArrayLike, mu: ArrayLike) -> np.ndarray:
+    """log δ(ε; μ) of G_μ (eq. 4), vectorized and broadcasting; −inf where μ = 0 or where δ
+    underflows even in log space.
+
+    Log space keeps e^ε Φ(·) finite for large ε: δ = e^{a}(1 − e^{b−a}) with
+    a = log Φ(−ε/μ + μ/2) and b = ε + log Φ(−ε/μ − μ/2) ≤ a.
+    """
+    epsilon = np.asarray(epsilon, dtype=float)
+    mu = np.asarray(mu, dtype=float)
+    positive = mu > 0
+    safe_mu = np.where(positive, mu, 1.0)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        log_first = log_ndtr(-epsilon / safe_mu + safe_mu / 2)
+        log_second = epsilon + log_ndtr(-epsilon / safe_mu - safe_mu / 2)
+        gap = np.minimum(log_second - log_first, 0.0)  # < 0 but for rounding at underflow
+        log_delta = log_first + np.log(-np.expm1(gap))
+    return np.where(positive, log_delta, -np.inf)
+
+
+def gaussian_delta(epsilon: ArrayLike, mu: ArrayLike) -> np.ndarray:
+    """δ(ε; μ) = Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2), vectorized; 0 where μ = 0."""
+    return np.exp(gaussian_log_delta(epsilon, mu))
+
+
 def log_delta_from_epsilon(epsilon: float, mu: float) -> float:
-    """log δ(ε; μ) of eq. 4, finite wherever δ > 0 is representable in log space."""
-    epsilon, mu = check.epsilon(epsilon), check.mu(mu)
-    log_first = float(log_ndtr(-epsilon / mu + mu / 2))
-    log_second = epsilon + float(log_ndtr(-epsilon / mu - mu / 2))
-    gap = log_second - log_first  # < 0: the second term is always the smaller one
-    if gap >= 0:  # only reachable through rounding when δ underflows even in log space
-        return -math.inf
-    return log_first + math.log(-math.expm1(gap))
+    """log δ(ε; μ) of eq. 4 for one (ε, μ), checked: :func:`gaussian_log_delta`."""
+    return float(gaussian_log_delta(check.epsilon(epsilon), check.mu(mu)))
 
 
 def delta_from_epsilon(epsilon: float, mu: float) -> float:
@@ -99,9 +119,9 @@ def gaussian_sigma(sensitivity: float, mu: float) -> float:
     return float(sensitivity) / check.mu(mu)
 
 
-def log_clt_sum(mus: ArrayLike) -> float:
-    """log Σ_k expm1(μ_k²), without overflow for large μ_k (log expm1(x) = x + log(−expm1(−x)))."""
-    squares = np.square(np.asarray(mus, dtype=np.float64)).ravel()
+def _log_clt_sum_of_squares(squares: np.ndarray, counts: ArrayLike | None = None) -> float:
+    """log Σ_k c_k expm1(μ_k²) from the μ_k², without overflow for large μ_k
+    (log expm1(x) = x + log(−expm1(−x)))."""
     require(squares.size > 0, "the per-step budgets mus must not be empty")
     require(
         bool(np.all(np.isfinite(squares))) and bool(np.all(squares >= 0)),
@@ -110,18 +130,35 @@ def log_clt_sum(mus: ArrayLike) -> float:
     # Underflow of negligible terms to 0 is harmless; log(0) = -inf only for μ_k = 0.
     with np.errstate(divide="ignore", under="ignore"):
         log_terms = squares + np.log(-np.expm1(-squares))
-        return float(logsumexp(log_terms))
+        return float(logsumexp(log_terms) if counts is None else logsumexp(log_terms, b=counts))
 
 
-def clt_mu_total(sample_rate: float, mus: ArrayLike) -> float:
-    """μ_tot = p · sqrt(Σ_k expm1(μ_k²)) (MATH.md §1.3, eq. 6).
+def log_clt_sum(mus: ArrayLike) -> float:
+    """log Σ_k expm1(μ_k²), without overflow for large μ_k."""
+    return _log_clt_sum_of_squares(np.square(np.asarray(mus, dtype=np.float64)).ravel())
+
+
+def clt_mu_total(
+    sample_rate: float,
+    mus: ArrayLike | None = None,
+    *,
+    noise_multipliers: ArrayLike | None = None,
+    counts: ArrayLike | None = None,
+) -> float:
+    """μ_tot = p · sqrt(Σ_k c_k expm1(μ_k²)) (MATH.md §1.3, eq. 6), the step budgets given as
+    ``mus`` or as ``noise_multipliers`` z_k (μ_k = 1/z_k), each step ``counts[k]`` times (1).
 
     A central-limit *approximation* for K Poisson(p)-subsampled μ_k-GDP steps; it can
     understate the true ε badly at small p (MATH.md §2); certified numbers come from
     ``dpdl.accounting.certified``.
     """
     p = check.sample_rate(sample_rate)
-    return p * math.exp(0.5 * log_clt_sum(mus))
+    require((mus is None) != (noise_multipliers is None), "give one of mus, noise_multipliers")
+    if mus is not None:
+        squares = np.square(np.asarray(mus, dtype=np.float64)).ravel()
+    else:
+        squares = 1.0 / np.square(np.asarray(noise_multipliers, dtype=np.float64)).ravel()
+    return p * math.exp(0.5 * _log_clt_sum_of_squares(squares, counts))
 
 
 # --------------------------------------------------------------------------- CLT solves

@@ -133,7 +133,7 @@ class PrivacyLedger:
         # A closed-form (CLT) calibration lands on its target up to float round-off (~1e-16
         # relative); allow 1e-12 of it so an exact calibration is not refused. Anything more is.
         budget = schedule.epsilon_target if epsilon_budget is None else epsilon_budget
-        budget *= 1 + ROUNDOFF_TOLERANCE
+        budget = check.positive("epsilon_budget", budget) * (1 + ROUNDOFF_TOLERANCE)
         ledger = cls(
             schedule.sample_rate,
             schedule.delta,

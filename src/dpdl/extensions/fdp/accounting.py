@@ -27,7 +27,6 @@ from dpdl.extensions.fdp.decor_accounting import (
 from dpdl.extensions.fdp.random_walk import (
     DEFAULT_TOLERANCE,
     HOP_FORMS,
-    RDP_ORDERS,
     PairwiseReport,
     calibrate_sigma_pnfdp,
     calibrate_sigma_rdp_baseline,
@@ -62,7 +61,6 @@ __all__ = [
     "DECOR_ACCOUNTANTS",
     "DEFAULT_TOLERANCE",
     "HOP_FORMS",
-    "RDP_ORDERS",
     "rdp_ht_epsilon",
     "rdp_ht_epsilon_from_rho",
     "DecorPrivacy",

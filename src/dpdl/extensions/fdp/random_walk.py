@@ -50,6 +50,7 @@ from scipy.optimize import brentq
 from scipy.special import ndtr
 
 from dpdl.accounting.calibration import calibrate_safe
+from dpdl.accounting.rdp import rdp_epsilon
 from dpdl.errors import DPDLError, require
 from dpdl.extensions.fdp.tradeoff import (
     RevealedGaussianMixture,
@@ -76,12 +77,10 @@ __all__ = [
     "rdp_ht_epsilon_from_rho",
     "calibrate_sigma_pnfdp",
     "calibrate_sigma_rdp_baseline",
-    "RDP_ORDERS",
 ]
 
 HOP_FORMS = ("lemma", "table")
 DEFAULT_TOLERANCE = 1e-12
-RDP_ORDERS = np.concatenate([np.linspace(1.01, 10.0, 300), np.geomspace(10.0, 1e5, 300)[1:]])
 _MAX_WEIGHT_ENTRIES = 2e8
 _CALIBRATION_CANDIDATES = 32
 _TINY = 1e-280
@@ -662,23 +661,13 @@ def rdp_baseline_rho(walk: ArrayLike, *, steps: int, sigma: float,
 
 
 def rdp_epsilon_from_rho(rho: ArrayLike, delta: float) -> np.ndarray:
-    """ε of an (α, αρ)-RDP guarantee (all α > 1) via dp_accounting's RDP → (ε, δ) conversion.
+    """ε of an (α, αρ)-RDP guarantee (all α > 1): :func:`dpdl.accounting.rdp.rdp_epsilon`.
 
     ρ = ∞ gives ε = ∞. A negative ρ (the baseline's formula can go below zero for some pairs
     of a small graph) is no guarantee at all, never "ε = 0": it gives NaN, as does the
     diagonal.
     """
-    from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
-
-    rho = np.asarray(rho, dtype=float)
-    require(0 < delta < 1, f"delta must lie in (0, 1), got {delta!r}")
-    out = np.full(rho.shape, np.nan)
-    out[rho == np.inf] = np.inf
-    valid = np.isfinite(rho) & (rho >= 0)
-    values, inverse = np.unique(rho[valid], return_inverse=True)
-    eps = np.array([compute_epsilon(RDP_ORDERS, RDP_ORDERS * v, delta)[0] for v in values])
-    out[valid] = eps[inverse.ravel()]
-    return out
+    return np.asarray(rdp_epsilon(np.asarray(rho, dtype=float), delta), dtype=float)
 
 
 def rdp_baseline_epsilon(walk: ArrayLike, *, steps: int, sigma: float, delta: float,

@@ -31,8 +31,9 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy.fft import irfft, next_fast_len, rfft
 from scipy.optimize import brentq
-from scipy.special import log_ndtr, ndtr, ndtri
+from scipy.special import ndtr, ndtri
 
+from dpdl.accounting.gdp import gaussian_delta, gaussian_log_delta
 from dpdl.errors import DPDLError, require
 
 __all__ = [
@@ -74,29 +75,6 @@ def _check_alpha(alpha: ArrayLike) -> np.ndarray:
         f"alpha (type-I error) must lie in [0, 1], got {alpha.min()!r}..{alpha.max()!r}",
     )
     return alpha
-
-
-def gaussian_log_delta(epsilon: ArrayLike, mu: ArrayLike) -> np.ndarray:
-    """log δ(ε; μ) of G_μ (MATH.md §1.2, eq. 4), vectorized and broadcasting; −inf where μ = 0.
-
-    Log space keeps e^ε Φ(·) finite for large ε: δ = e^{a}(1 − e^{b−a}) with
-    a = log Φ(−ε/μ + μ/2) and b = ε + log Φ(−ε/μ − μ/2) ≤ a.
-    """
-    epsilon = np.asarray(epsilon, dtype=float)
-    mu = np.asarray(mu, dtype=float)
-    positive = mu > 0
-    safe_mu = np.where(positive, mu, 1.0)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        log_first = log_ndtr(-epsilon / safe_mu + safe_mu / 2)
-        log_second = epsilon + log_ndtr(-epsilon / safe_mu - safe_mu / 2)
-        gap = np.minimum(log_second - log_first, 0.0)
-        log_delta = log_first + np.log(-np.expm1(gap))
-    return np.where(positive, log_delta, -np.inf)
-
-
-def gaussian_delta(epsilon: ArrayLike, mu: ArrayLike) -> np.ndarray:
-    """δ(ε; μ) = Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2), vectorized; 0 where μ = 0."""
-    return np.exp(gaussian_log_delta(epsilon, mu))
 
 
 class TradeOff(ABC):

@@ -23,11 +23,11 @@ import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from dp_accounting.rdp import rdp_privacy_accountant as _rdp
 from numpy.typing import ArrayLike
 from scipy.special import log_ndtr, ndtri
 
 from dpdl.accounting.calibration import calibrate_safe
+from dpdl.accounting.rdp import rdp_epsilon
 from dpdl.errors import DPDLError, require
 
 __all__ = [
@@ -39,7 +39,6 @@ __all__ = [
     "gaussian_sigma_for_ldp",
     "gaussian_epsilon",
     "gdp_epsilon",
-    "rdp_epsilon",
     "randomized_response_epsilon",
     "randomized_response_gamma",
     "shuffle_amplification_epsilon",
@@ -136,7 +135,11 @@ def gaussian_sigma_for_ldp(epsilon: float, delta: float, sensitivity: float = 1.
 
     epsilon = _positive("epsilon", epsilon)
     delta = _probability("delta", delta)
-    return float(get_sigma_gaussian(epsilon, delta)) * _positive("sensitivity", sensitivity)
+    sensitivity = _positive("sensitivity", sensitivity)
+    sigma = float(get_sigma_gaussian(epsilon, delta)) * sensitivity
+    # dp_accounting's σ can sit a round-off above its target: keep the σ evaluated safe
+    return calibrate_safe(lambda s: gaussian_epsilon(s, delta, sensitivity), epsilon,
+                          (sigma * (1 - 1e-9), sigma * (1 + 1e-6)), xtol=1e-15)
 
 
 def gaussian_epsilon(sigma: float, delta: float, sensitivity: float = 1.0) -> float:
@@ -177,41 +180,6 @@ def gdp_epsilon(mu: ArrayLike, delta: float, *, iterations: int = 80) -> np.ndar
         high = np.where(above, high, mid)
     eps = np.where(log_delta(np.zeros_like(safe_mu)) <= log_target, 0.0, high)
     eps = np.where(mu > 0, eps, 0.0)
-    return eps if eps.ndim else eps[()]
-
-
-#: Rényi orders used for RDP → (ε, δ): dp_accounting's defaults plus a denser grid (dense near
-#: 1, where small ρ is optimised), so the result is never worse than dp_accounting's.
-RDP_ORDERS = np.unique(
-    np.concatenate(
-        [
-            np.asarray(_rdp.DEFAULT_RDP_ORDERS, dtype=float),
-            1.0 + np.geomspace(1e-3, 1.0, 60)[:-1],
-            np.geomspace(2.0, 4096.0, 200),
-        ]
-    )
-)
-
-
-def rdp_epsilon(rho: ArrayLike, delta: float) -> np.ndarray:
-    """ε at δ of a mechanism with Rényi divergence D_α ≤ α ρ for every order α > 1.
-
-    Uses the conversion of ``dp_accounting.rdp.compute_epsilon`` (Canonne, Kamath & Steinke
-    2020, Prop. 12 / Asoodeh et al. 2020): ε = min_α [αρ + ln(1 − 1/α) − ln(δα)/(α − 1)],
-    vectorized over ρ on the grid ``RDP_ORDERS``.
-    """
-    delta = _probability("delta", delta)
-    rho = np.asarray(rho, dtype=float)
-    require(np.all(rho >= 0), "rho must be >= 0")
-    a = RDP_ORDERS
-    offset = np.log1p(-1 / a) - (math.log(delta) + np.log(a)) / (a - 1)  # independent of ρ
-    flat = rho.ravel()
-    eps = np.empty_like(flat)
-    for start in range(0, flat.size, 4096):  # blocks keep the (block, orders) table in cache
-        block = flat[start : start + 4096]
-        eps[start : start + block.size] = (block[:, None] * a + offset).min(axis=1)
-    eps = eps.reshape(rho.shape)
-    eps = np.maximum(eps, 0.0)
     return eps if eps.ndim else eps[()]
 
 
@@ -685,9 +653,15 @@ def noise_multiplier_for_target(
     if mechanism == "summation":
         from dpdl.accounting.gdp import mu_from_epsilon_delta
 
-        return math.sqrt(worst) / mu_from_epsilon_delta(epsilon, delta)
-    rho = _rho_for_epsilon(epsilon, delta)
-    return math.sqrt(worst / (2 * rho))
+        z = math.sqrt(worst) / mu_from_epsilon_delta(epsilon, delta)
+    else:
+        z = math.sqrt(worst / (2 * _rho_for_epsilon(epsilon, delta)))
+
+    def worst_epsilon(z: float) -> float:  # what pairwise_privacy will report at z
+        return float(np.max(_cost_to_epsilon(np.array([worst]), z, delta, mechanism)))
+
+    # z from the inverse is right up to round-off: settle the last bits where ε is evaluated
+    return calibrate_safe(worst_epsilon, epsilon, (z * (1 - 1e-9), z * (1 + 1e-6)), xtol=1e-15)
 
 
 def _rho_for_epsilon(epsilon: float, delta: float) -> float:
