@@ -10,7 +10,10 @@ from numpy.typing import ArrayLike
 
 from dpdl.errors import require
 
-__all__ = ["delta", "epsilon", "mu", "per_step", "positive", "ratio", "sample_rate", "steps"]
+__all__ = [
+    "count", "delta", "epsilon", "mu", "per_step", "positive", "probability", "ratio",
+    "sample_rate", "steps",
+]  # fmt: skip
 
 _NUMBER = (int, float, np.floating, np.integer)
 
@@ -42,10 +45,24 @@ def epsilon(value: float) -> float:
     return float(value)
 
 
+def probability(name: str, value: float) -> float:
+    """A number in the open interval (0, 1)."""
+    require(_is_number(value) and 0 < value < 1, f"{name} must lie in (0, 1), got {value!r}")
+    return float(value)
+
+
 def delta(value: float) -> float:
     """A δ in (0, 1)."""
-    require(_is_number(value) and 0 < value < 1, f"delta must lie in (0, 1), got {value!r}")
-    return float(value)
+    return probability("delta", value)
+
+
+def count(name: str, value: int, minimum: int = 1) -> int:
+    """An integer >= ``minimum``."""
+    require(
+        isinstance(value, int | np.integer) and not isinstance(value, bool) and value >= minimum,
+        f"{name} must be an integer >= {minimum}, got {value!r}",
+    )
+    return int(value)
 
 
 def sample_rate(value: float) -> float:
@@ -58,11 +75,7 @@ def sample_rate(value: float) -> float:
 
 def steps(value: int) -> int:
     """A number of steps: an integer >= 1."""
-    require(
-        isinstance(value, int | np.integer) and not isinstance(value, bool) and value >= 1,
-        f"steps must be an integer >= 1, got {value!r}",
-    )
-    return int(value)
+    return count("steps", value)
 
 
 def ratio(name: str, value: float) -> float:

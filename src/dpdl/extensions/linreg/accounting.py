@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
+from dpdl.accounting import validators as check
 from dpdl.accounting.calibration import calibrate_safe
 from dpdl.errors import DPDLError, require
 
@@ -51,25 +52,6 @@ __all__ = [
 ]
 
 
-def _positive_finite(value, name: str) -> float:
-    require(
-        isinstance(value, int | float | np.integer | np.floating)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value > 0,
-        f"{name} must be a finite positive number, got {value!r}",
-    )
-    return float(value)
-
-
-def _positive_int(value, name: str) -> int:
-    require(
-        isinstance(value, int | np.integer) and not isinstance(value, bool) and value >= 1,
-        f"{name} must be a positive integer, got {value!r}",
-    )
-    return int(value)
-
-
 @dataclass(frozen=True)
 class PowerDecay:
     """The decaying sequence ``c / (t + d)^e`` for t = 0, 1, 2, ... (MATH.md §5: α(t), v(t)).
@@ -83,8 +65,8 @@ class PowerDecay:
     e: float
 
     def __post_init__(self) -> None:
-        _positive_finite(self.c, "the scale c of c/(t+d)^e")
-        _positive_finite(self.d, "the offset d of c/(t+d)^e")
+        check.positive("the scale c of c/(t+d)^e", self.c)
+        check.positive("the offset d of c/(t+d)^e", self.d)
         require(
             isinstance(self.e, int | float | np.integer | np.floating)
             and not isinstance(self.e, bool)
@@ -111,9 +93,9 @@ def data_norm_bounds(row_norm: float, label_bound: float, max_local_records: int
     ``‖X_i‖₂ ≤ ‖X_i‖_F ≤ row_norm √n_i`` and ``‖y_i‖₂ ≤ label_bound √n_i``; the adjacency
     needs the bound for every node, hence n_M = max_i n_i.
     """
-    row_norm = _positive_finite(row_norm, "row_norm (feature-row clipping norm r)")
-    label_bound = _positive_finite(label_bound, "label_bound (label clipping bound r_y)")
-    n_max = _positive_int(max_local_records, "max_local_records (n_M)")
+    row_norm = check.positive("row_norm (feature-row clipping norm r)", row_norm)
+    label_bound = check.positive("label_bound (label clipping bound r_y)", label_bound)
+    n_max = check.count("max_local_records (n_M)", max_local_records)
     root = math.sqrt(n_max)
     return row_norm * root, label_bound * root
 
@@ -135,12 +117,12 @@ class LinRegSensitivity:
     num_nodes: int
 
     def __post_init__(self) -> None:
-        _positive_finite(self.delta_x, "delta_x (data-norm bound on ‖X_i‖₂)")
-        _positive_finite(self.delta_y, "delta_y (data-norm bound on ‖y_i‖₂)")
-        _positive_finite(self.omega_bound, "omega_bound (B_Ω = sup ‖β‖ over Ω)")
-        _positive_int(self.num_features, "num_features (m)")
-        _positive_int(self.max_local_records, "max_local_records (n_M)")
-        _positive_int(self.num_nodes, "num_nodes (k)")
+        check.positive("delta_x (data-norm bound on ‖X_i‖₂)", self.delta_x)
+        check.positive("delta_y (data-norm bound on ‖y_i‖₂)", self.delta_y)
+        check.positive("omega_bound (B_Ω = sup ‖β‖ over Ω)", self.omega_bound)
+        check.count("num_features (m)", self.num_features)
+        check.count("max_local_records (n_M)", self.max_local_records)
+        check.count("num_nodes (k)", self.num_nodes)
 
     @property
     def coefficient(self) -> float:
@@ -158,7 +140,7 @@ class LinRegSensitivity:
 
 
 def _check_steps(steps) -> int:
-    return _positive_int(steps, "steps (T)")
+    return check.count("steps (T)", steps)
 
 
 def epsilon_per_step(
@@ -229,7 +211,7 @@ def calibrate_noise_scale(
     ε_T is proportional to 1/c_v, so ``c_v = ε_T(c_v = 1) / ε``. Fails closed: if rounding
     leaves ε_T a hair above the target, the safe calibrator moves c_v to where it is not.
     """
-    epsilon = _positive_finite(epsilon, "epsilon (target privacy budget)")
+    epsilon = check.positive("epsilon (target privacy budget)", epsilon)
     unit = PowerDecay(1.0, noise_offset, noise_exponent)
     epsilon_at_unit_scale = epsilon_sum(sensitivity, alpha, unit, steps)
     scale = epsilon_at_unit_scale / epsilon

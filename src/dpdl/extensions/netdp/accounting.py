@@ -26,6 +26,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy.special import log_ndtr, ndtri
 
+from dpdl.accounting import validators as check
 from dpdl.accounting.calibration import calibrate_safe
 from dpdl.accounting.rdp import rdp_epsilon
 from dpdl.errors import DPDLError, require
@@ -65,34 +66,8 @@ COMPOSITIONS = ("exact", "advanced")
 # ---------------------------------------------------------------------------------------------
 # input checks
 
-def _positive(name: str, value) -> float:
-    require(
-        isinstance(value, int | float | np.integer | np.floating)
-        and math.isfinite(value)
-        and value > 0,
-        f"{name} must be a finite number > 0, got {value!r}",
-    )
-    return float(value)
-
-
-def _probability(name: str, value) -> float:
-    require(
-        isinstance(value, int | float | np.integer | np.floating) and 0 < value < 1,
-        f"{name} must lie in (0, 1), got {value!r}",
-    )
-    return float(value)
-
-
-def _count(name: str, value, minimum: int) -> int:
-    require(
-        isinstance(value, int | np.integer) and not isinstance(value, bool) and value >= minimum,
-        f"{name} must be an integer >= {minimum}, got {value!r}",
-    )
-    return int(value)
-
-
 def _users(n) -> int:
-    return _count("n (number of users)", n, 2)
+    return check.count("n (number of users)", n, 2)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -103,7 +78,7 @@ def advanced_composition(epsilon: ArrayLike, k: ArrayLike, delta_prime: float) -
 
     Vectorized over ``epsilon`` and ``k`` (k may be fractional, as in MATH.md §6's heuristic).
     """
-    delta_prime = _probability("delta_prime", delta_prime)
+    delta_prime = check.probability("delta_prime", delta_prime)
     epsilon, k = np.asarray(epsilon, dtype=float), np.asarray(k, dtype=float)
     if np.any(epsilon < 0) or np.any(k < 0):
         raise DPDLError(f"epsilon and k must be >= 0, got epsilon={epsilon}, k={k}")
@@ -116,7 +91,7 @@ def heterogeneous_advanced_composition(
 ) -> np.ndarray:
     """Advanced composition of mechanisms with different ε_i (Kairouz, Oh & Viswanath 2015,
     Thm 3.5 simplified): ε' = √(2 ln(1/δ') Σ ε_i²) + Σ ε_i (e^{ε_i} − 1)."""
-    delta_prime = _probability("delta_prime", delta_prime)
+    delta_prime = check.probability("delta_prime", delta_prime)
     eps = np.asarray(epsilons, dtype=float)
     if np.any(eps < 0):
         raise DPDLError("per-mechanism epsilons must be >= 0")
@@ -133,9 +108,9 @@ def gaussian_sigma_for_ldp(epsilon: float, delta: float, sensitivity: float = 1.
     """
     from dp_accounting import get_sigma_gaussian
 
-    epsilon = _positive("epsilon", epsilon)
-    delta = _probability("delta", delta)
-    sensitivity = _positive("sensitivity", sensitivity)
+    epsilon = check.positive("epsilon", epsilon)
+    delta = check.probability("delta", delta)
+    sensitivity = check.positive("sensitivity", sensitivity)
     sigma = float(get_sigma_gaussian(epsilon, delta)) * sensitivity
     # dp_accounting's σ can sit a round-off above its target: keep the σ evaluated safe
     return calibrate_safe(lambda s: gaussian_epsilon(s, delta, sensitivity), epsilon,
@@ -146,10 +121,10 @@ def gaussian_epsilon(sigma: float, delta: float, sensitivity: float = 1.0) -> fl
     """ε at δ of one Gaussian release with noise σ and l2 sensitivity Δ (analytic, exact)."""
     from dp_accounting import get_epsilon_gaussian
 
-    sigma = _positive("sigma", sigma)
+    sigma = check.positive("sigma", sigma)
     return float(
-        get_epsilon_gaussian(sigma / _positive("sensitivity", sensitivity),
-                             _probability("delta", delta))
+        get_epsilon_gaussian(sigma / check.positive("sensitivity", sensitivity),
+                             check.probability("delta", delta))
     )
 
 
@@ -159,7 +134,7 @@ def gdp_epsilon(mu: ArrayLike, delta: float, *, iterations: int = 80) -> np.ndar
     ``dpdl.accounting.gdp.epsilon_from_delta`` is the scalar reference; the pairwise accountant
     needs it for n² pairs, so this bisects on log δ(ε; μ) for all μ together (monotone in ε).
     """
-    delta = _probability("delta", delta)
+    delta = check.probability("delta", delta)
     mu = np.asarray(mu, dtype=float)
     require(np.all(mu >= 0), "mu must be >= 0")
     log_target = math.log(delta)
@@ -188,7 +163,7 @@ def gdp_epsilon(mu: ArrayLike, delta: float, *, iterations: int = 80) -> np.ndar
 def randomized_response_epsilon(gamma: float, num_values: int) -> float:
     """ε₀ of L-ary randomized response RR_γ (true value w.p. 1 − γ, else uniform on [L]):
     the likelihood ratio is (1 − γ + γ/L)/(γ/L), so ε₀ = ln(1 + L(1 − γ)/γ)."""
-    L = _count("L (number of values)", num_values, 2)
+    L = check.count("L (number of values)", num_values, 2)
     require(
         isinstance(gamma, int | float | np.floating) and 0 < gamma <= 1,
         f"gamma must lie in (0, 1], got {gamma!r}",
@@ -198,8 +173,8 @@ def randomized_response_epsilon(gamma: float, num_values: int) -> float:
 
 def randomized_response_gamma(epsilon: float, num_values: int) -> float:
     """The γ at which RR_γ on L values is exactly ε-LDP: γ = L / (e^ε − 1 + L)."""
-    L = _count("L (number of values)", num_values, 2)
-    epsilon = _positive("epsilon", epsilon)
+    L = check.count("L (number of values)", num_values, 2)
+    epsilon = check.positive("epsilon", epsilon)
     return float(L / (math.expm1(epsilon) + L))
 
 
@@ -213,9 +188,9 @@ def shuffle_amplification_epsilon(epsilon0: float, n_reports: int, delta: float)
     this fails closed: it returns ε₀ (the shuffled view is post-processing of the user's
     ε₀-LDP report). The result never exceeds ε₀.
     """
-    epsilon0 = _positive("epsilon0", epsilon0)
-    n = _count("number of shuffled reports", n_reports, 1)
-    delta = _probability("delta", delta)
+    epsilon0 = check.positive("epsilon0", epsilon0)
+    n = check.count("number of shuffled reports", n_reports, 1)
+    delta = check.probability("delta", delta)
     if 16 * math.log(2 / delta) >= n or epsilon0 > math.log(n / (16 * math.log(2 / delta))):
         return epsilon0
     e0 = math.exp(epsilon0)
@@ -269,9 +244,9 @@ def ring_summation_guarantees(
       release then has a larger ε (exact Gaussian) composed K times.
     * central: a trusted aggregator adds σ_loc to each round's sum: same ε, std √K σ_loc.
     """
-    n, K = _users(n), _count("rounds (K)", rounds, 1)
-    eps0, d0 = _positive("epsilon0", epsilon0), _probability("delta0", delta0)
-    dp = _probability("delta_prime", delta_prime)
+    n, K = _users(n), check.count("rounds (K)", rounds, 1)
+    eps0, d0 = check.positive("epsilon0", epsilon0), check.probability("delta0", delta0)
+    dp = check.probability("delta_prime", delta_prime)
     sigma = gaussian_sigma_for_ldp(eps0, d0, sensitivity)
     composed = float(advanced_composition(eps0, K, dp))
     delta_total = K * d0 + dp
@@ -305,10 +280,10 @@ def ring_summation_sigma_for_target(
     """A1's noise calibration: the (ε₀, σ_loc) with K-fold advanced composition of ε₀ equal to
     the target ε (δ = K δ₀ + δ'). Under "network" σ_loc is drawn once every n − 1 hops, under
     "local" on every contribution; both reach the same ε, the error differs by ≈ √n."""
-    n, K = _users(n), _count("rounds (K)", rounds, 1)
-    target = _positive("epsilon", epsilon)
+    n, K = _users(n), check.count("rounds (K)", rounds, 1)
+    target = check.positive("epsilon", epsilon)
     require(model in ("network", "local"), f"model must be 'network' or 'local', got {model!r}")
-    dp = _probability("delta_prime", delta_prime)
+    dp = check.probability("delta_prime", delta_prime)
     eps0 = calibrate_safe(lambda e: float(advanced_composition(e, K, dp)), target, (1e-12, 50.0),
                       xtol=1e-14)
     return float(eps0), gaussian_sigma_for_ldp(eps0, delta0, sensitivity)
@@ -345,9 +320,10 @@ def ring_histogram_guarantees(
       (ε', K δ_s + δ').
     * local: K releases of ε₀-LDP, min(advanced, basic composition).
     """
-    n, K = _users(n), _count("rounds (K)", rounds, 1)
-    L = _count("L (number of values)", num_values, 2)
-    ds, dp = _probability("delta_shuffle", delta_shuffle), _probability("delta_prime", delta_prime)
+    n, K = _users(n), check.count("rounds (K)", rounds, 1)
+    L = check.count("L (number of values)", num_values, 2)
+    ds = check.probability("delta_shuffle", delta_shuffle)
+    dp = check.probability("delta_prime", delta_prime)
     eps0 = randomized_response_epsilon(gamma, L)
     eps_view = shuffle_amplification_epsilon(eps0, n - 1, ds)
     error = _histogram_expected_l1(K * n, gamma, L, n - 1)
@@ -368,7 +344,7 @@ def ring_histogram_gamma_for_target(
     delta_prime: float, *, model: str = "network",
 ) -> float:
     """Smallest γ (fewest random responses, best utility) meeting a target ε for A2."""
-    target = _positive("epsilon", epsilon)
+    target = check.positive("epsilon", epsilon)
     require(model in ("network", "local"), f"model must be 'network' or 'local', got {model!r}")
 
     def eps_of(gamma: float) -> float:
@@ -387,8 +363,8 @@ def ring_histogram_gamma_for_target(
 def random_walk_contribution_bound(n: int, steps: int, delta: float) -> float:
     """Per-user contributions assumed by MATH.md §6's reference heuristic:
     N = T/n + √(3T/2 · ln(1/δ)) (a Chernoff-style high-probability bound on the visit count)."""
-    n, T = _users(n), _count("T (number of steps)", steps, 1)
-    delta = _probability("delta", delta)
+    n, T = _users(n), check.count("T (number of steps)", steps, 1)
+    delta = check.probability("delta", delta)
     return T / n + math.sqrt(1.5 * T * math.log(1 / delta))
 
 
@@ -404,8 +380,8 @@ def random_walk_summation_guarantees(
     where N = ``random_walk_contribution_bound``. Oracles in MATH.md §6 (ε₀ = 0.1, δ = 1e-7,
     T = 100n).
     """
-    n, T = _users(n), _count("T (number of steps)", steps, 1)
-    eps0, delta = _positive("epsilon0", epsilon0), _probability("delta", delta)
+    n, T = _users(n), check.count("T (number of steps)", steps, 1)
+    eps0, delta = check.positive("epsilon0", epsilon0), check.probability("delta", delta)
     N = random_walk_contribution_bound(n, T, delta)
     local = min(float(advanced_composition(eps0, N, delta)), N * eps0)
     eps_cycle = 3 * eps0 / math.sqrt(n)
@@ -425,7 +401,7 @@ def random_walk_epsilon0_for_target(
     n: int, steps: int, epsilon: float, delta: float, *, model: str = "network"
 ) -> float:
     """The per-contribution ε₀ at which A3's heuristic guarantee (``model``) equals ``epsilon``."""
-    target = _positive("epsilon", epsilon)
+    target = check.positive("epsilon", epsilon)
     require(model in ("network", "local"), f"model must be 'network' or 'local', got {model!r}")
 
     def epsilon_of(eps0: float) -> float:
@@ -439,8 +415,8 @@ def random_walk_epsilon0_for_target(
 # walks, caps, and the empirical pairwise accountant
 def contribution_cap(c: float, steps: int, n: int) -> int:
     """A4's per-user contribution cap ⌈c·T/n⌉ (MATH.md §6)."""
-    c = _positive("c (cap factor)", c)
-    T, n = _count("T (number of steps)", steps, 1), _users(n)
+    c = check.positive("c (cap factor)", c)
+    T, n = check.count("T (number of steps)", steps, 1), _users(n)
     return max(1, math.ceil(c * T / n - 1e-12))
 
 
@@ -471,7 +447,7 @@ def contribution_mask(walk: ArrayLike, n: int, cap: int | None) -> np.ndarray:
     """True where the holder still contributes data (its visit rank is below the cap)."""
     if cap is None:
         return np.ones(np.asarray(walk).shape, dtype=bool)
-    cap = _count("cap", cap, 1)
+    cap = check.count("cap", cap, 1)
     return visit_ranks(walk, n) < cap
 
 
@@ -514,7 +490,7 @@ def pairwise_costs(
         np.ones(T, dtype=bool) if contributes is None else np.asarray(contributes, dtype=bool)
     )
     require(contributes.shape == (T,), "contributes must have the walk's shape")
-    chunk = _count("chunk", chunk, 1)
+    chunk = check.count("chunk", chunk, 1)
     times = np.arange(T)
     cost = np.full((n, n), np.nan)
     for first in range(0, n, chunk):
@@ -596,7 +572,7 @@ def pairwise_privacy(
     paper's figure, a heuristic). Under local DP each contribution is seen alone.
     """
     n = _users(n)
-    delta = _probability("delta", delta)
+    delta = check.probability("delta", delta)
     require(composition in COMPOSITIONS,
             f"composition must be one of {COMPOSITIONS}, got {composition!r}")
     walk = _check_walk(walk, n)
@@ -604,7 +580,7 @@ def pairwise_privacy(
             else np.asarray(contributes, dtype=bool))
     local_counts = np.bincount(walk[mask], minlength=n).astype(float)
     if composition == "exact":
-        z = _positive("noise_multiplier", noise_multiplier)
+        z = check.positive("noise_multiplier", noise_multiplier)
         cost = pairwise_costs(walk, n, mechanism=mechanism, contributes=mask,
                               final_view=final_view)
         eps = np.full((n, n), np.nan)
@@ -612,7 +588,7 @@ def pairwise_privacy(
         eps[off] = _cost_to_epsilon(cost[off], z, delta, mechanism)
         local = gdp_epsilon(np.sqrt(local_counts) / z, delta)
     else:
-        eps0 = _positive("epsilon0", epsilon0)
+        eps0 = check.positive("epsilon0", epsilon0)
         eps = pairwise_costs(
             walk, n, mechanism=mechanism, contributes=mask, final_view=final_view,
             reduce=lambda seg_cost: heterogeneous_advanced_composition(
@@ -643,8 +619,8 @@ def noise_multiplier_for_target(
     """Smallest z = σ/sensitivity making every pair of the given walk (ε, δ)-network DP
     (exact composition). The walk is data independent, so calibrating on it is sound; ε is
     monotone in the worst cost, so only the worst pair matters."""
-    epsilon = _positive("epsilon", epsilon)
-    delta = _probability("delta", delta)
+    epsilon = check.positive("epsilon", epsilon)
+    delta = check.probability("delta", delta)
     cost = pairwise_costs(walk, n, mechanism=mechanism, contributes=contributes,
                           final_view=final_view)
     worst = float(np.nanmax(cost))
@@ -677,6 +653,6 @@ def local_noise_multiplier_for_target(contributions: int, epsilon: float, delta:
     seen under local DP) is (ε, δ)-DP: the releases compose to μ = √N / z GDP exactly."""
     from dpdl.accounting.gdp import mu_from_epsilon_delta
 
-    N = _count("contributions", contributions, 1)
-    return math.sqrt(N) / mu_from_epsilon_delta(_positive("epsilon", epsilon),
-                                                _probability("delta", delta))
+    N = check.count("contributions", contributions, 1)
+    return math.sqrt(N) / mu_from_epsilon_delta(check.positive("epsilon", epsilon),
+                                                check.probability("delta", delta))
