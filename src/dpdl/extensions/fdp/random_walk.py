@@ -50,6 +50,7 @@ from scipy.optimize import brentq
 from scipy.special import ndtr
 
 from dpdl.accounting.calibration import calibrate_safe
+from dpdl.accounting.pairwise import PairwiseEpsilon
 from dpdl.accounting.rdp import rdp_epsilon
 from dpdl.errors import DPDLError, require
 from dpdl.extensions.fdp.tradeoff import (
@@ -224,13 +225,11 @@ def single_visit_tradeoff(walk: ArrayLike, source: int, target: int, steps: int,
 
 
 @dataclass(frozen=True)
-class PairwiseReport:
+class PairwiseReport(PairwiseEpsilon):
     """Pairwise ε of PN-f-DP (or the RDP baseline) for a graph; entry [i, j] is the leakage of
-    i's data to j; the diagonal is NaN."""
+    i's data to j (a certified upper bound); the diagonal is NaN."""
 
     accountant: str                 # "pn-fdp" | "rdp-baseline"
-    epsilon: np.ndarray             # certified upper bound, (n, n)
-    delta: float
     steps: int
     sigma: float
     compositions: int | None = None
@@ -241,12 +240,11 @@ class PairwiseReport:
     epsilon_rdp_ht: np.ndarray | None = None  # the RDP (HT) baseline of the same pairs
 
     def summary(self) -> dict:
-        off = self.epsilon[~np.isnan(self.epsilon)]
         out = {"accountant": self.accountant, "delta": self.delta, "steps": self.steps,
                "sigma": self.sigma, "compositions": self.compositions,
                "delta_slack": self.delta_slack, "method": self.method,
-               "pairs": int(off.size), "epsilon_max": float(off.max()),
-               "epsilon_mean": float(off.mean()), "epsilon_min": float(off.min()),
+               "pairs": int(self.defined().size), "epsilon_max": self.worst,
+               "epsilon_mean": self.mean, "epsilon_min": self.best,
                **self.extra}
         if self.epsilon_rdp_ht is not None:
             ht = self.epsilon_rdp_ht[~np.isnan(self.epsilon_rdp_ht)]

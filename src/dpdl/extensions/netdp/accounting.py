@@ -28,6 +28,7 @@ from scipy.special import log_ndtr, ndtri
 
 from dpdl.accounting import validators as check
 from dpdl.accounting.calibration import calibrate_safe
+from dpdl.accounting.pairwise import PairwiseEpsilon
 from dpdl.accounting.rdp import rdp_epsilon
 from dpdl.errors import DPDLError, require
 
@@ -525,23 +526,20 @@ def pairwise_costs(
 
 
 @dataclass(frozen=True)
-class PairwiseReport:
+class PairwiseReport(PairwiseEpsilon):
     """Empirical pairwise network-DP losses of one walk (MATH.md §6): ε[u, v] is the loss of u's
     data in v's view; mean/best/worst over the n(n − 1) ordered pairs."""
 
-    epsilon: np.ndarray
-    delta: float
     mechanism: str
     composition: str
-    mean: float
-    best: float
-    worst: float
-    worst_pair: tuple[int, int]
     local_worst: float  # the same walk under local DP (every contribution seen)
     local_mean: float
 
     def summary(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k != "epsilon"}
+        return {"delta": self.delta, "mechanism": self.mechanism,
+                "composition": self.composition, "mean": self.mean, "best": self.best,
+                "worst": self.worst, "worst_pair": self.worst_pair,
+                "local_worst": self.local_worst, "local_mean": self.local_mean}
 
 
 def _cost_to_epsilon(cost: np.ndarray, z: float, delta: float, mechanism: str) -> np.ndarray:
@@ -595,13 +593,8 @@ def pairwise_privacy(
                 eps0 * np.sqrt(seg_cost), delta, axis=1))
         local = np.minimum(advanced_composition(eps0, local_counts, delta),
                            eps0 * local_counts)
-    off_values = eps[~np.eye(n, dtype=bool)]
-    worst_flat = int(np.nanargmax(eps))
     return PairwiseReport(
         epsilon=eps, delta=delta, mechanism=mechanism, composition=composition,
-        mean=float(off_values.mean()), best=float(off_values.min()),
-        worst=float(off_values.max()),
-        worst_pair=(worst_flat // n, worst_flat % n),
         local_worst=float(np.max(local)), local_mean=float(np.mean(local)),
     )
 
