@@ -305,3 +305,29 @@ def test_models_book_keeping_cannot_read_fall_back(cls):
         clipped_record_sums(model, params, batch, clip, method="book-keeping")
     with pytest.raises(DPDLError, match="unknown clipping method 'ghost'"):
         clipped_record_sums(model, params, batch, clip, method="ghost")
+
+
+class WithDropout(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.drop, self.fc2 = nn.Linear(6, 16), nn.Dropout(0.5), nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.fc2(self.drop(torch.relu(self.fc1(x))))
+
+
+@pytest.mark.parametrize("method", ["per-record", "book-keeping"])
+def test_dropout_draws_a_mask_per_record_and_each_record_stays_clipped(method):
+    torch.manual_seed(0)
+    model = WithDropout().train()
+    n = 6
+    batch = _batch(n, [1] * n, (6,), seed=2)  # one record per node: a node's sum is its record
+    params = _nodes_params(model, n)
+    clip = 0.5 * _median_norm_clip(model.eval(), params, batch)  # every record clipped
+    model.train()
+    got = clipped_record_sums(model, params, batch, clip, method=method)
+    norms = torch.sqrt(sum(g.double().pow(2).flatten(1).sum(1) for g in got.values()))
+    assert bool(torch.all(norms <= clip * (1 + 1e-5))), norms
+    without = clipped_record_sums(model.eval(), params, batch, clip, method=method)
+    differs = [not torch.allclose(got[k], without[k]) for k in got]
+    assert any(differs)  # the masks were drawn: dropout was on while training
