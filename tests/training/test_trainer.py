@@ -397,3 +397,27 @@ def test_an_os_entropy_api_run_resumes_from_its_checkpointed_streams(tmp_path, d
     assert [row["iteration"] for row in resumed.history] == [0, 4, 8]
     assert resumed.ledger.steps_taken == 8
     assert float(first[1]["test_loss"]) == resumed.history[1]["test_loss"]  # step 4 replayed
+
+
+def test_dropout_is_off_when_a_model_is_evaluated():
+    import copy
+
+    import torch
+    from sklearn.datasets import load_digits
+    from torch import nn
+
+    import dpdl
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Dropout(0.9), nn.Linear(32, 10))
+    x, y = load_digits(return_X_y=True)
+    x, y = torch.tensor(x[:400] / 16, dtype=torch.float32), torch.tensor(y[:400])
+    data = [(x[i::4], y[i::4]) for i in range(4)]
+    first_losses = []
+    for global_seed in (1, 2):  # dropout masks would come from torch's global generator
+        torch.manual_seed(global_seed)
+        result = dpdl.train(copy.deepcopy(model), data, topology="ring", epsilon=2.0, steps=2,
+                            batch_size=4, lr=0.1, entropy="seed", progress=False,
+                            eval_data=(x[:50], y[:50]), eval_every=1)
+        first_losses.append(result.history[0]["test_loss"])
+    assert first_losses[0] == first_losses[1]  # the initial model's score, not one mask's

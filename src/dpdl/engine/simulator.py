@@ -9,12 +9,14 @@ per-node loop is the read of each node's own secret stream).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import nn
 from torch.func import functional_call, vmap
 
 from dpdl.algorithms.dyn_d2p import (
@@ -359,10 +361,11 @@ class Simulator:
     @torch.no_grad()
     def predict_average(self, inputs: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
         params = self.average_params()
-        outs = [
-            functional_call(self.model, (params, self.buffers), (inputs[i : i + chunk],))
-            for i in range(0, inputs.shape[0], chunk)
-        ]
+        with _evaluation_mode(self.model):
+            outs = [
+                functional_call(self.model, (params, self.buffers), (inputs[i : i + chunk],))
+                for i in range(0, inputs.shape[0], chunk)
+            ]
         return torch.cat(outs)
 
     @torch.no_grad()
@@ -374,10 +377,11 @@ class Simulator:
             return functional_call(self.model, (p, self.buffers), (x,))
 
         batched = vmap(forward, in_dims=(0, None))
-        return torch.cat(
-            [batched(params, inputs[i : i + chunk]) for i in range(0, inputs.shape[0], chunk)],
-            dim=1,
-        )
+        with _evaluation_mode(self.model):
+            return torch.cat(
+                [batched(params, inputs[i : i + chunk]) for i in range(0, inputs.shape[0], chunk)],
+                dim=1,
+            )
 
     def node_accuracies(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Accuracy of every node's de-biased model on shared public inputs, (n,): each
@@ -388,6 +392,18 @@ class Simulator:
         out = self.predict_average(inputs)
         loss = self.loss if callable(self.loss) else LOSSES[self.loss]
         return float(loss(out, targets).mean())
+
+
+@contextlib.contextmanager
+def _evaluation_mode(model: nn.Module):
+    """The model in eval mode (dropout off: a score of the model, not of one random mask),
+    back in its own mode after."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
 
 
 def accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
