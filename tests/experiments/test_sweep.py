@@ -223,3 +223,13 @@ def test_only_on_the_command_line(tmp_path, plugin, capsys):
     assert plugin.read_text().splitlines() == ["1.0,1"]
     assert main(["sweep", str(cfg), "--output", str(out), "--only", "experiment.seed=9"]) == 2
     assert "matches no cell" in capsys.readouterr().err
+
+
+def test_the_sweep_bar_stays_out_of_a_log_file(capsys):
+    from dpdl.experiments.sweep.driver import _progress_bar
+
+    bar = _progress_bar(3, 0, enabled=True)  # stderr is captured here: not a terminal
+    bar.update(1)
+    bar.close()
+    assert bar.disable
+    assert capsys.readouterr().err == ""

@@ -154,7 +154,8 @@ def _progress_bar(total: int, initial: int, enabled: bool):
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, initial=initial, desc="sweep", unit="cell")
+    # disable=None: off when stderr is not a terminal (a log file gets no bar redraws)
+    return tqdm(total=total, initial=initial, desc="sweep", unit="cell", disable=None)
 
 
 def finished_cells(sweep_dir: Path) -> Iterable[tuple[Path, dict]]:

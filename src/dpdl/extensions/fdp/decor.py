@@ -166,7 +166,7 @@ def run_decor(mixing: ArrayLike, x_nodes: np.ndarray, y_nodes: np.ndarray, *,
     if progress:
         from tqdm import tqdm
 
-        iterator = tqdm(iterator, desc="decor", leave=False)
+        iterator = tqdm(iterator, desc="decor", leave=False, disable=None)  # off outside a tty
     for step in iterator:
         batch = sample_batches(mask, batch_size, rng)
         grads = softmax_per_record_gradients(theta, x_nodes[node_index, batch],
