@@ -421,3 +421,28 @@ def test_dropout_is_off_when_a_model_is_evaluated():
                             eval_data=(x[:50], y[:50]), eval_every=1)
         first_losses.append(result.history[0]["test_loss"])
     assert first_losses[0] == first_losses[1]  # the initial model's score, not one mask's
+
+
+def test_a_callback_that_returns_true_stops_the_run_and_epsilon_is_of_the_steps_taken():
+    import torch
+    from sklearn.datasets import load_digits
+
+    import dpdl
+
+    x, y = load_digits(return_X_y=True)
+    x, y = torch.tensor(x[:400] / 16, dtype=torch.float32), torch.tensor(y[:400])
+    data = [(x[i::4], y[i::4]) for i in range(4)]
+    seen = []
+
+    def stop_at_four(evaluation):
+        seen.append(evaluation.iteration)
+        return evaluation.iteration >= 4
+
+    kwargs = dict(topology="ring", epsilon=2.0, steps=20, batch_size=4, lr=0.1,
+                  entropy="seed", progress=False, eval_data=(x[:50], y[:50]), eval_every=2)
+    stopped = dpdl.train(torch.nn.Linear(64, 10), data, callbacks=[stop_at_four], **kwargs)
+    full = dpdl.train(torch.nn.Linear(64, 10), data, **kwargs)
+    assert stopped.status == "stopped" and "after step 4" in stopped.message
+    assert seen == [0, 2, 4] and stopped.ledger.steps_taken == 4
+    assert stopped.epsilon < full.epsilon  # what was spent, not the planned budget
+    assert stopped.epsilon == stopped.ledger.epsilon_spent()

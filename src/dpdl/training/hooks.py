@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from dpdl.accounting.ledger import PrivacyLedger
 from dpdl.engine import checkpoint as checkpoints
 from dpdl.training.callbacks import Evaluation, evaluation_of
@@ -29,11 +31,12 @@ class Evaluations:
         self.evaluator, self.privacy, self.labels = evaluator, privacy, labels
         self.callbacks, self.every, self.steps = callbacks, every, steps
 
-    def emit(self, state: RunState, row: dict[str, Any]) -> None:
+    def emit(self, state: RunState, row: dict[str, Any]) -> bool:
+        """Hand the row to every callback; True when one of them returned True (stop)."""
         state.rows.append(row)
         evaluation = evaluation_of(row)
-        for callback in self.callbacks:
-            callback(evaluation)
+        answers = [callback(evaluation) for callback in self.callbacks]
+        return any(answer is True for answer in answers)
 
     def evaluate(self, state: RunState, iteration: int, spent: tuple | None = None) -> None:
         """One row: the metrics of the engine's models now, with the epsilon spent so far
@@ -44,7 +47,11 @@ class Evaluations:
             "epsilon_clt": eps_clt, "epsilon_certified": eps_cert,
             "epsilon_certified_method": method,
         }  # fmt: skip
-        self.emit(state, row)
+        asked = self.emit(state, row)
+        # Callbacks run on the main process only: every process learns of a stop together.
+        flag = torch.tensor([1.0 if asked else 0.0], device=state.engine.device)
+        if float(state.engine._reduce_sum(flag)[0]) > 0 and iteration < self.steps:
+            state.stop = f"stopped by a callback after step {iteration}"
 
     def on_start(self, state: RunState) -> None:
         if not state.resumed:  # a resumed run replayed its saved rows instead

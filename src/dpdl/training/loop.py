@@ -25,6 +25,7 @@ class RunState:
     rows: list[dict[str, Any]] = field(default_factory=list)
     done: int = 0
     resumed: bool = False
+    stop: str = ""  # why a hook ended the run early (a callback asked): "" runs on
 
 
 class Hook(Protocol):
@@ -36,8 +37,9 @@ class Hook(Protocol):
 
 
 def run_steps(plan: RunPlan, state: RunState, hooks: list[Hook]) -> tuple[str, str]:
-    """Take the plan's steps from ``state.done`` on; returns (status, message): "ok", or
-    "diverged" with where, when an update was not finite."""
+    """Take the plan's steps from ``state.done`` on; returns (status, message): "ok",
+    "stopped" when a hook set ``state.stop`` (a callback asked to stop), or "diverged" with
+    where, when an update was not finite."""
     for hook in hooks:
         hook.on_start(state)
     try:
@@ -48,6 +50,8 @@ def run_steps(plan: RunPlan, state: RunState, hooks: list[Hook]) -> tuple[str, s
             state.done = k + 1
             for hook in hooks:
                 hook.on_step(state)
+            if state.stop:
+                return "stopped", state.stop
     except NonFiniteUpdate as err:
         return "diverged", str(err)
     finally:

@@ -108,7 +108,8 @@ class TrainingResult:
     ledger of the steps taken (None for SGP); ``epsilon``: the certified epsilon spent
     (PLD/RDP, ``inf`` for SGP) and ``epsilon_clt`` the CLT approximation beside it;
     ``history``: one metrics row per evaluation; ``record``: the run's :class:`RunRecord`
-    (its entry of ``results.json``); ``status`` "ok" or "diverged" (``message`` says where).
+    (its entry of ``results.json``); ``status`` "ok", "stopped" (a callback returned True;
+    ``epsilon`` is that of the steps taken) or "diverged" (``message`` says where).
     """
 
     model: nn.Module
@@ -572,7 +573,7 @@ class DecentralizedTrainer:
                 from dpdl.training.results import write_results
 
                 write_results(run_dir, [result.record.to_dict(rows=False)], plot_title=self.name)
-            if result.status == "ok" and checkpoint is not None:
+            if result.status in ("ok", "stopped") and checkpoint is not None:
                 checkpoints.remove(checkpoint.path)  # finished: nothing left to resume
             result.run_dir = run_dir
         return result
