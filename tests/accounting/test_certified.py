@@ -417,3 +417,14 @@ def test_clt_never_exceeds_the_certified_epsilon_at_b1(z, steps):
     clt = compute_epsilon("clt", [(z, steps)], P_B1, DELTA_B1).epsilon
     pld = compute_epsilon("pld", [(z, steps)], P_B1, DELTA_B1, value_discretization=1e-3).epsilon
     assert clt <= pld
+
+
+def test_rdp_leaves_non_converging_orders_out_without_a_warning_per_order(caplog):
+    import logging
+
+    from dpdl.accounting.certified import compute_epsilon as epsilon_of
+
+    with caplog.at_level(logging.WARNING):
+        report = epsilon_of("rdp", np.full(4, 0.661385), 0.05, 1e-4)
+    assert np.isfinite(report.epsilon) and report.epsilon > 0
+    assert not [r for r in caplog.records if "failed to converge" in r.getMessage()]

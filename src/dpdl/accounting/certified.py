@@ -50,7 +50,9 @@ releases nothing and is dropped. An empty schedule has ε = 0 and δ = 0.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -309,6 +311,20 @@ def privacy_loss_distribution(
         multipliers, counts, float(sample_rate), float(discretization), mode, bins)[0]
 
 
+@contextlib.contextmanager
+def _quiet_rdp_orders():
+    """dp_accounting logs one absl warning per fractional order whose series does not
+    converge (hundreds in a calibration); it then leaves that order out, so the ε of the
+    others is still a valid bound. Keep those lines out of the user's terminal."""
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _rdp_accountant(
     multipliers: np.ndarray, counts: np.ndarray, sample_rate: float
 ) -> rdp_privacy_accountant.RdpAccountant:
@@ -378,7 +394,8 @@ def compute_epsilon(
             lower = min(epsilon, float(pld_lower.get_epsilon_for_delta(delta)))
             method = binned
     else:
-        epsilon = float(_rdp_accountant(multipliers, counts, sample_rate).get_epsilon(delta))
+        with _quiet_rdp_orders():
+            epsilon = float(_rdp_accountant(multipliers, counts, sample_rate).get_epsilon(delta))
     return EpsilonReport(accountant, epsilon, delta, certified, method, lower)
 
 
@@ -422,7 +439,8 @@ def compute_delta(
         method = binned or method
         delta = float(pld.get_delta_for_epsilon(epsilon))
     else:
-        delta = float(_rdp_accountant(multipliers, counts, sample_rate).get_delta(epsilon))
+        with _quiet_rdp_orders():
+            delta = float(_rdp_accountant(multipliers, counts, sample_rate).get_delta(epsilon))
     return EpsilonReport(accountant, epsilon, min(delta, 1.0), certified, method)
 
 

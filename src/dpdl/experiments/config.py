@@ -114,7 +114,10 @@ class DataSection(_Section):
 
 
 class ModelSection(_Section):
+    # A shipped model, one registered with dpdl.models.register_model, or a factory by its
+    # import path "package.module:function" (input_shape, num_outputs, **options) -> Module.
     name: str = "logreg"
+    options: dict[str, Any] = Field(default_factory=dict)
 
 
 class TopologySection(_Section):

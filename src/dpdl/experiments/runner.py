@@ -230,7 +230,8 @@ def build_model(work: Workload) -> torch.nn.Module:
     from dpdl.models import make_model
 
     cfg = work.config
-    return make_model(cfg.model.name, work.input_shape, work.num_classes, seed=work.seed)
+    return make_model(cfg.model.name, work.input_shape, work.num_classes, seed=work.seed,
+                      **cfg.model.options)
 
 
 def run_cell(
