@@ -44,7 +44,8 @@ def test_a_factory_by_import_path_gets_shape_outputs_options_and_seed(user_model
     assert model[1].in_features == 64 and model[1].out_features == 7
     assert model[3].out_features == 10
     again = make_model(f"{user_models}:tiny", (1, 8, 8), 10, seed=3, hidden=7)
-    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters()))
+    pairs = zip(model.parameters(), again.parameters(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)
 
 
 @pytest.mark.parametrize(
