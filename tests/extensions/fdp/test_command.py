@@ -90,3 +90,24 @@ def test_pair_calibration_meets_the_target(capsys):
 def test_scope_errors_exit_2(capsys):
     assert main(["fdp", "-n", "8", "--target", "8"]) == 2
     assert "--target 8" in capsys.readouterr().err
+
+
+def test_heat_map_labels_lie_inside_the_figure():
+    import io
+    from types import SimpleNamespace
+
+    from dpdl.extensions.fdp.command import heat_map_figure
+
+    epsilon = np.random.default_rng(0).random((32, 32))
+    np.fill_diagonal(epsilon, np.nan)
+    report = SimpleNamespace(epsilon=epsilon, steps=275, sigma=1.0, delta=1e-5)
+    fig = heat_map_figure(report, report, "hypercube")
+    fig.savefig(io.BytesIO(), format="png", dpi=120)
+    renderer = fig.canvas.get_renderer()
+    labels = [ax.xaxis.label for ax in fig.axes if ax.get_xlabel()]
+    labels += [ax.yaxis.label for ax in fig.axes if ax.get_ylabel()]
+    assert len(labels) == 4
+    for label in labels:
+        extent = label.get_window_extent(renderer)
+        assert fig.bbox.x0 <= extent.x0 and extent.x1 <= fig.bbox.x1, label.get_text()
+        assert fig.bbox.y0 <= extent.y0 and extent.y1 <= fig.bbox.y1, label.get_text()

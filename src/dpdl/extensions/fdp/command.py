@@ -228,6 +228,16 @@ def _tradeoff_plot(path: Path, args, report, name: str) -> None:
 
 
 def _heat_maps(path: Path, report, baseline, name: str) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = heat_map_figure(report, baseline, name)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def heat_map_figure(report, baseline, name: str):
+    """The pairwise-ε heat maps (PN-f-DP, and the RDP baseline when given), laid out by
+    matplotlib's constrained layout so that titles, labels and colour bars fit the figure."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -237,7 +247,8 @@ def _heat_maps(path: Path, report, baseline, name: str) -> None:
     if baseline is not None:
         panels.append(("RDP baseline", baseline.epsilon))
     vmax = max(float(np.nanmax(m)) for _, m in panels)
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.4), squeeze=False,
+                             layout="constrained")
     for ax, (title, matrix) in zip(axes[0], panels, strict=True):
         image = ax.imshow(matrix, cmap="viridis", vmin=0, vmax=vmax)
         ax.set_title(f"{title}: max ε = {np.nanmax(matrix):.3f}", fontsize="small")
@@ -246,9 +257,7 @@ def _heat_maps(path: Path, report, baseline, name: str) -> None:
         fig.colorbar(image, ax=ax)
     fig.suptitle(f"pairwise ε on {name}, T={report.steps}, σ={report.sigma:g}, "
                  f"δ={report.delta:g}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
 
 
 def _decor(args) -> dict:
