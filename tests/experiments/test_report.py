@@ -240,3 +240,21 @@ def test_columns_are_numeric_only_when_every_value_is_a_number():
     header = ["setting", "ε", "gain", "note"]
     rows = [["base", "0.3", "+12.5%", "ok"], ["lr=0.1", "inf", "—", "3 runs"]]
     assert column_kinds(header, rows) == ["text", "num", "num", "text"]
+
+
+def test_a_failed_cell_is_named_with_its_settings_and_error_line(sweep):
+    from dpdl.experiments.sweep.driver import failure_record_path
+
+    cell = sweep / "cells" / "experiment.seed=2"  # never finished: no folder, only the record
+    error = "DPDLError: calibration failed: no noise scale brackets the target epsilon\n  more"
+    record = {"overrides": {"experiment.seed": 2, "privacy.epsilon": 0.3}, "error": error}
+    failure_record_path(cell).write_text(json.dumps(record))
+    paths = write_report(sweep)
+    md = paths["markdown"].read_text()
+    assert "## Failed cells: 1" in md
+    assert (f"| {cell.name} | experiment.seed=2, privacy.epsilon=0.3 | DPDLError: calibration "
+            "failed: no noise scale brackets the target epsilon |") in md  # fmt: skip
+    assert "more" not in md.partition("## Failed cells")[2]
+    html = paths["html"].read_text()
+    assert "<td class='text'>experiment.seed=2, privacy.epsilon=0.3</td>" in html
+    assert len(collect_runs(sweep)) == 18  # the two finished cells only
