@@ -219,3 +219,42 @@ def test_a_report_without_seeded_runs_has_no_reproducibility_note(sweep):
     assert {r.noise_entropy for r in runs} == {None}  # results.json absent: not recorded
     assert {row[-1] for row in build_tables(runs).privacy_rows} == {"not recorded"}
     assert "entropy = seed" not in write_report(sweep)["markdown"].read_text()
+
+
+def test_the_html_report_is_styled_and_aligns_text_left_numbers_right(sweep):
+    html = write_report(sweep)["html"].read_text()
+    style = html[html.index("<style>") : html.index("</style>")]
+    for rule in ("font-family:system-ui", "max-width:1100px", "border:1px solid #ccc",
+                 "padding:4px 10px", ".text{text-align:left}", ".num{text-align:right",
+                 "img{max-width:100%"):  # fmt: skip
+        assert rule in style, rule
+    std = 100 * statistics.stdev([0.0, 0.02])
+    assert "<td class='text'>base</td>" in html  # the setting column
+    assert f"<td class='num'>51.00 ± {std:.2f} (n=2)</td>" in html
+    assert "<th class='text'>claim</th><th class='text'>verdict</th>" in html
+
+
+def test_columns_are_numeric_only_when_every_value_is_a_number():
+    from dpdl.experiments.report.render import column_kinds
+
+    header = ["setting", "ε", "gain", "note"]
+    rows = [["base", "0.3", "+12.5%", "ok"], ["lr=0.1", "inf", "—", "3 runs"]]
+    assert column_kinds(header, rows) == ["text", "num", "num", "text"]
+
+
+def test_a_failed_cell_is_named_with_its_settings_and_error_line(sweep):
+    from dpdl.experiments.sweep.driver import failure_record_path
+
+    cell = sweep / "cells" / "experiment.seed=2"  # never finished: no folder, only the record
+    error = "DPDLError: calibration failed: no noise scale brackets the target epsilon\n  more"
+    record = {"overrides": {"experiment.seed": 2, "privacy.epsilon": 0.3}, "error": error}
+    failure_record_path(cell).write_text(json.dumps(record))
+    paths = write_report(sweep)
+    md = paths["markdown"].read_text()
+    assert "## Failed cells: 1" in md
+    assert (f"| {cell.name} | experiment.seed=2, privacy.epsilon=0.3 | DPDLError: calibration "
+            "failed: no noise scale brackets the target epsilon |") in md  # fmt: skip
+    assert "more" not in md.partition("## Failed cells")[2]
+    html = paths["html"].read_text()
+    assert "<td class='text'>experiment.seed=2, privacy.epsilon=0.3</td>" in html
+    assert len(collect_runs(sweep)) == 18  # the two finished cells only

@@ -20,7 +20,7 @@ PLUGIN = textwrap.dedent(
     import csv, os
     def run_experiment(config, output_dir, progress=True):
         eps = config["privacy"]["epsilon"]; seed = config["experiment"]["seed"]
-        if config["privacy"].get("fail"):
+        if config["privacy"].get("fail") or config["privacy"].get("fail_seed") == seed:
             raise RuntimeError("boom")
         with open(output_dir / "metrics.csv", "w", newline="") as fh:
             w = csv.writer(fh)
@@ -108,6 +108,22 @@ def test_a_failing_cell_is_reported_and_the_others_finish(tmp_path, plugin):
     assert summary["done"] == 6
     assert len(summary["failed"]) == 6
     assert all("boom" in msg for msg in summary["failed"].values())
+
+
+def test_a_failed_cell_is_listed_in_the_report_until_it_finishes(tmp_path, plugin):
+    out = tmp_path / "sweep"
+    summary = run_sweep(_config(fail_seed=1), out, progress=False)
+    assert summary["done"] == 4 and len(summary["failed"]) == 2  # seed 1 at both ε
+    md = write_report(out)["markdown"].read_text()
+    assert "## Failed cells: 2" in md
+    for cell, eps in zip(sorted(summary["failed"]), (0.5, 1.0), strict=True):
+        assert f"| {cell} | privacy.epsilon={eps}, experiment.seed=1 | RuntimeError: boom |" in md
+    html = (out / "report" / "report.html").read_text()
+    assert "<h2>Failed cells: 2</h2>" in html and "RuntimeError: boom" in html
+    assert len(collect_runs(out)) == 8  # the failed cells are in no table
+    summary = run_sweep(_config(), out, progress=False)  # the rerun retries them, and they finish
+    assert summary["done"] == 2 and summary["skipped"] == 4 and not summary["failed"]
+    assert "Failed cells" not in write_report(out)["markdown"].read_text()
 
 
 def test_report_tables_match_a_hand_computation(tmp_path, plugin):

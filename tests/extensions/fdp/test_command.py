@@ -90,3 +90,77 @@ def test_pair_calibration_meets_the_target(capsys):
 def test_scope_errors_exit_2(capsys):
     assert main(["fdp", "-n", "8", "--target", "8"]) == 2
     assert "--target 8" in capsys.readouterr().err
+
+
+def test_heat_map_labels_lie_inside_the_figure():
+    import io
+    from types import SimpleNamespace
+
+    from dpdl.extensions.fdp.command import heat_map_figure
+
+    epsilon = np.random.default_rng(0).random((32, 32))
+    np.fill_diagonal(epsilon, np.nan)
+    report = SimpleNamespace(epsilon=epsilon, steps=275, sigma=1.0, delta=1e-5)
+    fig = heat_map_figure(report, report, "hypercube")
+    fig.savefig(io.BytesIO(), format="png", dpi=120)
+    renderer = fig.canvas.get_renderer()
+    labels = [ax.xaxis.label for ax in fig.axes if ax.get_xlabel()]
+    labels += [ax.yaxis.label for ax in fig.axes if ax.get_ylabel()]
+    assert len(labels) == 4
+    for label in labels:
+        extent = label.get_window_extent(renderer)
+        assert fig.bbox.x0 <= extent.x0 and extent.x1 <= fig.bbox.x1, label.get_text()
+        assert fig.bbox.y0 <= extent.y0 and extent.y1 <= fig.bbox.y1, label.get_text()
+
+
+def _help(argv, capsys) -> str:
+    import pytest
+
+    with pytest.raises(SystemExit) as stop:
+        main([*argv, "--help"])
+    assert stop.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_each_fdp_mode_has_its_own_help(capsys):
+    overview = _help(["fdp"], capsys)
+    pairwise = _help(["fdp", "pairwise"], capsys)
+    decor = _help(["fdp", "decor"], capsys)
+    assert len({overview, pairwise, decor}) == 3
+    assert "--edgelist" in pairwise and "--edgelist" in decor
+    assert "pairwise" in overview and "decor" in overview and "--pair" not in overview
+    for flag in ("--pair", "--target J", "--hop-form", "--tolerance", "--zeta"):
+        assert flag in pairwise and flag not in decor
+    for flag in ("--sigma-cor", "--curious", "--clip"):
+        assert flag in decor and flag not in pairwise
+
+
+def test_a_mode_keeps_flags_given_before_it(tmp_path, capsys):
+    argv = ["--graph", "undirected-ring", "-n", "8", "-T", "40", "--json"]
+    assert main(["fdp", *argv, "decor"]) == 0
+    before = json.loads(capsys.readouterr().out)
+    assert main(["fdp", "decor", *argv]) == 0
+    assert before == json.loads(capsys.readouterr().out)
+    assert before["graph"] == "undirected-ring" and before["nodes"] == 8
+
+
+def test_pairwise_on_the_users_edgelist(tmp_path, capsys):
+    edges = tmp_path / "ring.txt"
+    edges.write_text("# a ring of 6\n" + "".join(f"{u} {(u + 1) % 6}\n" for u in range(6)))
+    common = ["-T", "60", "--sigma", "2", "--pair", "0", "3", "--json"]
+    assert main(["fdp", "--edgelist", str(edges), *common]) == 0
+    mine = json.loads(capsys.readouterr().out)
+    assert main(["fdp", "pairwise", "--graph", "undirected-ring", "-n", "6", *common]) == 0
+    named = json.loads(capsys.readouterr().out)
+    assert mine["graph"] == "edgelist" and mine["nodes"] == 6
+    assert mine["pair"] == named["pair"]  # the file's ring is the named ring
+
+
+def test_a_bad_edgelist_is_one_line(tmp_path, capsys):
+    edges = tmp_path / "bad.txt"
+    edges.write_text("0 1\n1 2 3\n")
+    assert main(["fdp", "--edgelist", str(edges), "-T", "40", "--pair", "0", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bad.txt:2" in err and "two node ids" in err
+    assert main(["fdp", "--edgelist", str(edges), "--graph", "ring", "--pair", "0", "1"]) == 2
+    assert "drop --graph" in capsys.readouterr().err

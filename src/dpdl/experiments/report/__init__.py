@@ -12,6 +12,8 @@ cell's ``metrics.csv``) and writes ``report.md`` with PNG figures beside it, and
 * runs whose noise was derived from their seed (``noise_entropy = "seed"`` in results.json,
   the reproducible research mode) are named in a note under the introduction, and the
   per-run table has a noise column;
+* cells that failed (the sweep driver's ``cells/<cell-id>.failed.json``) are listed with
+  their settings and the error's first line under "Failed cells: N";
 * figures: accuracy against iteration per ε, final accuracy against ε, the ρ_c × ρ_μ
   heat-map of Dyn-D2P, accuracy by topology and by number of nodes.
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from dpdl.errors import DPDLError
-from dpdl.experiments.sweep.driver import finished_cells
+from dpdl.experiments.sweep.driver import failed_cells, finished_cells
 from dpdl.training.results import RunRecord
 
 _SEED_LEAVES = {"seed", "seeds"}
@@ -129,8 +129,38 @@ def collect_runs(sweep_dir: Path) -> list[CellRun]:
         for metrics_path in sorted(cell_dir.rglob("metrics.csv")):
             runs += _runs_of_file(metrics_path, overrides, cell_dir.name)
     if not runs:
-        raise DPDLError(f"{sweep_dir}: no finished cell with a metrics.csv; run the sweep first")
+        failed = len(failed_cells(sweep_dir))
+        why = f" ({failed} cell(s) failed)" if failed else ""
+        raise DPDLError(
+            f"{sweep_dir}: no finished cell with a metrics.csv{why}; run the sweep first"
+        )
     return runs
+
+
+@dataclass(frozen=True)
+class FailedCell:
+    """A cell of the sweep that failed (and has not finished since)."""
+
+    cell: str
+    overrides: dict
+    error: str  # the first line of the error that stopped it
+
+    @property
+    def settings_text(self) -> str:
+        return ", ".join(f"{key}={value}" for key, value in self.overrides.items())
+
+
+def collect_failures(sweep_dir: Path) -> list[FailedCell]:
+    """The failed cells of ``sweep_dir``, as the sweep driver recorded them."""
+    return [
+        FailedCell(cell, record.get("overrides", {}), _first_line(record.get("error")))
+        for cell, record in failed_cells(sweep_dir)
+    ]
+
+
+def _first_line(error) -> str:
+    lines = str(error or "").strip().splitlines()
+    return lines[0] if lines else "(no error recorded)"
 
 
 def _runs_of_file(metrics_path: Path, overrides: dict, cell: str) -> list[CellRun]:

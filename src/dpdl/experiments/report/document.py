@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dpdl.experiments.report.claims import check_claims
-from dpdl.experiments.report.collect import CellRun, collect_runs
+from dpdl.experiments.report.collect import CellRun, FailedCell, collect_failures, collect_runs
 from dpdl.experiments.report.figures import make_figures
 from dpdl.experiments.report.grouping import epsilon_text, settings_of
 from dpdl.experiments.report.render import (
@@ -33,7 +33,8 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None) -> dict[str, Path
     out_dir = Path(out_dir or sweep_dir / "report")
     out_dir.mkdir(parents=True, exist_ok=True)
     runs = collect_runs(sweep_dir)
-    sections = report_sections(runs, build_tables(runs), make_figures(runs, out_dir))
+    sections = report_sections(runs, build_tables(runs), make_figures(runs, out_dir),
+                               collect_failures(sweep_dir))
     title = f"dpdl report — {sweep_dir.name}"
     md_path, html_path = out_dir / "report.md", out_dir / "report.html"
     md_path.write_text(to_markdown(title, sections))
@@ -41,7 +42,9 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None) -> dict[str, Path
     return {"markdown": md_path, "html": html_path}
 
 
-def report_sections(runs: list[CellRun], tables: Tables, figures: list[Figure]) -> list[Section]:
+def report_sections(
+    runs: list[CellRun], tables: Tables, figures: list[Figure], failures: list[FailedCell] = ()
+) -> list[Section]:
     claims = check_claims(runs)
     reproducible = reproducible_noise_note(runs)
     return [
@@ -53,6 +56,7 @@ def report_sections(runs: list[CellRun], tables: Tables, figures: list[Figure]) 
                 Table(tables.accuracy_header, tables.accuracy_rows),
             ],
         ),
+        *([failed_cells_section(failures)] if failures else []),
         Section(
             "Privacy: what the CLT calibration really spends",
             [
@@ -75,6 +79,19 @@ def report_sections(runs: list[CellRun], tables: Tables, figures: list[Figure]) 
             ],
         ),
     ]
+
+
+def failed_cells_section(failures: list[FailedCell]) -> Section:
+    """The cells that failed: in no table or figure of the report, so named here."""
+    return Section(
+        f"Failed cells: {len(failures)}",
+        [
+            Paragraph("These cells of the sweep failed: no table or figure counts them. "
+                      "Running the sweep again retries them."),
+            Table(["cell", "settings", "error"],
+                  [[f.cell, f.settings_text, f.error] for f in failures]),
+        ],
+    )
 
 
 def _introduction(runs: list[CellRun]) -> str:

@@ -9,14 +9,21 @@ from __future__ import annotations
 
 import base64
 import html
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 _STYLE = (
-    "body{font-family:sans-serif;max-width:1400px;margin:2em auto}"
-    "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;"
-    "text-align:right}th{background:#eee}img{max-width:100%}"
+    "body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,Helvetica,Arial,sans-serif;"
+    "max-width:1100px;margin:2em auto;padding:0 1em;line-height:1.5;color:#222}"
+    ".table{overflow-x:auto}table{border-collapse:collapse;margin:1em 0}"
+    "td,th{border:1px solid #ccc;padding:4px 10px;vertical-align:top}th{background:#f2f2f2}"
+    ".text{text-align:left}.num{text-align:right;font-variant-numeric:tabular-nums}"
+    "img{max-width:100%;height:auto}"
 )
+# A number, possibly signed, or inf/nan: the start of a numeric cell ("51.00 ± 1.41 (n=2)").
+_NUMBER = re.compile(r"[+\-−]?(\d|\.\d|inf\b|nan\b|∞)", re.IGNORECASE)
+_NO_VALUE = {"", "-", "—", "n/a"}
 
 
 @dataclass
@@ -90,12 +97,7 @@ def _html_block(block: Block) -> str:
             lead_html = f"<strong>{html.escape(lead)}</strong> " if lead else ""
             return f"<p>{lead_html}{html.escape(text)}</p>"
         case Table(header, rows):
-            head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-            body = "".join(
-                "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
-                for row in rows
-            )
-            return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+            return _html_table(header, rows)
         case Figure(caption, path):
             data = base64.b64encode(path.read_bytes()).decode()
             return (
@@ -103,3 +105,29 @@ def _html_block(block: Block) -> str:
                 f"src='data:image/png;base64,{data}'>"
             )
     raise TypeError(f"not a report block: {block!r}")
+
+
+def column_kinds(header: list[str], rows: list[list[str]]) -> list[str]:
+    """``"num"`` for a column whose every value starts with a number, else ``"text"``."""
+    kinds = []
+    for column in range(len(header)):
+        values = [row[column].strip() for row in rows if column < len(row)]
+        values = [v for v in values if v.lower() not in _NO_VALUE]
+        numeric = bool(values) and all(_NUMBER.match(v) for v in values)
+        kinds.append("num" if numeric else "text")
+    return kinds
+
+
+def _html_table(header: list[str], rows: list[list[str]]) -> str:
+    """The table, each cell classed ``text`` (left-aligned) or ``num`` (right-aligned)."""
+    kinds = column_kinds(header, rows)
+    head = _html_cells("th", header, kinds)
+    body = "".join(f"<tr>{_html_cells('td', row, kinds)}</tr>" for row in rows)
+    return (f"<div class='table'><table><thead><tr>{head}</tr></thead>"
+            f"<tbody>{body}</tbody></table></div>")
+
+
+def _html_cells(tag: str, texts: list[str], kinds: list[str]) -> str:
+    return "".join(
+        f"<{tag} class='{kinds[i]}'>{html.escape(text)}</{tag}>" for i, text in enumerate(texts)
+    )

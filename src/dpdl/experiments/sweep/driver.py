@@ -24,6 +24,12 @@ from dpdl.files import write_atomic
 
 CELL_FILE = "cell.json"
 SWEEP_FILE = "sweep.json"
+FAILED_SUFFIX = ".failed.json"  # cells/<cell-id>.failed.json: the last failure of a cell
+
+
+def failure_record_path(cell_dir: Path) -> Path:
+    """Where the driver records why the cell in ``cell_dir`` failed (beside its folder)."""
+    return cell_dir.with_name(cell_dir.name + FAILED_SUFFIX)
 
 
 def is_finished(cell_dir: Path) -> bool:
@@ -140,13 +146,34 @@ def _run_jobs(runner, jobs: list[CellJob], summary: dict[str, Any], bar) -> None
         for job, outcome in outcomes:
             if outcome.error is None:
                 commit_cell(job, outcome)
+                failure_record_path(job.final_dir).unlink(missing_ok=True)
                 summary["done"] += 1
             else:
+                record_failure(job, outcome.error)
                 summary["failed"][job.cell.cell_id] = outcome.error
             if bar is not None:
                 bar.update(1)
                 counts = {"done": summary["done"], "running": runner.running}
                 bar.set_postfix({**counts, "failed": len(summary["failed"])})
+
+
+def record_failure(job: CellJob, error: str) -> None:
+    """Driver: keep a failed cell's overrides and error, for the report (a rerun retries it)."""
+    text = json.dumps({"overrides": job.cell.as_dict(), "error": error}, indent=2, default=str)
+    path = failure_record_path(job.final_dir)
+    write_atomic(path, lambda fh: fh.write(text.encode()), mode=0o644)
+
+
+def failed_cells(sweep_dir: Path) -> list[tuple[str, dict]]:
+    """Each cell that failed and has not finished since: its id and its failure record
+    ({"overrides", "error"}), in a stable order."""
+    cells_dir = Path(sweep_dir) / "cells"
+    failed = []
+    for path in sorted(cells_dir.glob("*" + FAILED_SUFFIX)) if cells_dir.is_dir() else []:
+        cell_id = path.name[: -len(FAILED_SUFFIX)]
+        if not is_finished(cells_dir / cell_id):
+            failed.append((cell_id, json.loads(path.read_text())))
+    return failed
 
 
 def _progress_bar(total: int, initial: int, enabled: bool):

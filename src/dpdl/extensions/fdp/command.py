@@ -1,6 +1,7 @@
 """``dpdl fdp``: f-DP accounting for decentralized learning (MATH.md §7, seed 003).
 
-``dpdl fdp [pairwise]`` — PN-f-DP of random-walk DP-SGD on a named graph, beside two RDP
+``dpdl fdp [pairwise]`` — PN-f-DP of random-walk DP-SGD on a named graph (or the user's,
+``--edgelist FILE``), beside two RDP
 baselines (Cyffers et al. 2024, and "RDP (HT)" with exact hitting times, seed 003's
 Table 1). Three scopes:
 
@@ -32,59 +33,114 @@ import numpy as np
 from dpdl.errors import DPDLError, require
 
 HELP = "f-DP accounting: PN-f-DP pairwise matrices, DECOR's Sec-f-LDP."
+PAIRWISE_HELP = ("PN-f-DP of random-walk DP-SGD on a graph, pair by pair, beside two RDP "
+                 "baselines (Cyffers et al. 2024 and RDP with exact hitting times).")
+DECOR_HELP = ("DECOR's Sec-LDP (RDP) and Sec-f-LDP ε for (σ, σ_cor), against an eavesdropper "
+              "or with --curious nodes.")
+DEFAULT_GRAPH, DEFAULT_NODES = "hypercube", 32
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("what", nargs="?", choices=("pairwise", "decor"), default="pairwise",
-                        help="pairwise: PN-f-DP of a random walk (default); decor: DECOR")
-    parser.add_argument("--graph", default="hypercube",
-                        help="topology name for dpdl.topology.make_topology (default hypercube)")
-    parser.add_argument("--nodes", "-n", type=int, default=32, help="number of nodes (32)")
-    parser.add_argument("--graph-seed", type=int, default=0, help="seed of random graphs")
-    parser.add_argument("--steps", "-T", type=int, default=275, help="iterations T (275)")
-    parser.add_argument("--sigma", type=float, default=1.0, help="noise std σ (1.0)")
-    parser.add_argument("--delta", type=float, default=1e-5, help="δ (1e-5)")
-    parser.add_argument("--sensitivity", type=float, default=1.0,
-                        help="pairwise: sensitivity Δ of one update (1.0)")
-    parser.add_argument("--local-steps", type=int, default=1, help="pairwise: K_loc (1)")
-    parser.add_argument("--contraction", type=float, default=1.0,
-                        help="pairwise: per-hop contraction c ≤ 1 (strongly convex; 1 = none)")
-    parser.add_argument("--hop-form", choices=("lemma", "table"), default="lemma",
-                        help="pairwise: per-hop μ_t — lemma: √K·Δ/(σ√(tK+1)) (Lemma 4.3, "
-                             "default); table: √K·Δ/(σ√t), as the code behind the paper's "
-                             "Table 3 (more conservative)")
-    parser.add_argument("--zeta", type=float,
-                        help="pairwise: compose ⌈(1+ζ)T/n⌉ times with the Markov slack δ' "
-                             "instead of the contribution cap ⌊T/n⌋")
-    parser.add_argument("--relative-slack", type=float, default=2e-4,
-                        help="pairwise: grid of μ² relative to μ_1² (2e-4; smaller = tighter)")
-    parser.add_argument("--tolerance", type=float, default=1e-12,
-                        help="pairwise: stop the hitting-time recursion once every pair's "
-                             "unreached mass is below this; it is then put on the next hop's "
-                             "μ (sound) (1e-12; 0 = all T hops)")
-    scope = parser.add_mutually_exclusive_group()
-    scope.add_argument("--pair", type=int, nargs=2, metavar=("I", "J"),
-                       help="pairwise: only this pair (leak of I to J), with its optimistic "
-                            "twin; no full matrix")
-    scope.add_argument("--target", type=int, metavar="J",
-                       help="pairwise: only observer J's column (every source against J)")
-    parser.add_argument("--sigma-cor", type=float, default=0.0, help="decor: σ_cor (0)")
-    parser.add_argument("--clip", type=float, default=1.0, help="decor: clipping bound C (1)")
+    """Two modes, each with its own ``--help``; without a MODE ``dpdl fdp`` runs pairwise
+    (its flags are accepted before any MODE, but listed only under ``dpdl fdp pairwise``)."""
+    parser.description = (f"{HELP} MODE pairwise (the default): {PAIRWISE_HELP} MODE decor: "
+                          f"{DECOR_HELP} `dpdl fdp MODE --help` lists a mode's flags.")
+    hidden = _declarer(parser, listed=False)
+    _shared_arguments(hidden)
+    _pairwise_arguments(hidden, parser.add_mutually_exclusive_group())
+    parser.set_defaults(what="pairwise")
+    parser.usage = "%(prog)s [pairwise | decor] [FLAGS ...]"
+    modes = parser.add_subparsers(dest="what", metavar="MODE")
+    pairwise = modes.add_parser("pairwise", prog=f"{parser.prog} pairwise", help=PAIRWISE_HELP,
+                                description=PAIRWISE_HELP)
+    listed = _declarer(pairwise, listed=True)
+    _shared_arguments(listed)
+    _pairwise_arguments(listed, pairwise.add_mutually_exclusive_group())
+    decor = modes.add_parser("decor", prog=f"{parser.prog} decor", help=DECOR_HELP,
+                             description=DECOR_HELP)
+    _shared_arguments(_declarer(decor, listed=True))
+    _decor_arguments(decor)
+
+
+def _declarer(parser, *, listed: bool):
+    """``add_argument`` for the fdp parser (listed=False: accepted, as pairwise's, not shown)
+    or a mode's (listed=True: shown; no default, so a value given before the MODE stays)."""
+    import argparse
+
+    def add(*names, group=None, **options):
+        options |= {"default": argparse.SUPPRESS} if listed else {"help": argparse.SUPPRESS}
+        (group or parser).add_argument(*names, **options)
+
+    return add
+
+
+def _shared_arguments(add) -> None:
+    add("--graph", default=None,
+        help=f"topology name for dpdl.topology.make_topology (default {DEFAULT_GRAPH})")
+    add("--edgelist", metavar="FILE", default=None,
+        help="the graph from a file of 'u v' lines, node ids 0..n-1 (as dpdl graph "
+             "--edgelist); replaces --graph")
+    add("--nodes", "-n", type=int, default=None,
+        help=f"number of nodes (default {DEFAULT_NODES}; inferred from --edgelist)")
+    add("--graph-seed", type=int, default=0, help="seed of random graphs")
+    add("--steps", "-T", type=int, default=275, help="iterations T (275)")
+    add("--sigma", type=float, default=1.0, help="noise std σ (1.0)")
+    add("--delta", type=float, default=1e-5, help="δ (1e-5)")
+    add("--target-epsilon", type=float, default=None,
+        help="also calibrate σ to this ε (pairwise: pair / column / worst pair; decor)")
+    add("--json", action="store_true", default=False, help="print JSON instead of text")
+
+
+def _pairwise_arguments(add, scope) -> None:
+    add("--sensitivity", type=float, default=1.0, help="sensitivity Δ of one update (1.0)")
+    add("--local-steps", type=int, default=1, help="K_loc (1)")
+    add("--contraction", type=float, default=1.0,
+        help="per-hop contraction c ≤ 1 (strongly convex; 1 = none)")
+    add("--hop-form", choices=("lemma", "table"), default="lemma",
+        help="per-hop μ_t — lemma: √K·Δ/(σ√(tK+1)) (Lemma 4.3, default); table: √K·Δ/(σ√t), "
+             "as the code behind the paper's Table 3 (more conservative)")
+    add("--zeta", type=float, default=None,
+        help="compose ⌈(1+ζ)T/n⌉ times with the Markov slack δ' instead of the contribution "
+             "cap ⌊T/n⌋")
+    add("--relative-slack", type=float, default=2e-4,
+        help="grid of μ² relative to μ_1² (2e-4; smaller = tighter)")
+    add("--tolerance", type=float, default=1e-12,
+        help="stop the hitting-time recursion once every pair's unreached mass is below this; "
+             "it is then put on the next hop's μ (sound) (1e-12; 0 = all T hops)")
+    add("--pair", type=int, nargs=2, metavar=("I", "J"), default=None, group=scope,
+        help="only this pair (leak of I to J), with its optimistic twin; no full matrix")
+    add("--target", type=int, metavar="J", default=None, group=scope,
+        help="only observer J's column (every source against J)")
+    add("--output", type=Path, default=Path("runs/fdp"),
+        help="folder for the CSV and PNG files (runs/fdp)")
+    add("--no-plot", action="store_true", default=False, help="no heat map")
+
+
+def _decor_arguments(parser) -> None:
+    parser.add_argument("--sigma-cor", type=float, default=0.0, help="σ_cor (0)")
+    parser.add_argument("--clip", type=float, default=1.0, help="clipping bound C (1)")
     parser.add_argument("--curious", type=int, nargs="*", default=[],
-                        help="decor: indices of curious nodes (default: eavesdropper only)")
-    parser.add_argument("--target-epsilon", type=float,
-                        help="also calibrate σ to this ε (pair / column / worst pair; DECOR)")
-    parser.add_argument("--output", type=Path, default=Path("runs/fdp"),
-                        help="pairwise: folder for the CSV and PNG files (runs/fdp)")
-    parser.add_argument("--no-plot", action="store_true", help="pairwise: no heat map")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+                        help="indices of curious nodes (default: eavesdropper only)")
+
+
+def _node_count(args) -> int:
+    """--nodes, else the edge list's 1 + largest node id, else the default."""
+    from dpdl.topology import edgelist_node_count
+
+    if args.nodes is not None:
+        return args.nodes
+    return DEFAULT_NODES if args.edgelist is None else edgelist_node_count(args.edgelist)
 
 
 def _topology(args):
     from dpdl.topology import make_topology
 
     require(args.nodes >= 2, f"--nodes must be >= 2, got {args.nodes}")
-    return make_topology(args.graph, args.nodes, seed=args.graph_seed)
+    if args.edgelist is None:
+        return make_topology(args.graph, args.nodes, seed=args.graph_seed)
+    require(args.graph is None,
+            f"--edgelist {args.edgelist} is the graph: drop --graph {args.graph}")
+    return make_topology("edgelist", args.nodes, path=args.edgelist)
 
 
 def _pair_baselines(walk: np.ndarray, rows, cols, common: dict) -> dict:
@@ -228,6 +284,16 @@ def _tradeoff_plot(path: Path, args, report, name: str) -> None:
 
 
 def _heat_maps(path: Path, report, baseline, name: str) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = heat_map_figure(report, baseline, name)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def heat_map_figure(report, baseline, name: str):
+    """The pairwise-ε heat maps (PN-f-DP, and the RDP baseline when given), laid out by
+    matplotlib's constrained layout so that titles, labels and colour bars fit the figure."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -237,7 +303,8 @@ def _heat_maps(path: Path, report, baseline, name: str) -> None:
     if baseline is not None:
         panels.append(("RDP baseline", baseline.epsilon))
     vmax = max(float(np.nanmax(m)) for _, m in panels)
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.4), squeeze=False,
+                             layout="constrained")
     for ax, (title, matrix) in zip(axes[0], panels, strict=True):
         image = ax.imshow(matrix, cmap="viridis", vmin=0, vmax=vmax)
         ax.set_title(f"{title}: max ε = {np.nanmax(matrix):.3f}", fontsize="small")
@@ -246,9 +313,7 @@ def _heat_maps(path: Path, report, baseline, name: str) -> None:
         fig.colorbar(image, ax=ax)
     fig.suptitle(f"pairwise ε on {name}, T={report.steps}, σ={report.sigma:g}, "
                  f"δ={report.delta:g}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
 
 
 def _decor(args) -> dict:
@@ -256,7 +321,7 @@ def _decor(args) -> dict:
 
     topology = _topology(args)
     require(not topology.directed,
-            f"DECOR needs an undirected graph; {args.graph!r} is directed "
+            f"DECOR needs an undirected graph; {topology.name!r} is directed "
             "(try undirected-ring, hypercube, torus, complete)")
     W = topology.mixing_matrix(0)
     privacy = fdp.decor_privacy(W, sigma=args.sigma, sigma_cor=args.sigma_cor, steps=args.steps,
@@ -311,6 +376,9 @@ def _print_text(out: dict, what: str) -> None:
 
 
 def run(args) -> int:
+    args.nodes = _node_count(args)
+    if args.edgelist is None and args.graph is None:
+        args.graph = DEFAULT_GRAPH
     if args.what == "decor":
         out = _decor(args)
     else:
