@@ -144,3 +144,40 @@ def test_stack_node_data_rejects_bad_indices():
         stack_node_data(x, np.zeros(5), [np.array([0, 7])])
     with pytest.raises(DPDLError, match="y has 4"):
         stack_node_data(x, np.zeros(4), [np.array([0])])
+
+
+def _class_labels(per_class=200, classes=10, seed=0):
+    return np.random.default_rng(seed).permutation(np.repeat(np.arange(classes), per_class))
+
+
+def test_flower_dirichlet_reserves_nothing_so_alpha_alone_shapes_the_labels():
+    y = _class_labels()
+    parts = partition(y, 10, scheme="dirichlet", alpha=0.01, seed=3, min_partition_size=0)
+    assert sorted(np.concatenate(parts).tolist()) == list(range(len(y)))  # every record once
+    classes_held = [len(np.unique(y[p])) for p in parts if len(p)]
+    # alpha = 0.01 puts (nearly) each class on one node: some nodes hold one class only; a
+    # reservation of 10 uniform records per node (the other semantics) gives every node
+    # several classes (measured: 5-7 each, against 1-7 here)
+    assert min(classes_held) == 1 and np.mean(classes_held) < 4
+    reserved = partition(y, 10, scheme="dirichlet", alpha=0.01, seed=3)
+    assert min(len(np.unique(y[p])) for p in reserved) >= 4
+
+
+def test_flower_dirichlet_redraws_until_every_node_has_min_partition_size():
+    y = _class_labels()
+    parts = partition(y, 10, scheme="dirichlet", alpha=1.0, seed=0, min_partition_size=100)
+    assert min(len(p) for p in parts) >= 100
+    with pytest.raises(DPDLError, match="min_partition_size=500"):
+        partition(y, 10, scheme="dirichlet", alpha=0.05, seed=0, min_partition_size=500)
+    with pytest.raises(DPDLError, match="not both"):
+        partition(y, 10, scheme="dirichlet", min_partition_size=1, min_records_per_node=1)
+
+
+def test_shards_give_each_node_its_shards_of_sorted_labels():
+    y = _class_labels()
+    parts = partition(y, 10, scheme="shards", shards_per_node=2, seed=1)
+    assert all(len(p) == 200 for p in parts)  # 20 shards of 100 records, two each
+    assert all(len(np.unique(y[p])) <= 2 for p in parts)  # shards align with classes here
+    assert len(np.unique(np.concatenate(parts))) == 2000
+    with pytest.raises(DPDLError, match="shards_per_node"):
+        partition(y, 10, scheme="shards", shards_per_node=0)

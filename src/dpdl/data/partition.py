@@ -6,7 +6,9 @@ import numpy as np
 
 from dpdl.errors import DPDLError
 
-SCHEMES = ("iid", "dirichlet")
+SCHEMES = ("iid", "dirichlet", "shards")
+# Flower's DirichletPartitioner redraws at most this many times to meet min_partition_size.
+MAX_DIRICHLET_TRIES = 10
 
 
 def _check_nodes(n_records: int, n_nodes) -> int:
@@ -30,6 +32,8 @@ def partition(
     alpha: float = 0.5,
     seed: int = 0,
     min_records_per_node: int | None = None,
+    min_partition_size: int | None = None,
+    shards_per_node: int = 2,
 ) -> list[np.ndarray]:
     """Split record indices ``0..len(y)-1`` into ``n_nodes`` disjoint, sorted index arrays.
 
@@ -43,6 +47,15 @@ def partition(
     class c, a share vector q_c ~ Dirichlet(alpha·1_n) over nodes is drawn and the remaining
     records of class c are dealt to nodes by a multinomial with probabilities q_c. Smaller
     ``alpha`` means more skew; every record is assigned. Labels must be integer class indices.
+
+    ``min_partition_size`` gives Flower's semantics instead (``flwr_datasets``'
+    ``DirichletPartitioner``): no reserved records, so α alone shapes every node's labels;
+    each class is cut by its Dirichlet shares, and the whole draw is repeated (at most
+    ``MAX_DIRICHLET_TRIES`` times) until every node holds at least that many records.
+
+    ``scheme="shards"`` (McMahan et al. 2017's pathological split): the records sorted by
+    label are cut into ``n_nodes · shards_per_node`` equal shards and every node gets
+    ``shards_per_node`` of them at random, so it sees about that many classes.
     """
     labels = np.asarray(y)
     if labels.ndim != 1:
@@ -56,15 +69,22 @@ def partition(
         shuffled = rng.permutation(n_records)[: per_node * n_nodes]
         return [np.sort(part) for part in shuffled.reshape(n_nodes, per_node)]
 
-    if scheme != "dirichlet":
+    if scheme not in SCHEMES:
         raise DPDLError(f"unknown partition scheme {scheme!r}; choose one of {SCHEMES}")
     if not (np.issubdtype(labels.dtype, np.integer) or labels.dtype == np.bool_):
         raise DPDLError(
             "the dirichlet partition splits by class label and needs integer labels, "
             f"got dtype {labels.dtype} (use scheme='iid' for regression targets)"
         )
+    if scheme == "shards":
+        return _shards(labels, n_nodes, shards_per_node, rng)
     if not (np.isfinite(alpha) and alpha > 0):
         raise DPDLError(f"dirichlet alpha must be a positive number, got {alpha!r}")
+    if min_partition_size is not None:
+        if min_records_per_node is not None:
+            raise DPDLError("give min_partition_size (Flower's semantics) or "
+                            "min_records_per_node (reserved records), not both")
+        return _dirichlet_flower(labels, n_nodes, float(alpha), min_partition_size, rng)
     if min_records_per_node is None:
         min_records_per_node = min(10, n_records // n_nodes)
     if isinstance(min_records_per_node, bool) or int(min_records_per_node) != min_records_per_node \
@@ -101,6 +121,42 @@ def partition(
     by_node = np.argsort(all_node, kind="stable")
     sizes = np.bincount(all_node, minlength=n_nodes)
     return [np.sort(part) for part in np.split(all_idx[by_node], np.cumsum(sizes)[:-1])]
+
+
+def _dirichlet_flower(labels, n_nodes, alpha, min_size, rng) -> list[np.ndarray]:
+    if isinstance(min_size, bool) or not isinstance(min_size, int | np.integer) or min_size < 0:
+        raise DPDLError(f"min_partition_size must be a non-negative integer, got {min_size!r}")
+    classes = np.unique(labels)
+    for _ in range(MAX_DIRICHLET_TRIES):
+        parts: list[list[np.ndarray]] = [[] for _ in range(n_nodes)]
+        for c in classes:
+            members = rng.permutation(np.flatnonzero(labels == c))
+            shares = rng.dirichlet(np.full(n_nodes, alpha))
+            cuts = (np.cumsum(shares)[:-1] * members.size).astype(int)
+            for node, piece in enumerate(np.split(members, cuts)):
+                parts[node].append(piece)
+        result = [np.sort(np.concatenate(p)) for p in parts]
+        if min(len(p) for p in result) >= min_size:
+            return result
+    raise DPDLError(
+        f"no Dirichlet(alpha={alpha:g}) draw in {MAX_DIRICHLET_TRIES} gave every one of "
+        f"{n_nodes} nodes min_partition_size={min_size} records; lower it or raise alpha"
+    )
+
+
+def _shards(labels, n_nodes, shards_per_node, rng) -> list[np.ndarray]:
+    if isinstance(shards_per_node, bool) or not isinstance(shards_per_node, int | np.integer) \
+            or shards_per_node < 1:
+        raise DPDLError(f"shards_per_node must be a positive integer, got {shards_per_node!r}")
+    n_shards = n_nodes * int(shards_per_node)
+    if n_shards > labels.shape[0]:
+        raise DPDLError(f"cannot cut {labels.shape[0]} records into {n_shards} shards")
+    shuffled = rng.permutation(labels.shape[0])  # ties within a class in random order
+    by_label = shuffled[np.argsort(labels[shuffled], kind="stable")]
+    size = labels.shape[0] // n_shards  # the remainder (last in label order) is dropped
+    shards = by_label[: size * n_shards].reshape(n_shards, size)
+    owner = rng.permutation(n_shards).reshape(n_nodes, int(shards_per_node))
+    return [np.sort(shards[row].ravel()) for row in owner]
 
 
 def label_distribution(y: np.ndarray, parts: list[np.ndarray], num_classes: int) -> np.ndarray:

@@ -87,8 +87,12 @@ class DataSection(_Section):
     dataset: str = "digits"
     data_dir: str | None = None
     download: bool = False
-    partition: Literal["iid", "dirichlet"] = "iid"
+    partition: Literal["iid", "dirichlet", "shards"] = "iid"
     alpha: float = Field(0.5, gt=0)
+    # dirichlet with Flower's semantics (no reserved records; redraw until every node has this
+    # many); without it, min(10, N/n) uniformly drawn records are reserved for every node.
+    min_partition_size: int | None = Field(None, ge=0)
+    shards_per_node: int = Field(2, ge=1)  # partition = "shards": McMahan et al.'s split
     max_train_records: int | None = Field(None, ge=1)
     # Records held out of the training set as validation data (choose parameters on it).
     validation_records: int | None = Field(None, ge=1)

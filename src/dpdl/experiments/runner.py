@@ -124,7 +124,9 @@ def prepare_workload(
         x_train, y_train = x_train[kept], y_train[kept]
     if len(x_train) < n:
         raise DPDLError(f"topology.nodes = {n} exceeds the {len(x_train)} training records")
-    parts = partition(y_train, n, scheme=cfg.data.partition, alpha=cfg.data.alpha, seed=seed)
+    parts = partition(y_train, n, scheme=cfg.data.partition, alpha=cfg.data.alpha, seed=seed,
+                      min_partition_size=cfg.data.min_partition_size,
+                      shards_per_node=cfg.data.shards_per_node)
     X, Y, mask = stack_node_data(x_train, y_train, parts[first : first + count])
     node_data = NodeData.from_arrays(X, Y, mask, device=device, first_node=first)
     counts = _check_batch(cfg, node_data)
