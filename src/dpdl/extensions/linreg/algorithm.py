@@ -409,12 +409,7 @@ def run_linreg_replicas(
                          replicas, k, m, keep_trajectory)  # fmt: skip
     beta = _iterate(problems, w, beta, alpha(times[:-1]), scales, rngs, private, domain,
                     recorder)  # fmt: skip
-    state = beta
-    beta = beta.transpose(1, 0, 2)  # (R, k, m)
-    released = beta.copy()
-    for r in np.flatnonzero(private):
-        final_noise = rngs[r].laplace(0.0, scales[r, steps], (k, m))
-        released[r] = domain.project(beta[r] + final_noise)
+    state, (beta, released) = beta, _release(beta, scales[:, steps], rngs, private, domain)
     recorder.record(state, released.transpose(1, 0, 2))
     released_errors = np.linalg.norm(released - beta_star, axis=-1)
     return [
@@ -537,6 +532,18 @@ def _iterate(problems: LocalProblems, w: np.ndarray, beta: np.ndarray, step_size
             beta = mixed - step_sizes[t] * problems.replica_gradients(projected)
         _check_finite(beta, steps - 1, step_sizes)
     return beta
+
+
+def _release(state: np.ndarray, final_scales: np.ndarray, rngs: list, private: np.ndarray,
+             domain: Ball | Box | None) -> tuple[np.ndarray, np.ndarray]:
+    """β(T) per replica, (R, k, m), and what a node may publish: P_Ω(β(T) + ω(T)) for a
+    private replica (its last draws), β(T) itself for a non-private one."""
+    beta = state.transpose(1, 0, 2)
+    released = beta.copy()
+    for r in np.flatnonzero(private):
+        final_noise = rngs[r].laplace(0.0, final_scales[r], beta.shape[1:])
+        released[r] = domain.project(beta[r] + final_noise)
+    return beta, released
 
 
 def _check_finite(beta: np.ndarray, t: int, step_sizes: np.ndarray) -> None:
