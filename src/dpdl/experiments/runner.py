@@ -33,7 +33,7 @@ from dpdl.experiments.config import RunConfig, parse_config
 from dpdl.files import write_atomic
 from dpdl.training.plan import build_schedule, resolve_steps
 from dpdl.training.results import RunRecord, write_results
-from dpdl.training.run_folder import make_run_dir
+from dpdl.training.run_folder import RunFolder, to_toml
 from dpdl.training.settings import AlgorithmSpec
 from dpdl.training.trainer import (
     METRIC_COLUMNS,
@@ -52,6 +52,7 @@ __all__ = [
     "prepare_workload",
     "run_cell",
     "run_experiment",
+    "to_toml",
 ]
 
 
@@ -304,40 +305,6 @@ def apply_overrides(
     return out
 
 
-def _write_config(run_dir: Path, cfg: RunConfig) -> None:
-    resolved = cfg.model_dump(mode="json")
-    (run_dir / "config.json").write_text(json.dumps(resolved, indent=2) + "\n")
-    (run_dir / "config.toml").write_text(to_toml(resolved))
-
-
-def to_toml(data: dict[str, Any]) -> str:
-    """A small TOML writer for the resolved config (tables of scalars, lists and dicts)."""
-
-    def value(v) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, int | float):
-            return repr(v)
-        if isinstance(v, str):
-            return json.dumps(v)
-        if isinstance(v, list):
-            return "[" + ", ".join(value(x) for x in v) + "]"
-        if isinstance(v, dict):
-            return "{" + ", ".join(f"{json.dumps(k)} = {value(x)}" for k, x in v.items()) + "}"
-        raise TypeError(f"cannot write {v!r} as TOML")
-
-    top = [
-        f"{k} = {value(v)}" for k, v in data.items() if not isinstance(v, dict) and v is not None
-    ]
-    lines = top + [""]
-    for section, table in data.items():
-        if isinstance(table, dict):
-            lines.append(f"[{section}]")
-            lines += [f"{k} = {value(v)}" for k, v in table.items() if v is not None]
-            lines.append("")
-    return "\n".join(lines)
-
-
 def run_experiment(
     config: dict[str, Any] | RunConfig,
     output_dir: str | Path,
@@ -356,7 +323,66 @@ def run_experiment(
     continues from its last checkpoint, and no privacy already spent is forgotten.
     """
     cfg = parse_config(config)
-    factory, device, main_process, block, rank = Simulator, None, True, None, 0
+    launch = _launch(cfg, output_dir, progress=progress, run_name=run_name, resume=resume)
+    # Nothing is written until validated: the config (above), the first seed's data set,
+    # split and topology, and the model (a missing data set leaves no empty run folder).
+    from dpdl.models import validate_model
+
+    first_seed = cfg.experiment.seeds[0]
+    workloads = {first_seed: launch.workload(cfg, first_seed)}
+    validate_model(build_model(workloads[first_seed]))
+    folder = _open_run_folder(cfg, output_dir, launch)
+    finished = _finished_cells(folder, launch)
+    cells: list[dict[str, Any]] = []
+    metrics = (CSVLogger(folder / "metrics.csv", columns=_metric_columns(cfg))
+               if launch.main_process else None)  # fmt: skip
+    try:
+        for seed in cfg.experiment.seeds:
+            work = workloads.pop(seed, None)
+            for spec, eps in _cells_of_a_seed(cfg):
+                key = _cell_key(spec, seed, eps)
+                if key in finished:
+                    cell = _replay(finished[key], metrics)
+                else:
+                    work = work or launch.workload(cfg, seed)
+                    cell = _run_checkpointed_cell(work, spec, eps, key, folder, launch,
+                                                  metrics, finished)  # fmt: skip
+                if launch.main_process:
+                    cells.append(cell.to_dict(rows=False))
+    finally:
+        if metrics is not None:
+            metrics.close()
+            write_results(folder.path, cells)
+    if not launch.main_process:
+        return {"run_dir": str(folder.path), "cells": [], "summary": []}
+    return write_results(folder.path, cells, plot_title=cfg.experiment.name)
+
+
+@dataclass
+class _Launch:
+    """How this process takes part in a run: alone, or as one block of nodes of the
+    distributed runtime (``block``, ``rank``; only the main process writes the run folder),
+    and whether it continues the run folder ``run_name`` (``resume``)."""
+
+    progress: bool
+    run_name: str | None
+    resume: bool
+    simulator_factory: Any
+    device: torch.device | None = None
+    main_process: bool = True
+    block: tuple[int, int] | None = None
+    rank: int = 0
+    distributed: bool = False
+
+    def workload(self, cfg: RunConfig, seed: int) -> Workload:
+        return prepare_workload(cfg, seed, self.device, block=self.block, rank=self.rank)
+
+
+def _launch(cfg: RunConfig, output_dir: str | Path, *, progress: bool, run_name: str | None,
+            resume: bool) -> _Launch:
+    """This process's part in the run; a resume is checked against the folder's config."""
+    # Simulator is looked up here, not bound at import: it may be replaced (tests do).
+    launch = _Launch(progress, run_name, resume, simulator_factory=Simulator)
     if cfg.experiment.runtime == "distributed":
         # One process per block of nodes (torchrun or `dpdl run --procs R`): each loads and
         # holds its own nodes only; the main process alone writes the run folder, every
@@ -364,86 +390,100 @@ def run_experiment(
         from dpdl.engine import distributed
         from dpdl.engine.comm import block_bounds
 
-        device = distributed.local_device(resolve_device(cfg.experiment.device))
-        rank, world = distributed.init_from_environment(device)
-        lo, hi = block_bounds(cfg.topology.nodes, world, rank)
-        block = (lo, hi - lo)
-        factory = distributed.DistributedSimulator
-        main_process = distributed.is_main_process()
-        progress = progress and main_process
-        run_name = run_name or distributed.job_run_name(cfg.experiment.name)
-        if not resume and distributed.restarted() and run_name:  # torchrun --max-restarts
-            resume = (Path(output_dir) / run_name / "config.json").is_file()
-    if resume:
-        if run_name is None or not (Path(output_dir) / run_name / "config.json").is_file():
-            raise DPDLError(f"{Path(output_dir) / str(run_name)} is not a dpdl run folder")
-        if main_process:
-            _check_same_config(Path(output_dir) / run_name, cfg)
-    # Nothing is written until validated: the config (above), the first seed's data set,
-    # split and topology, and the model (a missing data set leaves no empty run folder).
-    from dpdl.models import validate_model
+        launch.distributed = True
+        launch.device = distributed.local_device(resolve_device(cfg.experiment.device))
+        launch.rank, world = distributed.init_from_environment(launch.device)
+        lo, hi = block_bounds(cfg.topology.nodes, world, launch.rank)
+        launch.block = (lo, hi - lo)
+        launch.simulator_factory = distributed.DistributedSimulator
+        launch.main_process = distributed.is_main_process()
+        launch.progress = progress and launch.main_process
+        launch.run_name = run_name or distributed.job_run_name(cfg.experiment.name)
+        if not resume and distributed.restarted() and launch.run_name:  # torchrun --max-restarts
+            launch.resume = (Path(output_dir) / launch.run_name / "config.json").is_file()
+    if launch.resume:
+        run_dir = Path(output_dir) / str(launch.run_name)
+        if launch.run_name is None or not (run_dir / "config.json").is_file():
+            raise DPDLError(f"{run_dir} is not a dpdl run folder")
+        if launch.main_process:
+            _check_same_config(run_dir, cfg)
+    return launch
 
-    first_seed = cfg.experiment.seeds[0]
-    workloads = {first_seed: prepare_workload(cfg, first_seed, device, block=block, rank=rank)}
-    validate_model(build_model(workloads[first_seed]))
-    if main_process:
-        run_dir = make_run_dir(output_dir, cfg.experiment.name, run_name, exist_ok=resume)
-    if cfg.experiment.runtime == "distributed":
-        run_dir = Path(output_dir) / distributed.from_main_process(
-            run_dir.name if main_process else None)  # fmt: skip
-    state_dir = run_dir / "checkpoints"
-    if not resume and main_process:
-        _write_config(run_dir, cfg)
+
+def _open_run_folder(cfg: RunConfig, output_dir: str | Path, launch: _Launch) -> RunFolder:
+    """The run's folder (every process agrees on its name); a new run writes its config
+    there, and with checkpoints the config's digest, which a resume checks."""
+    if launch.main_process:
+        folder = RunFolder.create(output_dir, cfg.experiment.name, launch.run_name,
+                                  exist_ok=launch.resume)  # fmt: skip
+    if launch.distributed:
+        from dpdl.engine import distributed
+
+        folder = RunFolder(Path(output_dir) / distributed.from_main_process(
+            folder.path.name if launch.main_process else None))  # fmt: skip
+    if not launch.resume and launch.main_process:
+        folder.write_config(cfg.model_dump(mode="json"), toml=True)
         if cfg.training.checkpoint_every:
-            state_dir.mkdir(parents=True, exist_ok=True)
-            (state_dir / CONFIG_DIGEST).write_text(_digest(run_dir / "config.json"))
-    saved = _load_finished(state_dir) if resume and main_process else {}
-    finished = {key: RunRecord.from_dict(record) for key, record in saved.items()}
-    if cfg.experiment.runtime == "distributed":  # the other ranks skip the same cells
+            folder.checkpoints.mkdir(parents=True, exist_ok=True)
+            (folder.checkpoints / CONFIG_DIGEST).write_text(_digest(folder / "config.json"))
+    return folder
+
+
+def _finished_cells(folder: RunFolder, launch: _Launch) -> dict[str, RunRecord | None]:
+    """The cells a resumed run has finished (their records on the main process; the other
+    ranks know only their keys, to skip the same cells)."""
+    saved = _load_finished(folder.checkpoints) if launch.resume and launch.main_process else {}
+    finished: dict[str, RunRecord | None] = {
+        key: RunRecord.from_dict(record) for key, record in saved.items()}
+    if launch.distributed:
+        from dpdl.engine import distributed
+
         done = distributed.from_main_process(sorted(finished))
         finished = finished or dict.fromkeys(done)
-    cells: list[dict[str, Any]] = []
-    columns = METRIC_COLUMNS + ((UNACCOUNTED_TRAIN_LOSS,) if cfg.training.unsafe_train_metrics
-                                else ())  # fmt: skip
-    metrics = CSVLogger(run_dir / "metrics.csv", columns=columns) if main_process else None
-    try:
-        for seed in cfg.experiment.seeds:
-            work = workloads.pop(seed, None)
-            for spec in cfg.experiment.specs:
-                epsilons = [None] if spec.name == "sgp" else cfg.privacy.epsilons
-                for eps in epsilons:
-                    key = _cell_key(spec, seed, eps)
-                    if key in finished:
-                        cell = finished[key]
-                        if metrics is not None:
-                            for row in cell.rows:
-                                metrics.write_row(row)
-                    else:
-                        work = work or prepare_workload(cfg, seed, device, block=block, rank=rank)
-                        ckpt = CellCheckpointer(state_dir / f"{key}.pt",
-                                                cfg.training.checkpoint_every)  # fmt: skip
-                        if resume and _every_process_has(ckpt.path, cfg):
-                            ckpt.resume = checkpoints.load_for_resume(ckpt.path)
-                        cell = run_cell(
-                            work, spec, eps, progress=progress,
-                            on_row=None if metrics is None else metrics.write_row,
-                            simulator_factory=factory, checkpoint=ckpt,
-                        )  # fmt: skip
-                        if cfg.training.checkpoint_every:
-                            if main_process:
-                                finished[key] = cell
-                                _save_finished(state_dir, {k: r.to_dict()
-                                                           for k, r in finished.items()})
-                            checkpoints.remove(ckpt.path)
-                    if main_process:
-                        cells.append(cell.to_dict(rows=False))
-    finally:
-        if metrics is not None:
-            metrics.close()
-            write_results(run_dir, cells)
-    if not main_process:
-        return {"run_dir": str(run_dir), "cells": [], "summary": []}
-    return write_results(run_dir, cells, plot_title=cfg.experiment.name)
+    return finished
+
+
+def _metric_columns(cfg: RunConfig) -> tuple[str, ...]:
+    return METRIC_COLUMNS + ((UNACCOUNTED_TRAIN_LOSS,) if cfg.training.unsafe_train_metrics
+                             else ())  # fmt: skip
+
+
+def _cells_of_a_seed(cfg: RunConfig):
+    """(algorithm, target epsilon) of every cell of one seed, in the run's order (SGP has
+    no target: it runs once)."""
+    for spec in cfg.experiment.specs:
+        for eps in [None] if spec.name == "sgp" else cfg.privacy.epsilons:
+            yield spec, eps
+
+
+def _replay(cell: RunRecord | None, metrics: CSVLogger | None) -> RunRecord | None:
+    """A finished cell of a resumed run: its metric rows go to the new metrics.csv again."""
+    if metrics is not None:
+        for row in cell.rows:
+            metrics.write_row(row)
+    return cell
+
+
+def _run_checkpointed_cell(work: Workload, spec: AlgorithmSpec, eps: float | None, key: str,
+                           folder: RunFolder, launch: _Launch, metrics: CSVLogger | None,
+                           finished: dict[str, RunRecord | None]) -> RunRecord:
+    """Train one cell, continuing from its checkpoint on a resume; with checkpoints, the
+    finished cell is recorded (``finished.json``) before its checkpoint is removed."""
+    cfg = work.config
+    ckpt = CellCheckpointer(folder.checkpoint(key), cfg.training.checkpoint_every)
+    if launch.resume and _every_process_has(ckpt.path, cfg):
+        ckpt.resume = checkpoints.load_for_resume(ckpt.path)
+    cell = run_cell(
+        work, spec, eps, progress=launch.progress,
+        on_row=None if metrics is None else metrics.write_row,
+        simulator_factory=launch.simulator_factory, checkpoint=ckpt,
+    )  # fmt: skip
+    if cfg.training.checkpoint_every:
+        if launch.main_process:
+            finished[key] = cell
+            _save_finished(folder.checkpoints, {k: r.to_dict() for k, r in finished.items()})
+        checkpoints.remove(ckpt.path)
+    return cell
 
 
 def _every_process_has(path: Path, cfg: RunConfig) -> bool:

@@ -1,12 +1,22 @@
 """Run folders: where one run (``dpdl run``, a ``dpdl.train`` call with ``output_dir``, any
-experiment kind) writes its settings, metrics, results and checkpoints."""
+experiment kind) writes its settings, metrics, results and checkpoints.
+
+:class:`RunFolder` is the one writer every experiment kind uses, so that the same file is
+written the same way whichever kind writes it: JSON with two-space indents and a final
+newline, CSV through :mod:`csv` with ``newline=""``, the resolved config as ``config.json``
+(and ``config.toml`` where a kind keeps one), checkpoints under ``checkpoints/``."""
 
 from __future__ import annotations
 
+import csv
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
-__all__ = ["make_run_dir"]
+__all__ = ["RunFolder", "make_run_dir", "to_toml"]
 
 
 def make_run_dir(
@@ -25,3 +35,90 @@ def make_run_dir(
         run_dir, i = Path(f"{base}-{i}"), i + 1
     run_dir.mkdir(parents=True, exist_ok=exist_ok)
     return run_dir
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """One run's folder and the files in it (``folder / "name"`` is a path inside it)."""
+
+    path: Path
+
+    @classmethod
+    def create(cls, output_dir: str | Path, name: str, run_name: str | None = None, *,
+               exist_ok: bool = False) -> RunFolder:
+        """A new run folder (see :func:`make_run_dir`)."""
+        return cls(make_run_dir(output_dir, name, run_name, exist_ok=exist_ok))
+
+    def __truediv__(self, name: str) -> Path:
+        return self.path / name
+
+    def write_json(self, name: str, data: Any) -> Path:
+        path = self.path / name
+        path.write_text(json.dumps(data, indent=2) + "\n")
+        return path
+
+    def write_config(self, resolved: Mapping[str, Any], *, toml: bool = False) -> None:
+        """The resolved config as ``config.json``; with ``toml`` also as ``config.toml``
+        (a file ``dpdl run`` reads back)."""
+        self.write_json("config.json", resolved)
+        if toml:
+            (self.path / "config.toml").write_text(to_toml(dict(resolved)))
+
+    def write_csv(self, name: str, header: Sequence[str], rows: Iterable[Sequence]) -> Path:
+        """A CSV of plain rows under ``header``."""
+        path = self.path / name
+        with path.open("w", newline="") as fh:
+            writer = csv.writer(fh)
+            writer.writerow(header)
+            writer.writerows(rows)
+        return path
+
+    def write_records_csv(self, name: str, records: Sequence[Mapping[str, Any]],
+                          fieldnames: Sequence[str] | None = None) -> Path:
+        """A CSV of dict rows; the columns are ``fieldnames``, else the first row's keys."""
+        path = self.path / name
+        with path.open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(fieldnames or records[0]))
+            writer.writeheader()
+            writer.writerows(records)
+        return path
+
+    def write_results(self, results: Mapping[str, Any]) -> Path:
+        return self.write_json("results.json", results)
+
+    @property
+    def checkpoints(self) -> Path:
+        """The folder of the run's checkpoints (not created here)."""
+        return self.path / "checkpoints"
+
+    def checkpoint(self, key: str) -> Path:
+        """Where the checkpoint of the cell ``key`` is kept."""
+        return self.checkpoints / f"{key}.pt"
+
+
+def to_toml(data: dict[str, Any]) -> str:
+    """A small TOML writer for the resolved config (tables of scalars, lists and dicts)."""
+
+    def value(v) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, int | float):
+            return repr(v)
+        if isinstance(v, str):
+            return json.dumps(v)
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{json.dumps(k)} = {value(x)}" for k, x in v.items()) + "}"
+        raise TypeError(f"cannot write {v!r} as TOML")
+
+    top = [
+        f"{k} = {value(v)}" for k, v in data.items() if not isinstance(v, dict) and v is not None
+    ]
+    lines = top + [""]
+    for section, table in data.items():
+        if isinstance(table, dict):
+            lines.append(f"[{section}]")
+            lines += [f"{k} = {value(v)}" for k, v in table.items() if v is not None]
+            lines.append("")
+    return "\n".join(lines)

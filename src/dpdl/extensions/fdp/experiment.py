@@ -31,7 +31,6 @@ Writes ``config.json``, ``metrics.csv`` (evaluations along training), ``results.
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 from pathlib import Path
@@ -43,7 +42,7 @@ from pydantic import Field, field_validator, model_validator
 from dpdl.algorithms.randomness import secret_rng
 from dpdl.errors import DPDLError, require
 from dpdl.training.results import std_or_none
-from dpdl.training.run_folder import make_run_dir
+from dpdl.training.run_folder import RunFolder
 from dpdl.training.settings import ConfigSection as _Section
 from dpdl.training.settings import (
     Epsilons,
@@ -282,32 +281,47 @@ def _load_nodes(cfg: FdpRandomWalkConfig) -> dict:
 
 def run_experiment(config: dict, output_dir: Path, *, progress: bool = True) -> dict:
     """Calibrate σ per (ε, accountant), train, and write the run folder (see module doc)."""
-    from dpdl.algorithms.randomness import numpy_secret_rng
     from dpdl.extensions.fdp import accounting as fdp
     from dpdl.topology import make_topology
 
     cfg = parse_config(config)
-    entropy = cfg.experiment.entropy
     topology = make_topology(cfg.graph.topology, cfg.data.nodes, seed=cfg.data.split_seed,
                              **cfg.graph.params)
     walk = walk_matrix_of(topology)
     nodes = _load_nodes(cfg)
-    privacy = cfg.privacy
-    cap = fdp.composition_count(cfg.data.nodes, privacy.steps)
-    sensitivity = 2 * privacy.clip / cfg.train.batch_size
-    run_dir = make_run_dir(Path(output_dir), cfg.experiment.name)
-    (run_dir / "config.json").write_text(json.dumps(cfg.model_dump(), indent=2) + "\n")
+    cap = fdp.composition_count(cfg.data.nodes, cfg.privacy.steps)
+    sensitivity = 2 * cfg.privacy.clip / cfg.train.batch_size
+    folder = RunFolder.create(Path(output_dir), cfg.experiment.name)
+    folder.write_config(cfg.model_dump())
+    cells = _calibrated_cells(cfg, walk, sensitivity)
+    metric_rows: list[dict] = []
+    table = _run_random_walk(cfg, walk, nodes, cells, cap, metric_rows, progress=progress)
+    if cfg.decor.enabled:
+        table += _run_decor(cfg, topology, nodes, metric_rows, cfg.experiment.entropy)
+    return _write_outputs(folder, cfg, topology, walk, nodes, cells, cap=cap,
+                          sensitivity=sensitivity, metric_rows=metric_rows, table=table)
 
+
+def _calibrated_cells(cfg: FdpRandomWalkConfig, walk: np.ndarray,
+                      sensitivity: float) -> list[tuple[str, float | None, float]]:
+    """(accountant, target ε, σ) of every random-walk cell; the non-private one last."""
     cells: list[tuple[str, float | None, float]] = []
-    for epsilon in privacy.epsilons:
-        for accountant in privacy.accountants:
-            sigma = calibrate_noise(accountant, walk, epsilon=epsilon, cfg=privacy,
+    for epsilon in cfg.privacy.epsilons:
+        for accountant in cfg.privacy.accountants:
+            sigma = calibrate_noise(accountant, walk, epsilon=epsilon, cfg=cfg.privacy,
                                     sensitivity=sensitivity)
             cells.append((accountant, epsilon, sigma))
     if cfg.train.include_non_private:
         cells.append(("non-private", None, 0.0))
+    return cells
 
-    metric_rows, table = [], []
+
+def _run_random_walk(cfg: FdpRandomWalkConfig, walk: np.ndarray, nodes: dict, cells: list,
+                     cap: int, metric_rows: list, *, progress: bool) -> list[dict]:
+    """Train every cell for every seed; appends the metric rows, returns the table rows."""
+    from dpdl.algorithms.randomness import numpy_secret_rng
+
+    privacy, entropy, table = cfg.privacy, cfg.experiment.entropy, []
     iterator = cells
     if progress:
         from tqdm import tqdm
@@ -330,10 +344,20 @@ def run_experiment(config: dict, output_dir: Path, *, progress: bool = True) -> 
                                     "epsilon": epsilon, "sigma": sigma, "seed": seed, **h})
             finals.append(out["history"][-1])
         table.append(_table_row("random-walk", accountant, epsilon, sigma, finals, entropy))
+    return table
 
-    if cfg.decor.enabled:
-        table += _run_decor(cfg, topology, nodes, metric_rows, entropy)
 
+METRIC_FIELDS = ("algorithm", "accountant", "epsilon", "sigma", "seed", "step", "loss",
+                 "accuracy")  # fmt: skip
+
+
+def _write_outputs(folder: RunFolder, cfg: FdpRandomWalkConfig, topology, walk: np.ndarray,
+                   nodes: dict, cells: list, *, cap: int, sensitivity: float,
+                   metric_rows: list, table: list) -> dict:
+    """metrics.csv, the plots and results.json (with the pairwise-ε summary); returns it."""
+    from dpdl.extensions.fdp import accounting as fdp
+
+    privacy = cfg.privacy
     # the heat map shows the pairwise ε at the σ calibrated for the first target ε listed
     shown_sigma = next((s for a, _, s in cells if a == "pn-fdp"),
                        next(s for _, e, s in cells if e is not None))
@@ -342,24 +366,19 @@ def run_experiment(config: dict, output_dir: Path, *, progress: bool = True) -> 
         sensitivity=sensitivity, local_steps=privacy.local_steps,
         contraction=privacy.contraction, relative_slack=privacy.relative_slack,
         hop_form=privacy.hop_form)
-    with (run_dir / "metrics.csv").open("w", newline="") as fh:
-        fields = ["algorithm", "accountant", "epsilon", "sigma", "seed", "step", "loss",
-                  "accuracy"]
-        writer = csv.DictWriter(fh, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(metric_rows)
+    folder.write_records_csv("metrics.csv", metric_rows, METRIC_FIELDS)
     results = {
-        "kind": KIND, "run_dir": str(run_dir), "dataset": nodes["name"],
+        "kind": KIND, "run_dir": str(folder.path), "dataset": nodes["name"],
         "topology": topology.name, "nodes": cfg.data.nodes, "steps": privacy.steps,
         "compositions": cap, "sensitivity": sensitivity, "delta": privacy.delta,
-        "noise_entropy": entropy, "table": table, "pairwise": report.summary(),
+        "noise_entropy": cfg.experiment.entropy, "table": table, "pairwise": report.summary(),
         "files": ["config.json", "metrics.csv", "results.json", "noise_accuracy.png",
                   "pairwise_epsilon.png"],
     }
-    _plot_noise_accuracy(run_dir / "noise_accuracy.png", table, cfg)
-    _plot_matrix(run_dir / "pairwise_epsilon.png", report.epsilon,
+    _plot_noise_accuracy(folder / "noise_accuracy.png", table, cfg)
+    _plot_matrix(folder / "pairwise_epsilon.png", report.epsilon,
                  f"PN-f-DP ε, {topology.name} n={cfg.data.nodes}, σ={report.sigma:.3g}")
-    (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    folder.write_results(results)
     return results
 
 

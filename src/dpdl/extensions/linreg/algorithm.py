@@ -395,6 +395,46 @@ def run_linreg_replicas(
     with ``noise=noises[r], seed=seeds[r]``. Non-private replicas (noise None) are neither
     noised nor projected; private ones need ``domain``.
     """
+    private, w, beta_star, start = _checked_replica_inputs(
+        problems, mixing, steps=steps, noises=noises, domain=domain, seeds=seeds, beta0=beta0,
+        beta_star=beta_star, record_every=record_every)
+    k, m, replicas = problems.num_nodes, problems.num_features, len(seeds)
+    # Node-major state (k, R, m): mixing is then one (k, k) @ (k, R·m) product.
+    beta = np.broadcast_to(start.reshape(-1, 1, m) if start.ndim == 2 else start,
+                           (k, replicas, m)).copy()
+    rngs = [secret_rng(seed) for seed in seeds]
+    times = np.arange(steps + 1)
+    scales = _laplace_scales(noises, times, private)
+    recorder = _Recorder(np.unique(np.append(times[::record_every], steps)), beta_star,
+                         replicas, k, m, keep_trajectory)  # fmt: skip
+    beta = _iterate(problems, w, beta, alpha(times[:-1]), scales, rngs, private, domain,
+                    recorder)  # fmt: skip
+    state, (beta, released) = beta, _release(beta, scales[:, steps], rngs, private, domain)
+    recorder.record(state, released.transpose(1, 0, 2))
+    released_errors = np.linalg.norm(released - beta_star, axis=-1)
+    return [
+        LinRegResult(
+            steps=recorder.record_at,
+            errors=recorder.errors[:, r],
+            consensus=recorder.consensus[:, r],
+            beta=beta[r],
+            released=released[r],
+            released_errors=released_errors[r],
+            beta_star=beta_star,
+            noise_scale=scales[r, :-1],
+            shared=recorder.shared[:, r],
+            trajectory=None if recorder.trajectory is None else recorder.trajectory[:, r],
+        )
+        for r in range(replicas)
+    ]
+
+
+def _checked_replica_inputs(problems: LocalProblems, mixing: np.ndarray, *, steps: int,
+                            noises: Sequence[PowerDecay | None], domain: Ball | Box | None,
+                            seeds: Sequence[Randomness], beta0: np.ndarray | None,
+                            beta_star: np.ndarray | None, record_every: int):
+    """Refuse what :func:`run_linreg_replicas` cannot run; returns which replicas are
+    private, the checked mixing matrix, β* (default: the pooled solution) and β(0)."""
     require(isinstance(steps, int | np.integer) and not isinstance(steps, bool) and steps >= 1,
             f"steps (T) must be a positive integer, got {steps!r}")
     require(isinstance(record_every, int | np.integer) and record_every >= 1,
@@ -406,7 +446,6 @@ def run_linreg_replicas(
             "a private run (noise given) needs the projection domain Ω: the privacy bound "
             "uses ‖P_Ω(β)‖ ≤ B_Ω")
     k, m = problems.num_nodes, problems.num_features
-    replicas = len(seeds)
     w = validate_symmetric_mixing(mixing)
     require(w.shape[0] == k, f"the mixing matrix is {w.shape[0]}x{w.shape[0]} but there are "
                              f"{k} nodes")
@@ -417,14 +456,13 @@ def run_linreg_replicas(
     start = np.zeros((k, m)) if beta0 is None else np.asarray(beta0, dtype=np.float64)
     require(start.shape in ((m,), (k, m)), f"beta0 must have shape ({m},) or ({k}, {m}), "
                                            f"got {start.shape}")
-    # Node-major state (k, R, m): mixing is then one (k, k) @ (k, R·m) product.
-    beta = np.broadcast_to(start.reshape(-1, 1, m) if start.ndim == 2 else start,
-                           (k, replicas, m)).copy()
-    rngs = [secret_rng(seed) for seed in seeds]
+    return private, w, beta_star, start
 
-    times = np.arange(steps + 1)
-    # (R, T+1) Laplace scales v(t); zero rows for non-private replicas.
-    scales = np.stack([np.zeros(steps + 1) if noise is None else noise(times)
+
+def _laplace_scales(noises: Sequence[PowerDecay | None], times: np.ndarray,
+                    private: np.ndarray) -> np.ndarray:
+    """(R, T+1) Laplace scales v(t); zero rows for non-private replicas."""
+    scales = np.stack([np.zeros(len(times)) if noise is None else noise(times)
                        for noise in noises])
     for r in np.flatnonzero(private):  # no silent zero noise in a private replica
         bad = ~(np.isfinite(scales[r]) & (scales[r] > 0))
@@ -433,33 +471,46 @@ def run_linreg_replicas(
             raise DPDLError(f"replica {r}: the Laplace scale v({t}) = {float(scales[r, t])!r} "
                             "must be finite and > 0 in a private run (noise=None is the "
                             "non-private one)")
-    step_sizes = alpha(times[:-1])
-    record_at = np.unique(np.append(times[::record_every], steps))
-    errors = np.empty((len(record_at), replicas, k))
-    consensus = np.empty((len(record_at), replicas))
-    trajectory = np.empty((len(record_at), replicas, k, m)) if keep_trajectory else None
-    shared_path = np.empty((len(record_at), replicas, k, m))
-    unit_noise = np.zeros((_NOISE_BLOCK, k, replicas, m))
-    slot = 0
+    return scales
 
-    def record(state: np.ndarray, sent: np.ndarray) -> None:
+
+class _Recorder:
+    """What the replicas record at the steps ``record_at``, filled in order."""
+
+    def __init__(self, record_at: np.ndarray, beta_star: np.ndarray, replicas: int, k: int,
+                 m: int, keep_trajectory: bool) -> None:
+        self.record_at, self.beta_star, self.slot = record_at, beta_star, 0
+        self.errors = np.empty((len(record_at), replicas, k))
+        self.consensus = np.empty((len(record_at), replicas))
+        self.trajectory = (np.empty((len(record_at), replicas, k, m)) if keep_trajectory
+                           else None)  # fmt: skip
+        self.shared = np.empty((len(record_at), replicas, k, m))
+
+    def due(self, t: int) -> bool:
+        return self.record_at[self.slot] == t
+
+    def record(self, state: np.ndarray, sent: np.ndarray) -> None:
         """``state`` β(t) and ``sent`` what was released at t, both (k, R, m)."""
-        nonlocal slot
-        errors[slot] = np.linalg.norm(state - beta_star, axis=-1).T
-        consensus[slot] = np.linalg.norm(state - state.mean(axis=0, keepdims=True),
-                                         axis=-1).max(axis=0)
-        shared_path[slot] = sent.transpose(1, 0, 2)
-        if trajectory is not None:
-            trajectory[slot] = state.transpose(1, 0, 2)
-        slot += 1
+        slot = self.slot
+        self.errors[slot] = np.linalg.norm(state - self.beta_star, axis=-1).T
+        self.consensus[slot] = np.linalg.norm(state - state.mean(axis=0, keepdims=True),
+                                              axis=-1).max(axis=0)
+        self.shared[slot] = sent.transpose(1, 0, 2)
+        if self.trajectory is not None:
+            self.trajectory[slot] = state.transpose(1, 0, 2)
+        self.slot += 1
 
-    def check_finite(t: int) -> None:
-        if not np.all(np.isfinite(beta)):
-            raise DPDLError(
-                f"the iteration diverged by t = {t} (alpha(t) = {step_sizes[t]:.3g}); "
-                "reduce c_alpha or use a projection domain"
-            )
 
+def _iterate(problems: LocalProblems, w: np.ndarray, beta: np.ndarray, step_sizes: np.ndarray,
+             scales: np.ndarray, rngs: list, private: np.ndarray, domain: Ball | Box | None,
+             recorder: _Recorder) -> np.ndarray:
+    """The T noisy, projected gossip-and-gradient steps on the (k, R, m) state; returns β(T).
+
+    Each private replica's Laplace draws come from its own stream, in blocks of
+    ``_NOISE_BLOCK`` steps."""
+    k, replicas, m = beta.shape
+    steps = len(step_sizes)
+    unit_noise = np.zeros((_NOISE_BLOCK, k, replicas, m))
     project_all = domain is not None and private.all()
     with np.errstate(over="ignore", invalid="ignore"):  # divergence is reported below
         for t in range(steps):
@@ -474,35 +525,33 @@ def run_linreg_replicas(
                 projected = np.where(private[:, None], domain.project(shared), shared)
             else:
                 projected = shared
-            if record_at[slot] == t:
-                check_finite(t)
-                record(beta, projected)
+            if recorder.due(t):
+                _check_finite(beta, t, step_sizes)
+                recorder.record(beta, projected)
             mixed = (w @ projected.reshape(k, -1)).reshape(k, replicas, m)
             beta = mixed - step_sizes[t] * problems.replica_gradients(projected)
-        check_finite(steps - 1)
-    state = beta
-    beta = beta.transpose(1, 0, 2)  # (R, k, m)
+        _check_finite(beta, steps - 1, step_sizes)
+    return beta
+
+
+def _release(state: np.ndarray, final_scales: np.ndarray, rngs: list, private: np.ndarray,
+             domain: Ball | Box | None) -> tuple[np.ndarray, np.ndarray]:
+    """β(T) per replica, (R, k, m), and what a node may publish: P_Ω(β(T) + ω(T)) for a
+    private replica (its last draws), β(T) itself for a non-private one."""
+    beta = state.transpose(1, 0, 2)
     released = beta.copy()
     for r in np.flatnonzero(private):
-        final_noise = rngs[r].laplace(0.0, scales[r, steps], (k, m))
+        final_noise = rngs[r].laplace(0.0, final_scales[r], beta.shape[1:])
         released[r] = domain.project(beta[r] + final_noise)
-    record(state, released.transpose(1, 0, 2))
-    released_errors = np.linalg.norm(released - beta_star, axis=-1)
-    return [
-        LinRegResult(
-            steps=record_at,
-            errors=errors[:, r],
-            consensus=consensus[:, r],
-            beta=beta[r],
-            released=released[r],
-            released_errors=released_errors[r],
-            beta_star=beta_star,
-            noise_scale=scales[r, :-1],
-            shared=shared_path[:, r],
-            trajectory=None if trajectory is None else trajectory[:, r],
+    return beta, released
+
+
+def _check_finite(beta: np.ndarray, t: int, step_sizes: np.ndarray) -> None:
+    if not np.all(np.isfinite(beta)):
+        raise DPDLError(
+            f"the iteration diverged by t = {t} (alpha(t) = {step_sizes[t]:.3g}); "
+            "reduce c_alpha or use a projection domain"
         )
-        for r in range(replicas)
-    ]
 
 
 @dataclass(frozen=True)

@@ -46,8 +46,8 @@ and ``unaccounted_node_errors.npz`` (‖β_i(t) − β*‖ for every node).
 
 from __future__ import annotations
 
-import csv
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -72,7 +72,7 @@ from dpdl.extensions.linreg.algorithm import (
     run_linreg_replicas,
 )
 from dpdl.training.results import std_or_none
-from dpdl.training.run_folder import make_run_dir
+from dpdl.training.run_folder import RunFolder
 from dpdl.training.settings import (
     REPRODUCIBLE_NOISE_NOTE,
     Epsilons,
@@ -278,160 +278,216 @@ def run_experiment(
     Returns the content of ``results.json``: the data facts, and per cell the privacy report
     (exact ε sum and the paper's closed form) and the test error of what the nodes released.
     """
-    from dpdl.algorithms.randomness import numpy_secret_rng
-
     cfg = parse_linreg_config(config)
-    entropy, unsafe = cfg.experiment.entropy, cfg.experiment.unsafe_train_metrics
     say = print if progress else (lambda *_: None)
-    data = _prepare_data(cfg, say)
-    problems: LocalProblems = data["problems"]
-    beta_star, bounded = data["beta_star"], data["bounded"]
-    x_test, y_test = data["x_test"], data["y_test"]
-    m, k = problems.num_features, problems.num_nodes
-    algo = cfg.algorithm
-    domain = algo.make_domain(m)
-    bound = omega_bound(domain, m)
-    beta_star_norm = float(np.linalg.norm(beta_star))
-    sensitivity = LinRegSensitivity(bounded.delta_x, bounded.delta_y, bound, m,
-                                    bounded.max_local_records, k)  # fmt: skip
-    targets: list[float | None] = list(cfg.privacy.epsilons)
-    if cfg.privacy.include_non_private:
-        targets = [None, *targets]
-
-    run_dir = make_run_dir(output_dir, cfg.experiment.name)
-    (run_dir / "config.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=2) + "\n")
-    cells: list[dict[str, Any]] = []
-    curves: dict[tuple[str, str], list[np.ndarray]] = {}
-    node_errors: dict[str, np.ndarray] = {}
-    public_rows: list[list] = []
-    unaccounted_rows: list[list] = []
+    plan = _plan(cfg, _prepare_data(cfg, say))
+    folder = RunFolder.create(output_dir, cfg.experiment.name)
+    folder.write_config(cfg.model_dump(mode="json"))
+    gathered = _Gathered()
     for spec in cfg.topologies:
-        mixing = _mixing_matrix(spec, k)
-        noises = {eps: None if eps is None else calibrate_noise_scale(
-            eps, sensitivity, algo.alpha, algo.steps, noise_offset=algo.d_v,
-            noise_exponent=algo.e_v) for eps in targets}
-        grid = [(eps, seed) for eps in targets for seed in cfg.experiment.seeds]
-        # One vectorized loop over every (epsilon, seed) replica of this graph; each draws
-        # from its own secret stream.
-        results = run_linreg_replicas(
-            problems, mixing, steps=algo.steps, alpha=algo.alpha,
-            noises=[noises[eps] for eps, _ in grid], domain=domain,
-            seeds=[numpy_secret_rng(seed, entropy, seeded_cell_name(
-                cfg, f"{spec.model_dump_json()}|{eps!r}",
-                ("privacy.epsilons", "privacy.include_non_private", "topologies"),
-                (*bounded.x_parts, *bounded.y_parts)))
-                for eps, seed in grid],
-            beta_star=beta_star, record_every=algo.record_every)
-        for (eps, seed), result in zip(grid, results, strict=True):
-            noise = noises[eps]
-            report = None if noise is None else privacy_report(
-                sensitivity, algo.alpha, noise, algo.steps)
-            label = _epsilon_label(eps)
-            mse = _test_mse(x_test, y_test, result.shared)  # (len(t), k): what was released
-            public_rows += [[spec.label, label, seed, int(t), repr(float(a.mean())),
-                             repr(float(a.max()))] for t, a in zip(result.steps, mse,
-                                                                  strict=True)]  # fmt: skip
-            curves.setdefault((spec.label, label), []).append(mse.mean(axis=1))
-            cell = {
-                "topology": spec.label,
-                "epsilon_target": eps,
-                "seed": seed,
-                "noise_entropy": entropy,
-                "epsilon": None if report is None else report.epsilon,
-                "epsilon_closed_form": None if report is None else report.epsilon_closed_form,
-                "closed_form_violations": [] if report is None
-                else list(report.closed_form_violations),
-                "c_v": None if noise is None else noise.c,
-                "noise_scale_final": None if noise is None else float(noise(algo.steps)),
-                "final_test_mse_mean": float(mse[-1].mean()),
-                "final_test_mse_worst": float(mse[-1].max()),
-            }
-            if unsafe:
-                errors = result.errors
-                unaccounted_rows += [
-                    [spec.label, label, seed, int(t), repr(float(a.mean())),
-                     repr(float(a.max())), repr(float(a.mean()) / beta_star_norm),
-                     repr(float(c))]
-                    for t, a, c in zip(result.steps, errors, result.consensus, strict=True)
-                ]
-                node_errors[f"{spec.label}|{label}|seed={seed}"] = errors
-                cell |= {
-                    "unaccounted_final_error_mean": float(errors[-1].mean()),
-                    "unaccounted_final_error_worst": float(errors[-1].max()),
-                    "unaccounted_final_relative_error_mean": float(errors[-1].mean())
-                    / beta_star_norm,
-                    "unaccounted_released_error_mean": float(result.released_errors.mean()),
-                }
-            cells.append(cell)
-        for eps in targets:
-            finals = [c["final_test_mse_mean"] for c in cells
+        _run_topology(plan, spec, gathered)
+        for eps in plan.targets:
+            finals = [c["final_test_mse_mean"] for c in gathered.cells
                       if c["topology"] == spec.label and c["epsilon_target"] == eps]
             say(f"{spec.label:>24}  eps = {_epsilon_label(eps):>11}  final test MSE "
                 f"(node mean, seed mean) = {np.mean(finals):.4g}")
+    results = _write_outputs(folder, plan, gathered)
+    say((folder / "final.md").read_text())
+    return results
 
+
+@dataclass
+class _Plan:
+    """What every cell of a run shares: the bounded data, Ω, the sensitivity, the targets."""
+
+    cfg: LinRegConfig
+    data: dict[str, Any]
+    domain: Ball | Box
+    bound: float
+    sensitivity: LinRegSensitivity
+    targets: list[float | None]  # None: the non-private reference
+
+    @property
+    def beta_star_norm(self) -> float:
+        return float(np.linalg.norm(self.data["beta_star"]))
+
+
+def _plan(cfg: LinRegConfig, data: dict[str, Any]) -> _Plan:
+    problems: LocalProblems = data["problems"]
+    bounded, m = data["bounded"], problems.num_features
+    domain = cfg.algorithm.make_domain(m)
+    bound = omega_bound(domain, m)
+    sensitivity = LinRegSensitivity(bounded.delta_x, bounded.delta_y, bound, m,
+                                    bounded.max_local_records, problems.num_nodes)  # fmt: skip
+    targets: list[float | None] = list(cfg.privacy.epsilons)
+    if cfg.privacy.include_non_private:
+        targets = [None, *targets]
+    return _Plan(cfg, data, domain, bound, sensitivity, targets)
+
+
+@dataclass
+class _Gathered:
+    """What the cells produce, gathered for the run folder."""
+
+    cells: list[dict[str, Any]] = field(default_factory=list)
+    curves: dict[tuple[str, str], list[np.ndarray]] = field(default_factory=dict)
+    public_rows: list[list] = field(default_factory=list)
+    # Only with unsafe_train_metrics: distances to beta* of the private data.
+    unaccounted_rows: list[list] = field(default_factory=list)
+    node_errors: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def _run_topology(plan: _Plan, spec: TopologySpec, gathered: _Gathered) -> None:
+    """Every (ε, seed) cell on one graph, in one vectorized loop over the replicas; each
+    draws its noise from its own secret stream."""
+    from dpdl.algorithms.randomness import numpy_secret_rng
+
+    cfg, algo, data = plan.cfg, plan.cfg.algorithm, plan.data
+    bounded = data["bounded"]
+    mixing = _mixing_matrix(spec, data["problems"].num_nodes)
+    noises = {eps: None if eps is None else calibrate_noise_scale(
+        eps, plan.sensitivity, algo.alpha, algo.steps, noise_offset=algo.d_v,
+        noise_exponent=algo.e_v) for eps in plan.targets}
+    grid = [(eps, seed) for eps in plan.targets for seed in cfg.experiment.seeds]
+    results = run_linreg_replicas(
+        data["problems"], mixing, steps=algo.steps, alpha=algo.alpha,
+        noises=[noises[eps] for eps, _ in grid], domain=plan.domain,
+        seeds=[numpy_secret_rng(seed, cfg.experiment.entropy, seeded_cell_name(
+            cfg, f"{spec.model_dump_json()}|{eps!r}",
+            ("privacy.epsilons", "privacy.include_non_private", "topologies"),
+            (*bounded.x_parts, *bounded.y_parts)))
+            for eps, seed in grid],
+        beta_star=data["beta_star"], record_every=algo.record_every)
+    for (eps, seed), result in zip(grid, results, strict=True):
+        _record_cell(plan, spec, eps, seed, noises[eps], result, gathered)
+
+
+def _record_cell(plan: _Plan, spec: TopologySpec, eps: float | None, seed: int, noise,
+                 result, gathered: _Gathered) -> None:
+    """One cell's rows, curve and results entry: the test MSE of what was released."""
+    algo = plan.cfg.algorithm
+    report = None if noise is None else privacy_report(
+        plan.sensitivity, algo.alpha, noise, algo.steps)
+    label = _epsilon_label(eps)
+    mse = _test_mse(plan.data["x_test"], plan.data["y_test"], result.shared)  # (len(t), k)
+    gathered.public_rows += [[spec.label, label, seed, int(t), repr(float(a.mean())),
+                              repr(float(a.max()))] for t, a in zip(result.steps, mse,
+                                                                   strict=True)]  # fmt: skip
+    gathered.curves.setdefault((spec.label, label), []).append(mse.mean(axis=1))
+    cell = {
+        "topology": spec.label,
+        "epsilon_target": eps,
+        "seed": seed,
+        "noise_entropy": plan.cfg.experiment.entropy,
+        "epsilon": None if report is None else report.epsilon,
+        "epsilon_closed_form": None if report is None else report.epsilon_closed_form,
+        "closed_form_violations": [] if report is None
+        else list(report.closed_form_violations),
+        "c_v": None if noise is None else noise.c,
+        "noise_scale_final": None if noise is None else float(noise(algo.steps)),
+        "final_test_mse_mean": float(mse[-1].mean()),
+        "final_test_mse_worst": float(mse[-1].max()),
+    }
+    if plan.cfg.experiment.unsafe_train_metrics:
+        cell |= _record_unaccounted(plan, f"{spec.label}|{label}|seed={seed}",
+                                    [spec.label, label, seed], result, gathered)
+    gathered.cells.append(cell)
+
+
+def _record_unaccounted(plan: _Plan, key: str, row_start: list, result,
+                        gathered: _Gathered) -> dict[str, float]:
+    """The cell's distances to beta* (unsafe_train_metrics): rows, node errors, finals."""
+    errors, norm = result.errors, plan.beta_star_norm
+    gathered.unaccounted_rows += [
+        [*row_start, int(t), repr(float(a.mean())), repr(float(a.max())),
+         repr(float(a.mean()) / norm), repr(float(c))]
+        for t, a, c in zip(result.steps, errors, result.consensus, strict=True)
+    ]
+    gathered.node_errors[key] = errors
+    return {
+        "unaccounted_final_error_mean": float(errors[-1].mean()),
+        "unaccounted_final_error_worst": float(errors[-1].max()),
+        "unaccounted_final_relative_error_mean": float(errors[-1].mean()) / norm,
+        "unaccounted_released_error_mean": float(result.released_errors.mean()),
+    }
+
+
+def _write_outputs(folder: RunFolder, plan: _Plan, gathered: _Gathered) -> dict[str, Any]:
+    """The tables, the plots and results.json; returns the results."""
+    cfg, algo = plan.cfg, plan.cfg.algorithm
+    unsafe = cfg.experiment.unsafe_train_metrics
     steps_axis = np.unique(np.append(np.arange(0, algo.steps + 1, algo.record_every),
                                      algo.steps))
     files = ["config.json", "test_mse.csv", "final.csv", "final.md", "test_mse_vs_t.png",
              "test_mse_vs_epsilon.png"]
-    _write_csv(run_dir / "test_mse.csv", ["topology", "epsilon", "seed", "t", "test_mse_mean",
-                                          "test_mse_worst"], public_rows)  # fmt: skip
+    folder.write_csv("test_mse.csv", ["topology", "epsilon", "seed", "t", "test_mse_mean",
+                                      "test_mse_worst"], gathered.public_rows)  # fmt: skip
     unaccounted = None
     if unsafe:
-        _write_csv(run_dir / "unaccounted_errors.csv",
-                   ["topology", "epsilon", "seed", "t", "error_mean", "error_worst",
-                    "relative_error_mean", "consensus"], unaccounted_rows)  # fmt: skip
-        np.savez_compressed(run_dir / "unaccounted_node_errors.npz", t=steps_axis, **node_errors)
+        unaccounted = _write_unaccounted(folder, plan, gathered, steps_axis)
         files += ["unaccounted_errors.csv", "unaccounted_node_errors.npz"]
-        unaccounted = {
-            "beta_star": beta_star.tolist(),
-            "beta_star_norm": beta_star_norm,
-            "beta_star_in_omega": bool(domain.contains(beta_star[None, :])[0]),
-            "test_mse_beta_star": float(_test_mse(x_test, y_test, beta_star)),
-            "rows_clipped": bounded.rows_clipped,
-            "labels_clipped": bounded.labels_clipped,
-        }
-    summary = _summary(cells)
-    _write_tables(run_dir, summary, entropy, unsafe)
-    _plot_test_mse_vs_t(run_dir / "test_mse_vs_t.png", curves, steps_axis, cfg)
-    _plot_test_mse_vs_epsilon(run_dir / "test_mse_vs_epsilon.png", summary)
-    results = {
-        "run_dir": str(run_dir),
+    summary = _summary(gathered.cells)
+    _write_tables(folder, summary, cfg.experiment.entropy, unsafe)
+    _plot_test_mse_vs_t(folder / "test_mse_vs_t.png", gathered.curves, steps_axis, cfg)
+    _plot_test_mse_vs_epsilon(folder / "test_mse_vs_epsilon.png", summary)
+    results = _results(folder, plan, gathered.cells, summary, files)
+    if unaccounted is not None:
+        results["unaccounted"] = unaccounted
+    folder.write_results(results)
+    return results
+
+
+def _write_unaccounted(folder: RunFolder, plan: _Plan, gathered: _Gathered,
+                       steps_axis: np.ndarray) -> dict[str, Any]:
+    """unaccounted_errors.csv and _node_errors.npz; returns results.json's ``unaccounted``."""
+    data = plan.data
+    beta_star, bounded = data["beta_star"], data["bounded"]
+    folder.write_csv("unaccounted_errors.csv",
+                     ["topology", "epsilon", "seed", "t", "error_mean", "error_worst",
+                      "relative_error_mean", "consensus"], gathered.unaccounted_rows)  # fmt: skip
+    np.savez_compressed(folder / "unaccounted_node_errors.npz", t=steps_axis,
+                        **gathered.node_errors)
+    return {
+        "beta_star": beta_star.tolist(),
+        "beta_star_norm": plan.beta_star_norm,
+        "beta_star_in_omega": bool(plan.domain.contains(beta_star[None, :])[0]),
+        "test_mse_beta_star": float(_test_mse(data["x_test"], data["y_test"], beta_star)),
+        "rows_clipped": bounded.rows_clipped,
+        "labels_clipped": bounded.labels_clipped,
+    }
+
+
+def _results(folder: RunFolder, plan: _Plan, cells: list[dict[str, Any]],
+             summary: list[dict[str, Any]], files: list[str]) -> dict[str, Any]:
+    """results.json, less the ``unaccounted`` block."""
+    cfg, data = plan.cfg, plan.data
+    bounded, problems = data["bounded"], data["problems"]
+    return {
+        "run_dir": str(folder.path),
         "kind": "linreg",
         "data": {
             "dataset": cfg.data.dataset,
             "records": data["records"],
-            "nodes": k,
-            "features": m,
+            "nodes": problems.num_nodes,
+            "features": problems.num_features,
             "max_local_records": bounded.max_local_records,
             "delta_x": bounded.delta_x,
             "delta_y": bounded.delta_y,
         },
-        "omega_bound": bound,
-        "sensitivity": sensitivity.to_dict(),
-        "noise_entropy": entropy,
+        "omega_bound": plan.bound,
+        "sensitivity": plan.sensitivity.to_dict(),
+        "noise_entropy": cfg.experiment.entropy,
         "privacy_notion": "pure epsilon-DP under (delta_X, delta_y)-adjacency: one node's whole "
         "data set replaced (MATH.md §5); delta_X, delta_y are data-norm bounds, not the DP delta",
         "metrics": "test MSE, on the public test split, of what the nodes released: the "
         "projected noisy models they shared at each recorded t, and the final noisy estimate",
         "cells": cells,
         "final_table": summary,
-        "unaccounted_outputs": [] if not unsafe else
+        "unaccounted_outputs": [] if not cfg.experiment.unsafe_train_metrics else
         ["unaccounted_errors.csv", "unaccounted_node_errors.npz", "unaccounted", *
          UNACCOUNTED_METRICS],
         "files": files,
     }
-    if unaccounted is not None:
-        results["unaccounted"] = unaccounted
-    (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    say((run_dir / "final.md").read_text())
-    return results
-
-
-def _write_csv(path: Path, header: list[str], rows: list[list]) -> None:
-    with path.open("w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(header)
-        writer.writerows(rows)
 
 
 def _summary(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -459,14 +515,11 @@ def _fmt(value, spec: str = ".4g") -> str:
     return "—" if value is None else format(value, spec)
 
 
-def _write_tables(run_dir: Path, summary: list[dict[str, Any]], entropy: str,
+def _write_tables(folder: RunFolder, summary: list[dict[str, Any]], entropy: str,
                   unsafe: bool) -> None:
-    columns = list(summary[0].keys())
-    with (run_dir / "final.csv").open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows({k: ("" if v is None else v) for k, v in row.items()}
-                         for row in summary)
+    """final.csv (a missing number is an empty field) and final.md."""
+    folder.write_records_csv("final.csv", [{k: ("" if v is None else v) for k, v in row.items()}
+                                           for row in summary])
     lines = [
         "# DP decentralized linear regression: test error of the released models against ε",
         "",
@@ -496,7 +549,7 @@ def _write_tables(run_dir: Path, summary: list[dict[str, Any]], entropy: str,
                      f"| {row['unaccounted_final_relative_error_mean']:.3g} "
                      f"| {row['unaccounted_released_error_mean']:.4g} |")  # fmt: skip
         lines.append(line)
-    (run_dir / "final.md").write_text("\n".join(lines) + "\n")
+    (folder / "final.md").write_text("\n".join(lines) + "\n")
 
 
 def _plot_test_mse_vs_t(path: Path, curves, steps_axis: np.ndarray, cfg: LinRegConfig) -> None:

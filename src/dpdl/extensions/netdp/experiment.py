@@ -33,8 +33,6 @@ loss against steps for every approach, ε, seed), ``results.json``, ``curves.png
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -44,7 +42,7 @@ from pydantic import Field, field_validator
 
 from dpdl.errors import DPDLError
 from dpdl.training.results import std_or_none
-from dpdl.training.run_folder import make_run_dir
+from dpdl.training.run_folder import RunFolder
 from dpdl.training.settings import ConfigSection as _Section
 from dpdl.training.settings import (
     Epsilons,
@@ -254,16 +252,44 @@ def run_experiment(
     config: dict[str, Any] | NetDPLogRegConfig, output_dir: str | Path, *, progress: bool = True
 ) -> dict[str, Any]:
     """Train every (approach, ε, seed) cell and write one run folder; returns results.json."""
-    from dpdl.algorithms.randomness import numpy_secret_rng
     from dpdl.extensions.netdp import accounting as nd
-    from dpdl.extensions.netdp.algorithm import random_walk_sgd, sample_random_walk
 
     cfg = parse_config(config)
-    entropy = cfg.experiment.entropy
     say = print if progress else (lambda *_: None)
     data = load_users(cfg)
-    n, T, alg = data["n"], cfg.algorithm.steps, cfg.algorithm
-    cap = nd.contribution_cap(alg.cap_factor, T, n)
+    n, T = data["n"], cfg.algorithm.steps
+    cap = nd.contribution_cap(cfg.algorithm.cap_factor, T, n)
+    _check_network_accounting_holds(cfg, data)
+    say(f"netdp-logreg: {data['name']}, n = {n} users x {cfg.data.records_per_user} records, "
+        f"d = {data['dim']}, T = {T}, cap = {cap}")
+    gradient, evaluate = _user_gradient(data), _evaluator(data)
+    cells = [(a, e) for a in cfg.privacy.approaches for e in cfg.privacy.epsilons]
+    if cfg.privacy.include_non_private:
+        cells.append((NON_PRIVATE, None))
+    folder = RunFolder.create(output_dir, cfg.experiment.name)
+    folder.write_config(cfg.model_dump())
+    rows, results = [], []
+    walk_free: dict[tuple, dict] = {}  # local/central noise does not depend on the walk
+    for seed in cfg.experiment.seeds:
+        for approach, eps in cells:
+            lr, noise, run = _train_cell(cfg, data, seed, approach, eps, cap=cap,
+                                         gradient=gradient, evaluate=evaluate,
+                                         walk_free=walk_free)  # fmt: skip
+            result = _cell_result(cfg, seed, approach, eps, lr, noise, run)
+            label = NON_PRIVATE if eps is None else f"{eps:g}"
+            rows += [{"approach": approach, "epsilon": label, "seed": seed, **point}
+                     for point in run.history]  # fmt: skip
+            results.append(result)
+            sigma_text = "withheld" if result["sigma"] is None else f"{result['sigma']:.4g}"
+            say(f"  seed {seed} {approach:>11} eps={label:>6}: sigma = {sigma_text}, "
+                f"test acc {result['test_accuracy']:.3f}, test loss {result['test_loss']:.4f}")
+    return _write_outputs(folder, cfg, data, cap, rows, results)
+
+
+def _check_network_accounting_holds(cfg: NetDPLogRegConfig, data: dict[str, Any]) -> None:
+    """Amplification by iteration needs every step to be a contraction: η ≤ 2/β, and a clip
+    that never bites (clip ≥ L)."""
+    alg = cfg.algorithm
     if "network" in cfg.privacy.approaches and alg.lr.network > 2 / data["smoothness"]:
         raise DPDLError(f"algorithm.lr.network = {alg.lr.network} exceeds 2/beta = "
                         f"{2 / data['smoothness']:.4g}: steps are no longer contractions and "
@@ -273,80 +299,81 @@ def run_experiment(
         raise DPDLError(f"algorithm.clip = {alg.clip} is below the loss's Lipschitz constant "
                         f"{lipschitz:.4g}: clipped steps need not be contractions, so the "
                         "network-DP accounting (amplification by iteration) does not hold")
-    say(f"netdp-logreg: {data['name']}, n = {n} users x {cfg.data.records_per_user} records, "
-        f"d = {data['dim']}, T = {T}, cap = {cap}")
-    gradient, evaluate = _user_gradient(data), _evaluator(data)
-    cells = [(a, e) for a in cfg.privacy.approaches for e in cfg.privacy.epsilons]
-    if cfg.privacy.include_non_private:
-        cells.append((NON_PRIVATE, None))
-    run_dir = make_run_dir(output_dir, cfg.experiment.name)
-    (run_dir / "config.json").write_text(json.dumps(cfg.model_dump(), indent=2) + "\n")
-    rows, results = [], []
-    walk_free: dict[tuple, dict] = {}  # local/central noise does not depend on the walk
-    for seed in cfg.experiment.seeds:
-        for approach, eps in cells:
-            secret = numpy_secret_rng(seed, entropy, seeded_cell_name(
-                cfg, f"{approach}|{eps!r}",
-                ("privacy.epsilons", "privacy.approaches", "privacy.include_non_private"),
-                (data["x"], data["y"])))
-            if approach in ("central", NON_PRIVATE):  # one uniformly drawn user per step
-                walk = secret.integers(0, n, size=T)
-            else:
-                walk = sample_random_walk(n, T, seed=secret)
-            mask = nd.contribution_mask(walk, n, cap)
-            if approach == NON_PRIVATE:
-                noise = {"noise_multiplier": 0.0, "sigma": 0.0, "accounting": "none"}
-            elif approach != "network" and (approach, eps) in walk_free:
-                noise = walk_free[(approach, eps)]
-            else:
-                noise = calibrate(approach, n=n, steps=T, cap=cap, walk=walk, mask=mask,
-                                  epsilon=eps, delta=cfg.privacy.delta, clip=alg.clip)
-                if approach != "network":
-                    walk_free[(approach, eps)] = noise
-            lr = getattr(alg.lr, approach.replace("-", "_"))
-            run = random_walk_sgd(
-                gradient, np.zeros(data["dim"]), walk, lr=lr, sigma=noise["sigma"],
-                clip=alg.clip, n=n,
-                contributes=mask if approach in ("local", "network") else None,
-                model="local" if approach == "local" else "network", radius=alg.radius,
-                seed=secret, evaluate=evaluate, eval_every=alg.eval_every,
-                unsafe_zero_noise=approach == NON_PRIVATE)  # the non-private baseline
-            del walk, mask, secret  # secret: nothing below may write them
-            # The network sigma is calibrated on the sampled walk and the contribution count is
-            # read off it: with secret walks, recording either would tell a reader about the
-            # walk, so they are withheld (a reproducible-noise run may show them).
-            walk_secret = entropy == "os"
-            shown = dict(noise)
-            if walk_secret and approach == "network":
-                shown |= {"sigma": None, "noise_multiplier": None}
-            contributions = None if walk_secret else int(run.contributions.max())
-            label = NON_PRIVATE if eps is None else f"{eps:g}"
-            for point in run.history:
-                rows.append({"approach": approach, "epsilon": label, "seed": seed, **point})
-            final = run.history[-1]
-            results.append({"algorithm": approach if eps is None else f"{approach} DP-SGD",
-                            "status": "ok", "approach": approach, "epsilon": eps,
-                            "seed": seed, "noise_entropy": entropy, "lr": lr,
-                            **shown, "max_contributions": contributions,
-                            **{k: v for k, v in final.items() if k != "step"}})
-            sigma_text = "withheld" if shown["sigma"] is None else f"{shown['sigma']:.4g}"
-            say(f"  seed {seed} {approach:>11} eps={label:>6}: sigma = {sigma_text}, "
-                f"test acc {final['test_accuracy']:.3f}, test loss {final['test_loss']:.4f}")
-    with (run_dir / "metrics.csv").open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    summary = _summary(results)
+
+
+def _train_cell(cfg: NetDPLogRegConfig, data: dict[str, Any], seed: int, approach: str,
+                eps: float | None, *, cap: int, gradient, evaluate, walk_free: dict):
+    """One (approach, ε, seed) cell: its walk and noise from the cell's secret stream, then
+    training; returns the step size, the noise and the run (the walk is not returned)."""
+    from dpdl.algorithms.randomness import numpy_secret_rng
+    from dpdl.extensions.netdp import accounting as nd
+    from dpdl.extensions.netdp.algorithm import random_walk_sgd, sample_random_walk
+
+    n, T, alg = data["n"], cfg.algorithm.steps, cfg.algorithm
+    secret = numpy_secret_rng(seed, cfg.experiment.entropy, seeded_cell_name(
+        cfg, f"{approach}|{eps!r}",
+        ("privacy.epsilons", "privacy.approaches", "privacy.include_non_private"),
+        (data["x"], data["y"])))
+    if approach in ("central", NON_PRIVATE):  # one uniformly drawn user per step
+        walk = secret.integers(0, n, size=T)
+    else:
+        walk = sample_random_walk(n, T, seed=secret)
+    mask = nd.contribution_mask(walk, n, cap)
+    if approach == NON_PRIVATE:
+        noise = {"noise_multiplier": 0.0, "sigma": 0.0, "accounting": "none"}
+    elif approach != "network" and (approach, eps) in walk_free:
+        noise = walk_free[(approach, eps)]
+    else:
+        noise = calibrate(approach, n=n, steps=T, cap=cap, walk=walk, mask=mask,
+                          epsilon=eps, delta=cfg.privacy.delta, clip=alg.clip)
+        if approach != "network":
+            walk_free[(approach, eps)] = noise
+    lr = getattr(alg.lr, approach.replace("-", "_"))
+    run = random_walk_sgd(
+        gradient, np.zeros(data["dim"]), walk, lr=lr, sigma=noise["sigma"],
+        clip=alg.clip, n=n,
+        contributes=mask if approach in ("local", "network") else None,
+        model="local" if approach == "local" else "network", radius=alg.radius,
+        seed=secret, evaluate=evaluate, eval_every=alg.eval_every,
+        unsafe_zero_noise=approach == NON_PRIVATE)  # the non-private baseline
+    return lr, noise, run
+
+
+def _cell_result(cfg: NetDPLogRegConfig, seed: int, approach: str, eps: float | None,
+                 lr: float, noise: dict, run) -> dict[str, Any]:
+    """The cell's entry of results.json."""
+    entropy = cfg.experiment.entropy
+    # The network sigma is calibrated on the sampled walk and the contribution count is
+    # read off it: with secret walks, recording either would tell a reader about the
+    # walk, so they are withheld (a reproducible-noise run may show them).
+    walk_secret = entropy == "os"
+    shown = dict(noise)
+    if walk_secret and approach == "network":
+        shown |= {"sigma": None, "noise_multiplier": None}
+    contributions = None if walk_secret else int(run.contributions.max())
+    final = run.history[-1]
+    return {"algorithm": approach if eps is None else f"{approach} DP-SGD",
+            "status": "ok", "approach": approach, "epsilon": eps,
+            "seed": seed, "noise_entropy": entropy, "lr": lr,
+            **shown, "max_contributions": contributions,
+            **{k: v for k, v in final.items() if k != "step"}}
+
+
+def _write_outputs(folder: RunFolder, cfg: NetDPLogRegConfig, data: dict[str, Any], cap: int,
+                   rows: list[dict], results: list[dict]) -> dict[str, Any]:
+    """metrics.csv, curves.png and results.json; returns the results."""
+    folder.write_records_csv("metrics.csv", rows)
     out = {
-        "kind": "netdp-logreg", "run_dir": str(run_dir), "dataset": data["name"],
-        "users": n, "records_per_user": cfg.data.records_per_user, "dim": data["dim"],
-        "steps": T, "cap": cap, "delta": cfg.privacy.delta, "noise_entropy": entropy,
+        "kind": "netdp-logreg", "run_dir": str(folder.path), "dataset": data["name"],
+        "users": data["n"], "records_per_user": cfg.data.records_per_user, "dim": data["dim"],
+        "steps": cfg.algorithm.steps, "cap": cap, "delta": cfg.privacy.delta,
+        "noise_entropy": cfg.experiment.entropy,
         "cells": results,
-        "summary": summary, "files": ["config.json", "metrics.csv", "results.json",
-                                      "curves.png"],
+        "summary": _summary(results), "files": ["config.json", "metrics.csv", "results.json",
+                                                "curves.png"],
     }
-    _plot_curves(run_dir / "curves.png", rows, cfg)
-    (run_dir / "results.json").write_text(json.dumps(out, indent=2) + "\n")
+    _plot_curves(folder / "curves.png", rows, cfg)
+    folder.write_results(out)
     return out
 
 
