@@ -6,6 +6,7 @@ per attempt (so a test can find and kill the worker running a cell, and count at
 an ``end-SEED-PID`` file when it finishes.
 """
 
+import io
 import os
 import signal
 import subprocess
@@ -106,7 +107,14 @@ def _by_seed(sweep_dir: Path) -> dict[int, tuple[Path, dict]]:
     return {rec["overrides"]["experiment.seed"]: (d, rec) for d, rec in finished_cells(sweep_dir)}
 
 
-def test_ray_gives_the_same_cells_as_the_local_pool(ray_cluster, tmp_path, capsys):
+class _Terminal(io.StringIO):
+    """A stderr that says it is a terminal: the sweep draws its bar only on one."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_ray_gives_the_same_cells_as_the_local_pool(ray_cluster, tmp_path, monkeypatch):
     config = {
         "kind": "decentralized",
         "experiment": {"algorithms": ["const-d2p"], "seed": 0, "entropy": "seed"},
@@ -123,10 +131,12 @@ def test_ray_gives_the_same_cells_as_the_local_pool(ray_cluster, tmp_path, capsy
         "sweep": {"workers": 2, "grid": {"experiment.seed": [0, 1]}},
     }
     local = run_sweep(config, tmp_path / "local", progress=False)
-    capsys.readouterr()
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
     remote = run_sweep(config, tmp_path / "ray", executor="ray")
+    monkeypatch.undo()
     assert local == remote == {"cells": 2, "skipped": 0, "done": 2, "failed": {}}
-    bar = capsys.readouterr().err
+    bar = terminal.getvalue()
     assert "2/2" in bar and "done=2, running=0, failed=0" in bar
     local_cells, ray_cells = _by_seed(tmp_path / "local"), _by_seed(tmp_path / "ray")
     assert set(local_cells) == set(ray_cells) == {0, 1}
