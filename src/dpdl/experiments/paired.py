@@ -22,11 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 from dpdl.errors import require
+from dpdl.experiments.intervals import t_interval
 from dpdl.experiments.report import CellRun, collect_runs, read_metrics
-from dpdl.training.results import sample_std
 
 RUN_COLUMNS = (
     "algorithm", "seed", "epsilon_target", "calibration", "setting", "status", "steps",
@@ -148,16 +147,6 @@ class PairedComparison:
         if self.high < 0:
             return "did not hold"
         return "inconclusive"
-
-
-def t_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
-    """Mean and two-sided Student-t interval of ``values`` (NaN bounds for fewer than two)."""
-    x = np.asarray(values, dtype=float)
-    mean = float(x.mean()) if len(x) else math.nan
-    if len(x) < 2:
-        return mean, math.nan, math.nan
-    half = stats.t.ppf(0.5 + confidence / 2, len(x) - 1) * sample_std(x) / math.sqrt(len(x))
-    return mean, mean - half, mean + half
 
 
 def paired(

@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 
+from dpdl.experiments.intervals import t_interval
 from dpdl.experiments.report.collect import CellRun
 from dpdl.experiments.report.grouping import (
     algorithms_of,
@@ -55,27 +56,42 @@ def _calibration_name(calibration: str) -> str:
 
 
 def _dyn_beats(runs: list[CellRun], rival: str, calibration: str) -> list[tuple[str, str]]:
-    """Dyn-D2P has the higher mean accuracy than ``rival`` in every (setting, ε)."""
+    """Dyn-D2P against ``rival`` in every (setting, ε), paired by seed: held where the 95 %
+    interval of the per-seed gains lies above 0 everywhere, did not hold where it lies below
+    0 somewhere; an interval that contains 0 (or one seed) settles nothing."""
     dyn, other = _label("dyn-d2p", calibration), _label(rival, calibration)
     if other not in algorithms_of(runs):
         return []
-    wins, total = 0, 0
+    above = below = unsettled = 0
     for setting in settings_of(runs):
         for eps in epsilons_of(runs):
-            a = mean_final_accuracy(runs, setting=setting, algorithm=dyn, epsilon=eps)[0]
-            b = mean_final_accuracy(runs, setting=setting, algorithm=other, epsilon=eps)[0]
-            if math.isfinite(a) and math.isfinite(b):
-                total += 1
-                wins += a > b
+            gains = _paired_gains(runs, setting, eps, dyn, other)
+            if not gains:
+                continue
+            _, low, high = t_interval(gains)
+            above += bool(low > 0)
+            below += bool(high < 0)
+            unsettled += not (low > 0 or high < 0)
+    total = above + below + unsettled
     if not total:
         return []
-    verdict = "held" if wins == total else ("mixed" if wins else "did not hold")
-    return [
-        (
-            f"Dyn-D2P > {rival} at equal ε{_calibration_name(calibration)}",
-            f"{verdict}: higher mean accuracy in {wins} of {total} (setting, ε)",
-        )
-    ]
+    verdict = ("held" if above == total else "did not hold" if below
+               else "inconclusive")  # fmt: skip
+    return [(
+        f"Dyn-D2P > {rival} at equal ε{_calibration_name(calibration)}",
+        f"{verdict}: paired by seed, the 95 % interval of the gain is above 0 in {above}, "
+        f"below 0 in {below} and contains 0 (or has one seed) in {unsettled} of {total} "
+        "(setting, ε)",
+    )]  # fmt: skip
+
+
+def _paired_gains(runs, setting, eps, a: str, b: str) -> list[float]:
+    """Per seed run by both: final accuracy of ``a`` minus that of ``b``."""
+    of_a = {r.seed: r.final_accuracy for r in select(runs, setting=setting, algorithm=a,
+                                                        epsilon=eps)}  # fmt: skip
+    of_b = {r.seed: r.final_accuracy for r in select(runs, setting=setting, algorithm=b,
+                                                        epsilon=eps)}  # fmt: skip
+    return [of_a[seed] - of_b[seed] for seed in sorted(set(of_a) & set(of_b))]
 
 
 def _gains_by_epsilon(runs, setting, calibration: str) -> list[tuple[float, float]]:
