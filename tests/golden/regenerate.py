@@ -18,6 +18,10 @@ from tests.golden.frozen import CONFIGS, run_config  # noqa: E402
 
 
 def main() -> None:
+    import torch
+
+    capability = torch.backends.cpu.get_cpu_capability()
+    (HERE / "expected" / "CPU_CAPABILITY").write_text(capability + "\n")
     for name in CONFIGS:
         with tempfile.TemporaryDirectory() as tmp:
             outputs = run_config(name, Path(tmp))
