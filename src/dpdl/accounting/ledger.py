@@ -22,7 +22,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from dpdl.accounting import validators as check
-from dpdl.accounting.certified import ACCOUNTANTS, EpsilonReport, epsilon_report
+from dpdl.accounting.certified import EpsilonReport, check_accountant, epsilon_report
 from dpdl.errors import DPDLError, PrivacyBudgetExceeded, require
 
 __all__ = ["LEDGER_SCHEMA_VERSION", "PrivacyLedger", "run_length_encode", "run_length_decode"]
@@ -90,18 +90,8 @@ class PrivacyLedger:
     ):
         self.sample_rate = check.sample_rate(sample_rate)
         self.delta = check.delta(delta)
-        require(
-            isinstance(epsilon_budget, int | float | np.floating)
-            and math.isfinite(epsilon_budget)
-            and epsilon_budget > 0,
-            f"epsilon_budget must be a positive finite number, got {epsilon_budget!r}",
-        )
-        self.epsilon_budget = float(epsilon_budget)
-        require(
-            accountant in ACCOUNTANTS,
-            f"unknown accountant {accountant!r}; expected one of {ACCOUNTANTS}",
-        )
-        self.accountant = accountant
+        self.epsilon_budget = check.positive("epsilon_budget", epsilon_budget)
+        self.accountant = check_accountant(accountant)
         require(
             blocks is None or (isinstance(blocks, int) and blocks >= 1),
             f"blocks must be a positive integer, got {blocks!r}",
@@ -167,10 +157,7 @@ class PrivacyLedger:
     def spent_report(self, accountant: str | None = None) -> EpsilonReport:
         """The ``EpsilonReport`` of all steps recorded so far."""
         if accountant is not None:
-            require(
-                accountant in ACCOUNTANTS,
-                f"unknown accountant {accountant!r}; expected one of {ACCOUNTANTS}",
-            )
+            check_accountant(accountant)
         name = accountant or self.accountant
         if not self._recorded:
             return EpsilonReport(

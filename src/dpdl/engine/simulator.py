@@ -361,7 +361,7 @@ class Simulator:
     @torch.no_grad()
     def predict_average(self, inputs: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
         params = self.average_params()
-        with _evaluation_mode(self.model):
+        with evaluation_mode(self.model):
             outs = [
                 functional_call(self.model, (params, self.buffers), (inputs[i : i + chunk],))
                 for i in range(0, inputs.shape[0], chunk)
@@ -377,7 +377,7 @@ class Simulator:
             return functional_call(self.model, (p, self.buffers), (x,))
 
         batched = vmap(forward, in_dims=(0, None))
-        with _evaluation_mode(self.model):
+        with evaluation_mode(self.model):
             return torch.cat(
                 [batched(params, inputs[i : i + chunk]) for i in range(0, inputs.shape[0], chunk)],
                 dim=1,
@@ -395,7 +395,7 @@ class Simulator:
 
 
 @contextlib.contextmanager
-def _evaluation_mode(model: nn.Module):
+def evaluation_mode(model: nn.Module):
     """The model in eval mode (dropout off: a score of the model, not of one random mask),
     back in its own mode after."""
     was_training = model.training

@@ -90,9 +90,7 @@ def draw_topology(topology: Topology, path, *, seed: int = 0, dpi: int = 120) ->
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    path = Path(path)
-    if path.suffix.lower() != ".png":
-        raise DPDLError(f"the drawing is a PNG file; got {str(path)!r}")
+    path = _png_path(path)
     union = union_graph(topology, 0, topology.period)
     positions = _positions(topology, union, seed)
     panels: list[tuple[nx.DiGraph, str]] = []
@@ -120,12 +118,7 @@ def draw_topology(topology: Topology, path, *, seed: int = 0, dpi: int = 120) ->
         fontsize=11,
     )
     figure.tight_layout()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        figure.savefig(path, dpi=dpi)
-    except OSError as err:
-        raise DPDLError(f"cannot write {str(path)!r}: {err.strerror or err}") from None
-    return path
+    return _save_png(figure, path, dpi)
 
 
 def draw_adjacency(adjacency: np.ndarray, path, *, title: str, seed: int = 0,
@@ -136,9 +129,7 @@ def draw_adjacency(adjacency: np.ndarray, path, *, title: str, seed: int = 0,
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    path = Path(path)
-    if path.suffix.lower() != ".png":
-        raise DPDLError(f"the drawing is a PNG file; got {str(path)!r}")
+    path = _png_path(path)
     graph = nx.DiGraph()
     graph.add_nodes_from(range(len(adjacency)))
     receivers, senders = np.nonzero(adjacency)
@@ -154,6 +145,17 @@ def draw_adjacency(adjacency: np.ndarray, path, *, title: str, seed: int = 0,
     ax.set_title(title, fontsize=9)
     ax.set_axis_off()
     figure.tight_layout()
+    return _save_png(figure, path, dpi)
+
+
+def _png_path(path) -> Path:
+    path = Path(path)
+    if path.suffix.lower() != ".png":
+        raise DPDLError(f"the drawing is a PNG file; got {str(path)!r}")
+    return path
+
+
+def _save_png(figure, path: Path, dpi: int) -> Path:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         figure.savefig(path, dpi=dpi)

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from dpdl.algorithms.dyn_d2p import LOSSES, NodeBatch, per_record_grads
-from dpdl.engine.simulator import NodeData, stack_params
+from dpdl.engine.simulator import NodeData, evaluation_mode, stack_params
 from dpdl.errors import DPDLError, require
 
 __all__ = [
@@ -228,14 +228,9 @@ def _check_records_independent(model: nn.Module, node_data: NodeData, device) ->
     x = node_data.inputs[node_data.mask][:4].to(device)
     if len(x) < 2:
         return
-    was_training = model.training
-    model.eval()  # dropout off: the same record gives the same output
-    try:
-        with torch.no_grad():
-            together = model(x)
-            alone = torch.cat([model(x[i : i + 1]) for i in range(len(x))])
-    finally:
-        model.train(was_training)
+    with evaluation_mode(model), torch.no_grad():  # dropout off: a record, one output
+        together = model(x)
+        alone = torch.cat([model(x[i : i + 1]) for i in range(len(x))])
     scale = float(alone.abs().max()) + 1e-6
     require(
         tuple(together.shape) == tuple(alone.shape)

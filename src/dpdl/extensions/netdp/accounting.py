@@ -24,10 +24,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike
-from scipy.special import log_ndtr, ndtri
+from scipy.special import ndtri
 
 from dpdl.accounting import validators as check
 from dpdl.accounting.calibration import calibrate_safe
+from dpdl.accounting.gdp import gaussian_log_delta
 from dpdl.accounting.pairwise import PairwiseEpsilon
 from dpdl.accounting.rdp import rdp_epsilon
 from dpdl.errors import DPDLError, require
@@ -142,10 +143,7 @@ def gdp_epsilon(mu: ArrayLike, delta: float, *, iterations: int = 80) -> np.ndar
     safe_mu = np.where(mu > 0, mu, 1.0)
 
     def log_delta(eps):
-        first = log_ndtr(-eps / safe_mu + safe_mu / 2)
-        second = eps + log_ndtr(-eps / safe_mu - safe_mu / 2)
-        gap = np.minimum(second - first, -1e-300)
-        return first + np.log(-np.expm1(gap))
+        return gaussian_log_delta(eps, safe_mu)
 
     low = np.zeros_like(safe_mu)
     high = np.maximum(safe_mu * (safe_mu / 2 - ndtri(delta)), 1e-12)
