@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import dpdl.algorithms.per_sample as per_sample
-from dpdl.algorithms.dyn_d2p import LOSSES, NodeBatch, clipped_record_sums
+from dpdl.algorithms.dyn_d2p import LOSSES, NodeBatch, clipped_record_sums, mean_batch_grads
 from dpdl.algorithms.per_sample_layers import LayerTerms, LinearTerms, register_layer
 from dpdl.engine import stack_params
 from dpdl.errors import DPDLError
@@ -135,6 +135,55 @@ def test_book_keeping_equals_per_record_autograd(case):
         torch.testing.assert_close(got[name].double(), want[name], atol=1e-5, rtol=1e-4)
         assert torch.equal(got[name][1], torch.zeros_like(got[name][1]))
     assert any(float(t.abs().max()) > 0 for t in got.values())
+
+
+def reference_mean_grads(model, params, batch, loss):
+    """SGP's update by definition: node i's autograd gradient of its batch's mean loss, in
+    float64 (zero for an empty batch)."""
+    out = {name: torch.zeros(p.shape, dtype=torch.float64) for name, p in params.items()}
+    for i in range(batch.n_nodes):
+        mine = batch.node == i
+        if not bool(mine.any()):
+            continue
+        z = {name: p[i].double().requires_grad_(True) for name, p in params.items()}
+        pred = torch.func.functional_call(model, z, (batch.inputs[mine].double(),))
+        target = batch.targets[mine]
+        value = LOSSES[loss](pred, target.double() if target.is_floating_point() else target)
+        for name, g in zip(z, torch.autograd.grad(value.mean(), list(z.values())), strict=True):
+            out[name][i] = g
+    return out
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_sgp_weight_shared_gradients_equal_each_nodes_mean_loss_gradient(case):
+    """The non-private step's one-backward path (no per-record gradient) gives every node the
+    gradient of its own batch's mean loss, for every layer type book-keeping reads."""
+    build, shape, loss = CASES[case]
+    model = build()
+    n, counts = 4, [3, 0, 5, 1]
+    batch = _batch(n, counts, shape, float_targets=loss == "squared_error", seed=2)
+    params = _nodes_params(model, n, seed=3)
+    want = reference_mean_grads(model, params, batch, loss)
+    got = mean_batch_grads(model, params, batch, loss=loss)
+    for name in want:
+        torch.testing.assert_close(got[name].double(), want[name], atol=1e-5, rtol=1e-4)
+        assert torch.equal(got[name][1], torch.zeros_like(got[name][1]))
+
+
+@pytest.mark.parametrize("records_per_chunk", [2, 7, 1000])
+def test_sgp_chunks_change_no_number(records_per_chunk, monkeypatch):
+    """Chunks of one unit or less (a node's records split over units, each unit's sum added
+    to its node) give the same gradients as one chunk."""
+    model = ConvZoo()
+    n, counts = 6, [4, 1, 7, 2, 2, 6]
+    batch = _batch(n, counts, (2, 8, 6), seed=4)
+    params = _nodes_params(model, n, seed=5)
+    plan = per_sample.book_keeping_plan(model, (2, 8, 6), params)
+    monkeypatch.setattr(per_sample, "CHUNK_BYTES", records_per_chunk * plan.bytes_per_record)
+    want = reference_mean_grads(model, params, batch, "cross_entropy")
+    got = mean_batch_grads(model, params, batch)
+    for name in want:
+        torch.testing.assert_close(got[name].double(), want[name], atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize(

@@ -44,7 +44,10 @@ import numpy as np
 import torch
 from torch.func import functional_call, grad, vmap
 
-from dpdl.algorithms.per_sample import book_keeping_plan, clipped_sums_by_node
+from dpdl.algorithms.per_sample import (
+    book_keeping_plan,
+    clipped_sums_by_node,
+)
 from dpdl.algorithms.randomness import SecretStream, derive_key, fill_normals
 from dpdl.errors import DPDLError, require
 
@@ -232,22 +235,30 @@ def mean_batch_grads(
     *,
     loss: str = "cross_entropy",
     buffers: Params | None = None,
+    out: Params | None = None,
 ) -> Params:
     """SGP's gradient: mean over node i's sampled batch (zero for an empty batch), (m, *shape).
 
-    The gradient of sum_i mean_{r in S_i} loss_r with respect to the stacked parameters is the
-    1/|S_i|-weighted sum of the records' gradients at their node's parameters; taking those with
-    the same vmap as :func:`per_record_grads` and summing with ``index_add_`` is several times
-    faster on CPU than back-propagating through the gather of per-record parameters (whose
-    backward is an accumulating ``index_put``).
+    The 1/|S_i|-weighted sum of the records' gradients at their node's parameters.  Where
+    book-keeping can read the model, one backward through the weight-shared batched forward of
+    :func:`~dpdl.algorithms.per_sample.clipped_sums_by_node` without clipping (the
+    private step's path, without its clip factors and noise); otherwise the records'
+    gradients with the vmap of :func:`per_record_grads`, summed with ``index_add_``.
+    ``out`` ({name: (m, *shape)}, overwritten) receives the gradients.
     """
+    loss_fn = _loss_fn(loss)
     if batch.size == 0:
-        _loss_fn(loss)
-        return _zeros_like_stacked(params)
-    grads = per_record_grads(model, params, batch, loss=loss, buffers=buffers)
-    first = next(iter(grads.values()))
+        return _zeros_like_stacked(params) if out is None else {
+            name: out[name].zero_() for name in params
+        }  # fmt: skip
+    first = next(iter(params.values()))
     weights = 1.0 / batch.counts.clamp_min(1).to(first.dtype)[batch.node]
-    return sum_records(grads, batch, weights, in_place=True)
+    plan = book_keeping_plan(model, tuple(batch.inputs.shape[1:]), params)
+    if not plan.problems:
+        return clipped_sums_by_node(plan, model, params, batch, None, loss_fn=loss_fn,
+                                    buffers=buffers, out=out, weights=weights)  # fmt: skip
+    grads = per_record_grads(model, params, batch, loss=loss, buffers=buffers)
+    return sum_records(grads, batch, weights, in_place=True, out=out)
 
 
 def _record_norms(grads: Params) -> torch.Tensor:
@@ -433,19 +444,22 @@ def push_sum_mix(
     mixing: np.ndarray | torch.Tensor | None = None,
     *,
     circulant: Sequence[tuple[int, float]] | None = None,
+    out: Params | None = None,
 ) -> tuple[Params, torch.Tensor]:
     """Step 6: x^{k+1} = P^k x^{k+1/2}, w^{k+1} = P^k w^k over the node dimension.
 
     With ``circulant`` = [(offset s, weight)], P^k = sum weight * Shift_s where
     (Shift_s)[(i+s) mod n, i] = 1, i.e. node i+s receives from i: a ``torch.roll`` by s.
-    Otherwise a batched product with the (n, n) column-stochastic matrix.
+    Otherwise a batched product with the (n, n) column-stochastic matrix.  ``out`` ({name:
+    (n, *shape)}, contiguous, not ``params`` itself) receives x^{k+1}: the simulator passes
+    x^k's tensors, no longer needed, so a step allocates no n x d block.
     """
     if circulant is not None:
 
-        def apply(t: torch.Tensor) -> torch.Tensor:
+        def apply(t: torch.Tensor, dst: torch.Tensor | None = None) -> torch.Tensor:
             # mixed[(i + s) mod n] += weight * t[i], written slice by slice: no rolled copy
             # (the same arithmetic as torch.roll then add, one allocation fewer per offset)
-            mixed = torch.empty_like(t)
+            mixed = torch.empty_like(t) if dst is None else dst
             for k, (offset, weight) in enumerate(circulant):
                 s = int(offset) % len(t)
                 pairs = [(mixed, t)] if s == 0 else [(mixed[s:], t[:-s]), (mixed[:s], t[-s:])]
@@ -456,12 +470,18 @@ def push_sum_mix(
                         dst.add_(src, alpha=weight)
             return mixed
 
-        return {name: apply(p) for name, p in params.items()}, apply(weights)
+        mixed = {name: apply(p, None if out is None else out[name]) for name, p in params.items()}
+        return mixed, apply(weights)
     require(mixing is not None, "push_sum_mix needs a mixing matrix or a circulant form")
     P = torch.as_tensor(mixing, dtype=weights.dtype, device=weights.device)
     n = weights.shape[0]
     require(P.shape == (n, n), f"mixing matrix has shape {tuple(P.shape)}, expected ({n}, {n})")
-    mixed = {name: torch.einsum("ij,j...->i...", P.to(p.dtype), p) for name, p in params.items()}
+    if out is None:
+        mixed = {name: torch.einsum("ij,j...->i...", P.to(p.dtype), p)
+                 for name, p in params.items()}  # fmt: skip
+    else:
+        mixed = {name: torch.mm(P.to(p.dtype), p.reshape(n, -1), out=out[name].view(n, -1))
+                 .view_as(p) for name, p in params.items()}  # fmt: skip
     return mixed, P @ weights
 
 
@@ -570,7 +590,7 @@ def local_update(
         update = add_gaussian_noise(clipped_sum, sigma, generators, noise=noise, in_place=True)
         scale = expected_batch_size
     else:
-        update = mean_batch_grads(model, at, batch, loss=loss, buffers=buffers)
+        update = mean_batch_grads(model, at, batch, loss=loss, buffers=buffers, out=work)
         scale = 1.0
     half = local_sgd_step(params, update, lr, scale, out=work)
     # Checked on x^{k+1/2}, the message itself: a private update is finite by construction

@@ -60,9 +60,11 @@ Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 log = logging.getLogger(__name__)
 
-# Working memory one chunk of records may use (activations, output gradients, unfolded
-# convolution inputs, per-record conv gradients): bounds the peak whatever n and b are.
-CHUNK_BYTES = 48 * 2**20
+# Working memory one chunk of records may use, as the plan estimates it (each layer's input,
+# output, probe and output gradient, and per-record gradients): bounds the peak whatever n and
+# b are.  What the forward saves between layers (activations, pooling indices) is not
+# counted: measured, a chunk takes ~2-3x the estimate (bench_floor.py --memory).
+CHUNK_BYTES = 24 * 2**20
 # Fixed cost of one chunk (a vmapped forward + backward + per-layer book-keeping) in units of
 # multiply-adds of per-record work, for the grouping below (measured on one CPU core: ~1.5 ms
 # of dispatch per chunk of the shallow CNN, ~7 records of its per-record work).
@@ -331,17 +333,19 @@ def _scatter_rows(rows: torch.Tensor, regroup: _Regroup) -> torch.Tensor:
 
 
 def _chunk_clipped_sums(
-    plan, model, params, buffers, loss_fn, inputs, targets, mask, clip, regroup=None
-):
+    plan, model, params, buffers, loss_fn, inputs, targets, mask, clip, regroup=None,
+    record_weights=None,
+):  # fmt: skip
     """Clipped sums of one chunk of m units, inputs (m, B, ...), mask (m, B) of real records:
-    per unit, or per node with ``regroup``."""
+    per unit, or per node with ``regroup``; with ``clip=None``, the ``record_weights`` (m, B)
+    weighted sums, unclipped."""
     m, B = mask.shape
     acts, out_grads = _forward_backward(
         model, plan.layers, params, buffers, loss_fn, inputs, targets, mask.to(inputs.dtype)
     )
     with torch.no_grad():
         sq, all_terms = _all_layer_terms(plan, acts, out_grads, m * B, mask.device)
-        if not bool((sq.isfinite() & (sq >= 0)).all()):
+        if clip is not None and not bool((sq.isfinite() & (sq >= 0)).all()):
             # A record whose gradient is not finite contributes nothing (a zero vector: norm
             # 0 <= C), whatever the others: its inputs and output gradients are zeroed.
             keep = sq.isfinite() & (sq >= 0)
@@ -350,8 +354,11 @@ def _chunk_clipped_sums(
             out_grads = [g.flatten(0, 1).mul(keep.view(-1, *[1] * (g.dim() - 2))).view_as(g)
                          .nan_to_num_(0.0, 0.0, 0.0) for g in out_grads]  # fmt: skip
             sq, all_terms = _all_layer_terms(plan, acts, out_grads, m * B, mask.device)
-        factors = (clip / sq.sqrt().clamp_min(1e-30)).clamp(max=1.0).reshape(m, B)
-        factors = factors * mask
+        if clip is None:
+            factors = record_weights.to(sq.dtype)
+        else:
+            factors = (clip / sq.sqrt().clamp_min(1e-30)).clamp(max=1.0).reshape(m, B)
+            factors = factors * mask
         sums: Params = {}
         for layer, terms in zip(plan.layers, all_terms, strict=True):
             sums.update(_weighted_sums(layer, terms, factors, mask, regroup))
@@ -486,21 +493,25 @@ def _regroup(chunk: Chunk, device) -> tuple[_Regroup, list[int]]:
     return _Regroup(unit_node, torch.tensor(rows, device=device), len(uniq), most), uniq
 
 
-def clipped_sums_by_node(
-    plan: _Plan, model, params, batch, clip, *, loss_fn, buffers=None, out=None
-):
-    """sum_{r in S_i} min(1, C / ||g_r||) g_r for every node i of ``batch`` (a
-    :class:`dpdl.algorithms.dyn_d2p.NodeBatch`), {name: (m, *shape)}, into ``out`` if given."""
-    buffers = buffers or {}
+@dataclass
+class _ChunkInputs:
+    """One chunk's records laid out (units, B): the rows of the flat batch, the mask of real
+    records, and the units' parameters (a slice of the stacked ones when the chunk is a run
+    of whole nodes in order, else a copy per unit)."""
+
+    chunk: Chunk
+    rows: torch.Tensor
+    mask: torch.Tensor
+    params: Params
+
+
+def _chunk_inputs(plan: _Plan, params: Params, batch) -> list[_ChunkInputs]:
     counts = batch.counts.tolist()
     records_per_chunk = max(1, int(CHUNK_BYTES // plan.bytes_per_record))
     d = sum(p[0].numel() for p in params.values())
-    if out is None:
-        out = {name: torch.zeros_like(p) for name, p in params.items()}
-    else:
-        out = {name: out[name].zero_() for name in params}
     device = batch.node.device
     last_row = max(batch.size - 1, 0)
+    laid_out = []
     for chunk in plan_chunks(counts, plan.macs_per_record, records_per_chunk, d):
         slot = torch.arange(chunk.batch, device=device)
         lengths = torch.tensor(chunk.lengths, device=device)
@@ -508,20 +519,46 @@ def clipped_sums_by_node(
         rows = (starts[:, None] + torch.minimum(slot[None, :], lengths[:, None] - 1)).clamp(
             0, last_row
         )
-        mask = slot[None, :] < lengths[:, None]
-        regroup = None
         if chunk.view is not None:
             lo, hi = chunk.view
-            chunk_params = {name: p[lo:hi] for name, p in params.items()}
+            unit_params = {name: p[lo:hi] for name, p in params.items()}
         else:
             idx = torch.tensor(chunk.nodes, device=device)
-            chunk_params = {name: p.index_select(0, idx) for name, p in params.items()}
+            unit_params = {name: p.index_select(0, idx) for name, p in params.items()}
+        laid_out.append(_ChunkInputs(chunk, rows, slot[None, :] < lengths[:, None], unit_params))
+    return laid_out
+
+
+def _zeroed(out: Params | None, params: Params) -> Params:
+    if out is None:
+        return {name: torch.zeros_like(p) for name, p in params.items()}
+    return {name: out[name].zero_() for name in params}
+
+
+def clipped_sums_by_node(
+    plan: _Plan, model, params, batch, clip, *, loss_fn, buffers=None, out=None, weights=None
+):
+    """sum_{r in S_i} min(1, C / ||g_r||) g_r for every node i of ``batch`` (a
+    :class:`dpdl.algorithms.dyn_d2p.NodeBatch`), {name: (m, *shape)}, into ``out`` if given.
+
+    ``clip=None`` with ``weights`` (R,) gives sum_{r in S_i} weights_r g_r instead, unclipped
+    (SGP's mean gradient with weights 1 / |S_i|): the same batched forward, input-gradient
+    backward and per-layer products as the private step, so the non-private step never costs
+    more than the private one."""
+    buffers = buffers or {}
+    out = _zeroed(out, params)
+    device = batch.node.device
+    for part in _chunk_inputs(plan, params, batch):
+        chunk, regroup = part.chunk, None
+        if chunk.view is None:
+            idx = torch.tensor(chunk.nodes, device=device)
             if len(set(chunk.nodes)) < len(chunk.nodes):
                 regroup, uniq = _regroup(chunk, device)
                 idx = torch.tensor(uniq, device=device)
+        record_weights = None if weights is None else weights[part.rows] * part.mask
         sums = _chunk_clipped_sums(
-            plan, model, chunk_params, buffers, loss_fn,
-            batch.inputs[rows], batch.targets[rows], mask, clip, regroup,
+            plan, model, part.params, buffers, loss_fn, batch.inputs[part.rows],
+            batch.targets[part.rows], part.mask, clip, regroup, record_weights,
         )  # fmt: skip
         for name, total in sums.items():
             if chunk.view is not None:

@@ -262,20 +262,26 @@ def fill_normals(streams: Sequence[SecretStream], out: torch.Tensor) -> torch.Te
         words = torch.from_numpy(words).view(torch.int64).to(out.device)
         return out.copy_(_hardened_normals(words, d))
     pairs = -(-d // 2)
-    radius = np.empty((m, 8 * pairs), dtype=np.uint8)
-    angle = np.empty((m, 4 * pairs), dtype=np.uint8)
-    for i, stream in enumerate(streams):
-        stream.read_into(radius[i])
-        stream.read_into(angle[i])
-    _box_muller_(
-        out,
-        torch.from_numpy(radius).view(torch.int64).to(out.device),
-        torch.from_numpy(angle).view(torch.int32).to(out.device),
-    )
+    # rows in groups: the keystream bytes (1.5x the normals' size) never exist for all rows
+    # at once; each row's bytes and transform are the same whatever the grouping
+    rows = max(1, _BYTES_PER_GROUP // (12 * pairs))
+    radius = np.empty((min(rows, m), 8 * pairs), dtype=np.uint8)
+    angle = np.empty((min(rows, m), 4 * pairs), dtype=np.uint8)
+    for lo in range(0, m, rows):
+        group = streams[lo : lo + rows]
+        for i, stream in enumerate(group):
+            stream.read_into(radius[i])
+            stream.read_into(angle[i])
+        _box_muller_(
+            out[lo : lo + len(group)],
+            torch.from_numpy(radius[: len(group)]).view(torch.int64).to(out.device),
+            torch.from_numpy(angle[: len(group)]).view(torch.int32).to(out.device),
+        )
     return out
 
 
 _HARDENED_BYTES = 32  # four 53-bit uniforms per hardened normal
+_BYTES_PER_GROUP = 8 << 20  # keystream bytes read for a group of rows of the fast sampler
 _TWO_LN_2_POW_63 = 126.0 * math.log(2.0)
 # The transforms run over column blocks of about this many elements: temporaries small enough
 # to stay in cache and to be reused, instead of fresh multi-megabyte tensors whose page faults

@@ -289,14 +289,22 @@ class Simulator:
             clip_method=self.clip_method, work=self._work,
         )  # fmt: skip
         P, circ = self._mixing(k)
-        self.params, self.weights = push_sum_mix(half.params, self.weights, P, circulant=circ)
+        # x^k is not needed once x^{k+1/2} is in the work buffer: x^{k+1} overwrites it
+        self.params, self.weights = push_sum_mix(
+            half.params, self.weights, P, circulant=circ, out=self.params
+        )
         self.iteration += 1
         return half.batch_sizes
 
     def mix_only(self) -> None:
         """A gossip round without gradients (push-sum consensus)."""
         P, circ = self._mixing(self.iteration)
-        self.params, self.weights = push_sum_mix(self.params, self.weights, P, circulant=circ)
+        if self._work is None:
+            self._work = {name: torch.empty_like(p) for name, p in self.params.items()}
+        mixed, self.weights = push_sum_mix(
+            self.params, self.weights, P, circulant=circ, out=self._work
+        )
+        self.params, self._work = mixed, self.params
         self.iteration += 1
 
     # ------------------------------------------------------------------ models
@@ -328,7 +336,7 @@ class Simulator:
         return {
             "iteration": self.iteration,
             "first_node": first,
-            "params": {k: v.detach().cpu() for k, v in self.params.items()},
+            "params": {k: v.detach().to("cpu", copy=True) for k, v in self.params.items()},
             "weights": self.weights.detach().cpu(),
             "generators": [g.get_state() for g in self.generators],
             "data_fingerprints": [f.hex() for f in self.data_fingerprints],
@@ -351,7 +359,8 @@ class Simulator:
                 f"hosts {first}..{first + count - 1}: resume with the same number of processes"
             )
         check_fingerprints(state.get("data_fingerprints"), self.data_fingerprints, first)
-        self.params = {k: v.to(self.device) for k, v in state["params"].items()}
+        # copies: the engine updates its parameters in place, never the caller's state
+        self.params = {k: v.to(self.device, copy=True) for k, v in state["params"].items()}
         self.weights = state["weights"].to(self.device)
         for g, s in zip(self.generators, state["generators"], strict=True):
             g.set_state(s.clone())  # set_state needs a tensor that owns its storage

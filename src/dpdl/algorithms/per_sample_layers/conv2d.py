@@ -1,19 +1,20 @@
-"""nn.Conv2d (zero padding): the per-record gradient P_r (O x C/groups x k_h x k_w) from the
-unfolded input, the bias gradient summed over output positions."""
+"""nn.Conv2d (zero padding): the per-record gradient P_r (O x C/groups x k_h x k_w) as the
+weight gradient of one grouped convolution with a group per record, the bias gradient summed
+over output positions."""
 
 from __future__ import annotations
 
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dpdl.algorithms.per_sample_layers.registry import LayerTerms, register_layer
 
 
 def conv_padding(conv: nn.Conv2d) -> tuple[int, int] | None:
-    """Symmetric integer padding of ``conv`` (None when F.unfold cannot reproduce it)."""
+    """Symmetric integer padding of ``conv`` (None when it is not zero padding that the
+    convolution's own ``padding`` argument can express)."""
     if conv.padding_mode != "zeros":
         return None
     if isinstance(conv.padding, str):
@@ -36,37 +37,37 @@ class Conv2dTerms(LayerTerms):
         kk = conv.in_channels // conv.groups * math.prod(conv.kernel_size)
         positions = math.prod(self.out_shape[1:])
         macs = 3.0 * positions * kk * conv.out_channels
-        # the unfolded input and the per-record gradient
-        return macs, 4.0 * (positions * kk * conv.groups) + 4.0 * conv.weight.numel()
+        return macs, 4.0 * conv.weight.numel()  # the per-record gradient
 
     def terms(self, a: torch.Tensor, g: torch.Tensor):
-        conv, N = self.module, a.shape[0]
-        u = self._unfold(a)  # (N, C/groups * k*k * groups, T)
-        g2 = g.reshape(N, conv.out_channels, -1)  # (N, O, T)
-        G, T = conv.groups, u.shape[-1]
-        psg = torch.einsum(
-            "ngot,ngkt->ngok",
-            g2.reshape(N, G, conv.out_channels // G, T),
-            u.reshape(N, G, -1, T),
-        ).reshape(N, *conv.weight.shape)
+        psg = self._per_record_weight_grads(a, g)
         sq = psg.flatten(1).square().sum(1)
         terms = {"weight": psg}
         if self.bias is not None:
-            terms["bias"] = bias = g2.sum(dim=2)
+            terms["bias"] = bias = g.flatten(2).sum(dim=2)
             sq = sq + bias.square().sum(1)
         return sq, terms
 
-    def _unfold(self, a: torch.Tensor) -> torch.Tensor:
-        """F.unfold of the input, (N, C k_h k_w, T): a strided view copied once, which on CPU
-        is ~1.5-2x faster than F.unfold's im2col (Opacus's unfold2d does the same)."""
-        conv = self.module
-        ph, pw = conv_padding(conv)
-        (kh, kw), (sh, sw), (dh, dw) = conv.kernel_size, conv.stride, conv.dilation
-        padded = F.pad(a, (pw, pw, ph, ph)) if ph or pw else a
-        N, C, H, W = padded.shape
-        out_h, out_w = (H - dh * (kh - 1) - 1) // sh + 1, (W - dw * (kw - 1) - 1) // sw + 1
-        sn, sc, s_h, s_w = padded.stride()
-        windows = padded.as_strided(
-            (N, C, kh, kw, out_h, out_w), (sn, sc, s_h * dh, s_w * dw, s_h * sh, s_w * sw)
+    def _per_record_weight_grads(self, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        """(N, *weight shape): record r's weight gradient from its own input a_r and output
+        gradient g_r alone.  The N records are the groups of one convolution over a batch of
+        one, (1, N C, H, W) -> (1, N O, H', W'), whose weight gradient (N O, C/groups, k, k)
+        stacks the records' gradients: the convolution's own backward kernel, ~2x faster on
+        CPU than unfolding the input and multiplying (and no unfolded copy in memory)."""
+        conv, N = self.module, a.shape[0]
+        # only the weight's shape is read (the input gradient is not asked for)
+        weight = a.new_empty((N * conv.out_channels, *conv.weight.shape[1:]))
+        _, grad_weight, _ = torch.ops.aten.convolution_backward(
+            g.reshape(1, N * conv.out_channels, *g.shape[2:]),
+            a.reshape(1, N * conv.in_channels, *a.shape[2:]),
+            weight,
+            None,
+            conv.stride,
+            conv_padding(conv),
+            conv.dilation,
+            False,
+            (0, 0),
+            N * conv.groups,
+            (False, True, False),
         )
-        return windows.reshape(N, C * kh * kw, out_h * out_w)
+        return grad_weight.reshape(N, *conv.weight.shape)
