@@ -49,7 +49,6 @@ from bench_vs_opacus import (  # noqa: E402  (a sibling script, not a package)
     _status_kib,
     make_workload,
 )
-
 from dpdl.engine import Simulator  # noqa: E402
 
 CONTENDERS = ("floor", "dp", "sgp", "opacus", "opacus-ghost")
