@@ -14,6 +14,11 @@ One step, for every node i at once (the numbers are Algorithm 1's steps):
 5. :func:`local_sgd_step`     -- x_i^{k+1/2} = x_i^k - gamma * (...) / b;
 6. :func:`push_sum_mix`       -- x^{k+1} = P^k x^{k+1/2}, w^{k+1} = P^k w^k.
 
+With the optimiser options (MATH.md §4, off by default), step 5 takes the node's update
+u_i^k = (...) / b through :func:`apply_weight_decay` (u + lambda z_i^k) and :func:`heavy_ball`
+(m_i <- beta m_i + u) and moves x_i by gamma m_i: post-processing of the noisy sum, so the
+accounting is unchanged.
+
 Steps 1-5 are :func:`local_update` (acts on any block of nodes: the distributed runtime calls
 it on its rank's block), step 6 is the mixing; :func:`dyn_d2p_step` chains both.  Steps 2-3,
 summed per node, are :func:`clipped_record_sums`: book-keeping clipping
@@ -66,6 +71,8 @@ __all__ = [
     "sum_records",
     "draw_node_noise",
     "add_gaussian_noise",
+    "apply_weight_decay",
+    "heavy_ball",
     "local_sgd_step",
     "push_sum_mix",
     "debias",
@@ -422,6 +429,26 @@ def add_gaussian_noise(
     }
 
 
+def apply_weight_decay(update: Params, at: Params, weight_decay: float) -> Params:
+    """u_i + lambda z_i for every node, in place on ``update`` (a temporary the caller owns).
+
+    ``at`` is the de-biased model z_i the gradients were taken at: a function of the node's
+    past released messages only, so the decay adds nothing to what the data reveal (it is the
+    gradient of (lambda/2) ||z_i||^2, PyTorch SGD's ``weight_decay`` at the node's model).
+    """
+    require(math.isfinite(weight_decay) and weight_decay >= 0,
+            f"weight_decay must be >= 0, got {weight_decay}")  # fmt: skip
+    return {name: u.add_(at[name], alpha=weight_decay) for name, u in update.items()}
+
+
+def heavy_ball(buffer: Params, update: Params, momentum: float) -> Params:
+    """m_i <- beta m_i + u_i for every node, in place on ``buffer`` (the node's own state,
+    kept across steps and never sent); returns it.  Starting from m = 0 this is PyTorch SGD's
+    momentum (no dampening, not Nesterov)."""
+    require(0 <= momentum < 1, f"momentum must lie in [0, 1), got {momentum}")
+    return {name: m.mul_(momentum).add_(update[name]) for name, m in buffer.items()}
+
+
 def local_sgd_step(
     params: Params, update: Params, lr: float, scale: float = 1.0, *, out: Params | None = None
 ) -> Params:
@@ -541,6 +568,9 @@ def local_update(
     unsafe_zero_noise: bool = False,
     clip_method: str = "auto",
     work: Params | None = None,
+    momentum: float = 0.0,
+    weight_decay: float = 0.0,
+    momentum_buffer: Params | None = None,
 ) -> LocalUpdateResult:
     """Steps 1-5 of Algorithm 1 for a contiguous block of nodes (first index ``first_node``).
 
@@ -555,48 +585,67 @@ def local_update(
     sums are computed (:func:`clipped_record_sums`; the numbers agree to rounding).
     ``work`` ({name: (m, *shape)}, optional, overwritten) holds the update and then x^{k+1/2}:
     the result's parameters are these tensors (no fresh n x d allocations, whose page faults
-    dominate large n on CPU).
+    dominate large n on CPU).  ``weight_decay`` (lambda) and ``momentum`` (beta, with the
+    nodes' ``momentum_buffer`` m, (m, *shape), updated in place) turn the update u into
+    m <- beta m + (u + lambda z) and x^{k+1/2} = x - lr m (MATH.md §4); at 0 and 0 the step
+    is Algorithm 1's, to the bit.
     """
     if private:
         check_private_noise(sigma, unsafe_zero_noise)
+    require(momentum == 0 or momentum_buffer is not None, "momentum needs a momentum_buffer")
     batch = poisson_sample(inputs, targets, record_mask, sample_rate, generators)
     at = debias(params, weights)
     if private:
-        require(clip is not None, "a private step needs a clip bound C_k")
-        require(math.isfinite(clip) and clip > 0, f"clip bound C_k must be positive, got {clip}")
-        first = next(iter(params.values()))
-        draw = partial(
-            draw_node_noise,
-            generators,
-            sum(p[0].numel() for p in params.values()),
-            dtype=first.dtype,
-            device=first.device,
-            out=noise_buffer,
-        )
-        # The noise depends only on the generators (already past this step's uniforms), not on
-        # the gradients: on CPU a worker thread draws it while the gradients are computed.
-        # Same numbers either way; torch ops release the GIL.
-        pending = _noise_worker().submit(draw) if first.device.type == "cpu" else None
-        try:
-            clipped_sum = clipped_record_sums(
-                model, at, batch, clip, loss=loss, buffers=buffers, method=clip_method,
-                out=work,
-            )
-        except BaseException:
-            if pending is not None:
-                futures_wait([pending])  # never leave a generator in use after we return
-            raise
-        noise = pending.result() if pending is not None else draw()
-        update = add_gaussian_noise(clipped_sum, sigma, generators, noise=noise, in_place=True)
+        update = _noisy_clipped_sum(model, at, batch, generators, clip=clip, sigma=sigma,
+                                    loss=loss, buffers=buffers, clip_method=clip_method,
+                                    noise_buffer=noise_buffer, work=work)  # fmt: skip
         scale = expected_batch_size
     else:
         update = mean_batch_grads(model, at, batch, loss=loss, buffers=buffers, out=work)
         scale = 1.0
+    if momentum or weight_decay:
+        # u_i^k itself (the /b folded into the step below otherwise: Algorithm 1's rounding)
+        update = {name: u.div_(scale) for name, u in update.items()}
+        scale = 1.0
+        if weight_decay:
+            update = apply_weight_decay(update, at, weight_decay)
+        if momentum:
+            update = heavy_ball(momentum_buffer, update, momentum)
     half = local_sgd_step(params, update, lr, scale, out=work)
     # Checked on x^{k+1/2}, the message itself: a private update is finite by construction
     # (finite clipped sums plus noise), so only released values overflowing can trip this.
     _check_finite(half, step, first_node)
     return LocalUpdateResult(half, batch.counts)
+
+
+def _noisy_clipped_sum(model, at, batch, generators, *, clip, sigma, loss, buffers,
+                       clip_method, noise_buffer, work) -> Params:  # fmt: skip
+    """Steps 2-4: sum_j clipped g_ij + N(0, sigma_k^2 I_d) per node, into ``work`` if given."""
+    require(clip is not None, "a private step needs a clip bound C_k")
+    require(math.isfinite(clip) and clip > 0, f"clip bound C_k must be positive, got {clip}")
+    first = next(iter(at.values()))
+    draw = partial(
+        draw_node_noise,
+        generators,
+        sum(p[0].numel() for p in at.values()),
+        dtype=first.dtype,
+        device=first.device,
+        out=noise_buffer,
+    )
+    # The noise depends only on the generators (already past this step's uniforms), not on
+    # the gradients: on CPU a worker thread draws it while the gradients are computed.
+    # Same numbers either way; torch ops release the GIL.
+    pending = _noise_worker().submit(draw) if first.device.type == "cpu" else None
+    try:
+        clipped_sum = clipped_record_sums(
+            model, at, batch, clip, loss=loss, buffers=buffers, method=clip_method, out=work,
+        )  # fmt: skip
+    except BaseException:
+        if pending is not None:
+            futures_wait([pending])  # never leave a generator in use after we return
+        raise
+    noise = pending.result() if pending is not None else draw()
+    return add_gaussian_noise(clipped_sum, sigma, generators, noise=noise, in_place=True)
 
 
 def check_private_noise(sigma: float | None, unsafe_zero_noise: bool = False) -> None:

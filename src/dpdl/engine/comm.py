@@ -86,9 +86,14 @@ class PointToPointMixer:
             self._plans[key] = plan
         return plan
 
-    def mix(self, params: Params, weights: torch.Tensor, k: int) -> tuple[Params, torch.Tensor]:
-        """x^{k+1}_i = sum_j P^k_ij x_j^{k+1/2}, w likewise, for the nodes of this rank."""
+    def mix(self, params: Params, weights: torch.Tensor, k: int, *,
+            step: int | None = None) -> tuple[Params, torch.Tensor]:  # fmt: skip
+        """x^{k+1}_i = sum_j P^k_ij x_j^{k+1/2}, w likewise, for the nodes of this rank.
+
+        ``k`` picks the graph P^k (the gossip round); ``step``, the iteration that an error
+        names (default ``k``; they differ with local steps between rounds)."""
         plan = self._plan(k)
+        step = k if step is None else step
         names = list(params)
         m = self.hi - self.lo
         flat = torch.cat([params[name].reshape(m, -1) for name in names], dim=1)
@@ -111,12 +116,12 @@ class PointToPointMixer:
                 )
                 self.messages_sent += 1
         except RuntimeError as err:  # a peer is gone before anything was posted
-            raise _peer_failed(self.rank, None, k, err) from None
+            raise _peer_failed(self.rank, None, step, err) from None
         for peer, request in requests:
             try:
                 request.wait()
             except RuntimeError as err:  # a peer died or timed out: one line naming it
-                raise _peer_failed(self.rank, peer, k, err) from None
+                raise _peer_failed(self.rank, peer, step, err) from None
         for rows, buf, wbuf in inbox:
             index = torch.as_tensor(rows, device=flat.device)
             mixed.index_add_(0, index, buf)

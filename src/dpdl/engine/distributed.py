@@ -132,7 +132,11 @@ class DistributedSimulator(Simulator):
         sigma: float | None = None,
         unsafe_zero_noise: bool = False,
         lr: float | None = None,
+        mix: bool = True,
+        mixing_round: int | None = None,
     ):
+        """The simulator's step for this rank's block (see there); a local step (``mix=False``)
+        sends nothing, and the momentum buffers are the block's own rows."""
         k = self.iteration
         _maybe_inject_fault(self.rank, k)
         half = local_update(
@@ -142,8 +146,13 @@ class DistributedSimulator(Simulator):
             sample_rate=self.sample_rate, private=private, clip=clip, sigma=sigma,
             loss=self.loss, buffers=self.buffers, first_node=self.lo,
             unsafe_zero_noise=unsafe_zero_noise, clip_method=self.clip_method,
+            **self._optimiser(),
         )  # fmt: skip
-        self.params, self.weights = self.mixer.mix(half.params, self.weights, k)
+        if mix:
+            round_k = k if mixing_round is None else mixing_round
+            self.params, self.weights = self.mixer.mix(half.params, self.weights, round_k, step=k)
+        else:
+            self._keep_local(half.params)
         self.iteration += 1
         return half.batch_sizes
 

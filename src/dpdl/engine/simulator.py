@@ -159,8 +159,13 @@ class Simulator:
         loss: str | Callable = "cross_entropy",
         secure_noise: bool = False,
         clip_method: str = "auto",
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
     ):
         require(lr > 0 and np.isfinite(lr), f"learning rate must be positive, got {lr}")
+        require(0 <= momentum < 1, f"momentum must lie in [0, 1), got {momentum}")
+        require(np.isfinite(weight_decay) and weight_decay >= 0,
+                f"weight_decay must be >= 0, got {weight_decay}")  # fmt: skip
         require(
             expected_batch_size > 0,
             f"expected batch size b must be positive, got {expected_batch_size}",
@@ -204,6 +209,12 @@ class Simulator:
         self.buffers = {name: b.to(self.device) for name, b in model.named_buffers()}
         self.params = stack_params(model, count, self.device)
         self.weights = torch.ones(count, dtype=torch.float64, device=self.device)
+        self.momentum, self.weight_decay = float(momentum), float(weight_decay)
+        # m_i of every hosted node, in x-space like the update it accumulates; a node's own
+        # state (never sent: only x^{k+1/2} is), so each process keeps its block's rows.
+        self.momentum_buffer: Params | None = (
+            {name: torch.zeros_like(p) for name, p in self.params.items()} if momentum else None
+        )
         self.secure_noise = bool(secure_noise)
         self._fingerprints: list[bytes] | None = None
         # Seeded streams are keyed with the node's data too: other data, other noise.
@@ -265,11 +276,15 @@ class Simulator:
         sigma: float | None = None,
         unsafe_zero_noise: bool = False,
         lr: float | None = None,
+        mix: bool = True,
+        mixing_round: int | None = None,
     ) -> torch.Tensor:
         """One iteration for every node; returns the sampled batch sizes |S_i^k| (n,).
 
         A private step needs ``sigma`` > 0 (``unsafe_zero_noise=True`` allows 0, for tests).
-        ``lr`` is this step's γ_k (default: the simulator's constant ``lr``).
+        ``lr`` is this step's γ_k (default: the simulator's constant ``lr``).  ``mix=False``
+        is a local step (x^{k+1} = x^{k+1/2}, w unchanged: no message is sent); a mixing step
+        gossips with the graph of ``mixing_round`` (default: the iteration k).
         """
         k = self.iteration
         if private and self._noise_buffer is None:
@@ -286,15 +301,30 @@ class Simulator:
             sample_rate=self.sample_rate, private=private, clip=clip, sigma=sigma,
             loss=self.loss, buffers=self.buffers, noise_buffer=self._noise_buffer,
             unsafe_zero_noise=unsafe_zero_noise,
-            clip_method=self.clip_method, work=self._work,
+            clip_method=self.clip_method, work=self._work, **self._optimiser(),
         )  # fmt: skip
-        P, circ = self._mixing(k)
-        # x^k is not needed once x^{k+1/2} is in the work buffer: x^{k+1} overwrites it
-        self.params, self.weights = push_sum_mix(
-            half.params, self.weights, P, circulant=circ, out=self.params
-        )
+        if mix:
+            P, circ = self._mixing(k if mixing_round is None else mixing_round)
+            # x^k is not needed once x^{k+1/2} is in the work buffer: x^{k+1} overwrites it
+            self.params, self.weights = push_sum_mix(
+                half.params, self.weights, P, circulant=circ, out=self.params
+            )
+        else:
+            self._keep_local(half.params)
         self.iteration += 1
         return half.batch_sizes
+
+    def _optimiser(self) -> dict:
+        """local_update's momentum and weight-decay arguments (none at the defaults)."""
+        if not (self.momentum or self.weight_decay):
+            return {}
+        return {"momentum": self.momentum, "weight_decay": self.weight_decay,
+                "momentum_buffer": self.momentum_buffer}  # fmt: skip
+
+    def _keep_local(self, half: Params) -> None:
+        """A step without mixing: x^{k+1} = x^{k+1/2}.  Those are the work buffer's tensors:
+        they become the models, and x^k's tensors (no longer needed) the next work buffer."""
+        self.params, self._work = half, self.params
 
     def mix_only(self) -> None:
         """A gossip round without gradients (push-sum consensus)."""
@@ -330,8 +360,8 @@ class Simulator:
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
-        """The hosted nodes' state: models, push-sum weights, secret stream states (the
-        secret: owner-only files) and data fingerprints."""
+        """The hosted nodes' state: models, push-sum weights, momentum buffers (with
+        momentum), secret stream states (the secret: owner-only files), data fingerprints."""
         first, _ = self.node_block
         return {
             "iteration": self.iteration,
@@ -340,7 +370,14 @@ class Simulator:
             "weights": self.weights.detach().cpu(),
             "generators": [g.get_state() for g in self.generators],
             "data_fingerprints": [f.hex() for f in self.data_fingerprints],
-        }
+        } | self._momentum_state()
+
+    def _momentum_state(self) -> dict:
+        """The momentum buffers m_i, a copy (they change in place every step); no entry
+        without momentum, so such a checkpoint is what it was before momentum existed."""
+        if self.momentum_buffer is None:
+            return {}
+        return {"momentum": {k: v.detach().cpu().clone() for k, v in self.momentum_buffer.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         """Put :meth:`state_dict` back, refusing another model, block or data."""
@@ -359,12 +396,24 @@ class Simulator:
                 f"hosts {first}..{first + count - 1}: resume with the same number of processes"
             )
         check_fingerprints(state.get("data_fingerprints"), self.data_fingerprints, first)
+        self._load_momentum(state.get("momentum"))  # checked before anything is replaced
         # copies: the engine updates its parameters in place, never the caller's state
         self.params = {k: v.to(self.device, copy=True) for k, v in state["params"].items()}
         self.weights = state["weights"].to(self.device)
         for g, s in zip(self.generators, state["generators"], strict=True):
             g.set_state(s.clone())  # set_state needs a tensor that owns its storage
         self.iteration = int(state["iteration"])
+
+    def _load_momentum(self, saved: Params | None) -> None:
+        """The checkpoint's momentum buffers (copied: they are updated in place)."""
+        if self.momentum_buffer is None:
+            require(saved is None, "checkpoint holds momentum buffers but momentum is 0")
+            return
+        require(saved is not None, "checkpoint holds no momentum buffers but momentum is on")
+        require(set(saved) == set(self.params) and all(
+            saved[k].shape == self.params[k].shape for k in self.params),
+            "checkpoint's momentum buffers do not match the model")  # fmt: skip
+        self.momentum_buffer = {k: v.to(self.device).clone() for k, v in saved.items()}
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()

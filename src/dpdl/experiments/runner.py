@@ -34,7 +34,7 @@ from dpdl.files import write_atomic
 from dpdl.training.plan import build_schedule, resolve_steps
 from dpdl.training.results import RunRecord, write_results
 from dpdl.training.run_folder import RunFolder, to_toml
-from dpdl.training.settings import AlgorithmSpec
+from dpdl.training.settings import AlgorithmSpec, without_default_optimiser
 from dpdl.training.trainer import (
     METRIC_COLUMNS,
     UNACCOUNTED_TRAIN_LOSS,
@@ -507,6 +507,10 @@ def _check_same_config(run_dir: Path, cfg: RunConfig) -> None:
     for config in (saved, now):
         for key in ("runtime", "device"):
             config.get("experiment", {}).pop(key, None)
+        # a folder written before the optimiser settings existed holds none: at their
+        # defaults they are that very run
+        if isinstance(config.get("training"), dict):
+            config["training"] = without_default_optimiser(config["training"])
     if saved != now:
         raise DPDLError(f"{run_dir} was started with another config (config.json): refusing "
                         "to resume, which would re-send its noise under other settings")

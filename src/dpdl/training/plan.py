@@ -109,18 +109,26 @@ def _certified_options(privacy: PrivacySection, multipliers, final: bool) -> dic
 @dataclass(frozen=True)
 class RunPlan:
     """The steps of one run, under its approved schedule: ``step_arguments(k)`` is what the
-    engine's step ``k`` is given, ``noise_multiplier(k)`` what the ledger records before it."""
+    engine's step ``k`` is given, ``noise_multiplier(k)`` what the ledger records before it.
+
+    With ``local_steps`` H > 1 the nodes gossip only after every H-th step, and after the
+    last step K - 1 whatever H (the run ends on a mixed model); round r = k // H uses the
+    graph P^r, so the rounds walk through the topology's graphs in order as H = 1 does (with
+    P^k, k mod H = H - 1, a period that divides H would gossip on one graph forever).  Every
+    step, local or not, is a subsampled Gaussian step the ledger records: K mechanisms."""
 
     schedule: PrivacySchedule
     step_sizes: np.ndarray  # γ_k
     noise_multipliers: np.ndarray  # z_k = σ_k / C_k, computed once (a schedule recomputes it)
     private: bool
+    local_steps: int = 1
 
     @classmethod
     def of(cls, schedule: PrivacySchedule, training: TrainingSection) -> RunPlan:
         k = np.arange(schedule.steps)
         step_sizes = training.lr * training.lr_decay ** (-k / schedule.steps)
-        return cls(schedule, step_sizes, schedule.noise_multipliers, schedule.private)
+        return cls(schedule, step_sizes, schedule.noise_multipliers, schedule.private,
+                   training.local_steps)  # fmt: skip
 
     @property
     def steps(self) -> int:
@@ -129,9 +137,14 @@ class RunPlan:
     def noise_multiplier(self, k: int) -> float:
         return float(self.noise_multipliers[k])
 
+    def mixes(self, k: int) -> bool:
+        """Whether step k ends with a gossip round (every H-th step, and the last)."""
+        return (k + 1) % self.local_steps == 0 or k == self.steps - 1
+
     def step_arguments(self, k: int) -> dict[str, Any]:
+        gossip = {"mix": self.mixes(k), "mixing_round": k // self.local_steps}
         lr = float(self.step_sizes[k])
         if not self.private:
-            return {"private": False, "lr": lr}
+            return {"private": False, "lr": lr, **gossip}
         return {"private": True, "clip": float(self.schedule.clip[k]),
-                "sigma": float(self.schedule.sigma[k]), "lr": lr}  # fmt: skip
+                "sigma": float(self.schedule.sigma[k]), "lr": lr, **gossip}  # fmt: skip

@@ -31,12 +31,14 @@ __all__ = [
     "ConfigSection",
     "Epsilons",
     "NoiseEntropy",
+    "OPTIMISER_DEFAULTS",
     "PrivacySection",
     "REPRODUCIBLE_NOISE_NOTE",
     "TrainingSection",
     "seeded_cell_name",
     "validate_config",
     "with_overrides",
+    "without_default_optimiser",
 ]
 
 
@@ -124,6 +126,19 @@ class AlgorithmSpec(BaseModel):
         return self.name if self.calibrate is None else f"{self.name}@{self.calibrate}"
 
 
+# The optimiser settings of TrainingSection at their defaults (Algorithm 1 itself).  A run at
+# the defaults describes itself without them (trainer.json, the settings digest that keys
+# seeded noise and checkpoints, a resume's config check), so it is the very run it was before
+# they existed: same digests, same noise, and its run folders still resume.
+OPTIMISER_DEFAULTS: dict[str, Any] = {"momentum": 0.0, "weight_decay": 0.0, "local_steps": 1}
+
+
+def without_default_optimiser(training: dict[str, Any]) -> dict[str, Any]:
+    """A [training] table (a dict) without the optimiser settings that are at their default."""
+    return {k: v for k, v in training.items()
+            if k not in OPTIMISER_DEFAULTS or v != OPTIMISER_DEFAULTS[k]}  # fmt: skip
+
+
 class TrainingSection(_Section):
     steps: int | None = Field(None, ge=1)
     epochs: float | None = Field(None, gt=0)
@@ -133,6 +148,14 @@ class TrainingSection(_Section):
     # C0 rho_c^(-k/K) (1: constant).  Const-D2P with lr_decay = rho_c has Dyn[C]-D2P's
     # effective step gamma_k C_k and Const's noise multiplier: it isolates step-size scheduling.
     lr_decay: float = Field(1.0, ge=1)
+    # Optimiser (MATH.md §4, "Momentum, weight decay, local steps"): heavy-ball momentum beta
+    # and weight decay lambda act on each node's released update u_i^k, post-processing of the
+    # noisy sum (the accounting is unchanged); nodes gossip every local_steps-th step only,
+    # every step (local ones too) a subsampled Gaussian step in the ledger.  The defaults
+    # (0, 0, 1) are Algorithm 1 exactly.
+    momentum: float = Field(0.0, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+    local_steps: int = Field(1, ge=1)
     eval_every: int = Field(50, ge=1)
     # The training loss on the nodes' own records is a noise-free function of private data:
     # only with unsafe_train_metrics = true is it computed (on this many records) and released,

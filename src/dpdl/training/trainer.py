@@ -68,10 +68,12 @@ from dpdl.training.plan import (
 )
 from dpdl.training.results import RunRecord
 from dpdl.training.settings import (
+    OPTIMISER_DEFAULTS,
     AlgorithmSpec,
     PrivacySection,
     TrainingSection,
     with_overrides,
+    without_default_optimiser,
 )
 
 RUNTIMES = ("simulator", "distributed")
@@ -79,7 +81,9 @@ RUNTIMES = ("simulator", "distributed")
 # Privacy settings that only change how the epsilon spent is reported, and the training
 # settings that shape training (the others say how it is evaluated or saved).
 _REPORTING_PRIVACY = ("certified_accountant", "eval_blocks", "final_mode", "final_blocks")
-_TRAINING_SHAPING = ("steps", "epochs", "batch_size", "lr", "lr_decay")
+# The optimiser's (momentum, weight_decay, local_steps) shape it too, but enter (describe())
+# only when not at their defaults: a default run's digests stay those it always had.
+_TRAINING_SHAPING = ("steps", "epochs", "batch_size", "lr", "lr_decay", *OPTIMISER_DEFAULTS)
 
 # The facade's own names and those a caller of it needs.  The plan's functions
 # (build_schedule, approve_schedule, noise_root, resolve_steps) are importable from here as
@@ -178,7 +182,9 @@ class DecentralizedTrainer:
       ``eval_blocks``, ``final_mode``, ``final_blocks``, ``calibration_blocks``.
     * ``training``: a :class:`TrainingSection` or a dict of one (a config's [training]):
       ``batch_size`` (expected b), ``lr`` (γ), ``lr_decay``, ``steps`` or ``epochs``,
-      ``eval_every``, ``eval_test_samples``/``eval_node_samples``, ``unsafe_train_metrics``,
+      ``momentum`` (heavy-ball β ∈ [0, 1)), ``weight_decay`` (λ ≥ 0), ``local_steps`` (H:
+      gossip every H-th step; see MATH.md §4), ``eval_every``,
+      ``eval_test_samples``/``eval_node_samples``, ``unsafe_train_metrics``,
       ``eval_train_samples``, ``checkpoint_every``.
     * Every field of either may be given as a keyword of its own, which overrides it
       (``delta=1e-5``, ``steps=500``; the common ones are named parameters, the others go
@@ -440,7 +446,8 @@ class DecentralizedTrainer:
         sim = self._factory()(
             self.model, self.node_data, self.topology, lr=self.training.lr,
             expected_batch_size=self.training.batch_size, seed=root, device=self.device,
-            loss=self.loss, secure_noise=secure,
+            loss=self.loss, secure_noise=secure, momentum=self.training.momentum,
+            weight_decay=self.training.weight_decay,
         )  # fmt: skip
         del root  # the generators hold the secret now; nothing else should
         require(
@@ -507,7 +514,7 @@ class DecentralizedTrainer:
             "algorithm": self.spec.label,
             "epsilon": self.epsilon,
             "privacy": self.privacy.model_dump(mode="json", exclude={"epsilon"}),
-            "training": self.training.model_dump(mode="json"),
+            "training": without_default_optimiser(self.training.model_dump(mode="json")),
             "steps": self.steps,
             "sample_rate": self.sample_rate,
             "topology": self.topology.describe(),
