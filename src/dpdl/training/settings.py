@@ -141,6 +141,12 @@ class TrainingSection(_Section):
     unsafe_train_metrics: bool = False
     eval_test_samples: int | None = Field(None, ge=1)
     eval_node_samples: int = Field(1000, ge=1)
+    # Per-node evaluation (0: off): each node holds out ⌈share·J_i⌉ of its records (at least
+    # one, and one left to train on), drawn with public randomness of the seed before training,
+    # as its own evaluation set.  Those records are never trained on (node sizes, the sampling
+    # rate and the accounting use the rest); choosing the option declares them public: their
+    # scores (node_local_*) are released as they are.
+    node_eval_share: float = Field(0.0, ge=0, lt=1)
     # Save a checkpoint (models, push-sum weights, generator states, privacy ledger) every
     # this many steps; `dpdl run --resume RUN_DIR` continues from the last one.
     checkpoint_every: int | None = Field(None, ge=1)
