@@ -212,6 +212,9 @@ def test_api_runs_release_no_label_histograms(tmp_path):
     cell = json.loads((tmp_path / "api" / "results.json").read_text())["cells"][0]
     assert cell["heterogeneity"] is None and cell["node_sizes"] == [20] * NODES
     assert not (tmp_path / "api" / "label_distribution.png").exists()
+    # the option off: trainer.json as before it existed (a resume compares it as text)
+    settings = json.loads((tmp_path / "api" / "trainer.json").read_text())
+    assert "node_eval_share" not in settings["training"]
 
 
 def config(dataset="digits", **training):

@@ -540,7 +540,11 @@ class DecentralizedTrainer:
             "algorithm": self.spec.label,
             "epsilon": self.epsilon,
             "privacy": self.privacy.model_dump(mode="json", exclude={"epsilon"}),
-            "training": self.training.model_dump(mode="json"),
+            # node_eval_share only when set: a default run's trainer.json is as before (a resume
+            # compares it as text, so a run started before the option existed resumes too)
+            "training": self.training.model_dump(
+                mode="json", exclude=set() if self.training.node_eval_share else {"node_eval_share"}
+            ),
             "steps": self.steps,
             "sample_rate": self.sample_rate,
             "topology": self.topology.describe(),
