@@ -2,6 +2,7 @@
 loopback, and a killed rank that stops the others instead of hanging."""
 
 import csv
+import json
 import os
 import socket
 import subprocess
@@ -323,3 +324,30 @@ def test_an_api_run_killed_under_torchrun_max_restarts_resumes_by_itself(tmp_pat
     for g, w in zip(got["history"], want["history"], strict=True):
         np.testing.assert_allclose(g["test_loss"], w["test_loss"], rtol=1e-5)
     assert got["epsilon"] == want["epsilon"]
+
+
+# ~90 s on the shared 2-core machine: slow.  tests/training/test_node_eval.py covers the
+# scoring in one process; the gather is node_accuracies' (_gather_nodes), tested above.
+@pytest.mark.slow
+def test_per_node_evaluation_is_the_same_in_the_distributed_runtime(tmp_path):
+    """Each rank scores its own nodes on their own held-out records; the gathered per-node
+    vectors equal the simulator's, node by node."""
+    config = CONFIG.replace("eval_every = 4", "eval_every = 4\nnode_eval_share = 0.2")
+    path = tmp_path / "node_eval.toml"
+    path.write_text(config)
+    finals = []
+    for runtime in ("simulator", "distributed"):
+        out = tmp_path / runtime
+        cmd = [sys.executable, "-m", "dpdl", "run", str(path), "--output", str(out),
+               "--no-progress", "--runtime", runtime]  # fmt: skip
+        cmd += ["--procs", "2"] if runtime == "distributed" else []
+        result = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=240)
+        assert result.returncode == 0, result.stderr[-2000:]
+        (results,) = [p for p in out.rglob("results.json") if ".ranks" not in p.parts]
+        (cell,) = json.loads(results.read_text())["cells"]
+        finals.append(cell)
+    sim, dist = finals
+    assert dist["node_sizes"] == sim["node_sizes"] and len(sim["node_sizes"]) == 8
+    for key in ("node_local_accuracy", "node_local_loss"):
+        assert len(dist["final"][key]) == 8
+        np.testing.assert_allclose(dist["final"][key], sim["final"][key], rtol=1e-5, atol=1e-6)

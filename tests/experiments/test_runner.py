@@ -62,6 +62,27 @@ def test_run_folder_contents(tiny_run):
     assert [c["algorithm"] for c in on_disk["cells"]] == ["sgp", "const-d2p@clt", "dyn-d2p"]
 
 
+def test_a_benchmark_run_records_node_sizes_and_label_histograms(tiny_run):
+    """digits is a shipped public benchmark: its split's label histograms are released; they
+    are numpy.bincount of the partition the run made (seed 0, 240 records kept)."""
+    import numpy as np
+
+    from dpdl.data import load_dataset, partition
+
+    results, out = tiny_run
+    data = load_dataset("digits", seed=0)
+    keep = np.sort(np.random.default_rng(0).choice(len(data.x_train), 240, replace=False))
+    y = data.y_train[keep]
+    parts = partition(y, 6, seed=0)
+    for cell in results["cells"]:
+        het = cell["heterogeneity"]
+        assert cell["node_sizes"] == het["node_sizes"] == [len(p) for p in parts]
+        assert het["label_histograms"] == [np.bincount(y[p], minlength=10).tolist()
+                                           for p in parts]  # fmt: skip
+        assert not [k for k in cell["final"] if k.startswith("node_local")]
+    assert (out / "a" / "label_distribution.png").is_file()
+
+
 def _drop_none(d):
     if isinstance(d, dict):
         return {k: _drop_none(v) for k, v in d.items() if v is not None}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from dpdl.errors import DPDLError
@@ -169,6 +171,31 @@ def label_distribution(y: np.ndarray, parts: list[np.ndarray], num_classes: int)
     counts = np.zeros((len(parts), num_classes))
     np.add.at(counts, (node_of, labels[flat]), 1.0)
     return counts / np.maximum(sizes, 1)[:, None]
+
+
+def held_out_count(size: int, share: float) -> int:
+    """How many of a node's ``size`` records ``node_eval_share = share`` holds out: ⌈share·size⌉,
+    at least 1 and at most size − 1 (a node keeps a record to train on).  The product is
+    rounded to 9 decimals first, so 0.1 · 30 holds out 3, not ⌈3.0000000000000004⌉ = 4."""
+    return min(max(math.ceil(round(share * size, 9)), 1), size - 1)
+
+
+def held_out_slots(size: int, share: float, seed: int, node: int) -> np.ndarray:
+    """The (sorted) slots among node ``node``'s ``size`` records that ``node_eval_share =
+    share`` holds out as the node's own evaluation set: :func:`held_out_count` of them, drawn
+    with public randomness of ``seed`` and the node's index alone, so every process (and the
+    config path's label histograms) picks the same records for a node."""
+    if not 0 < share < 1:
+        raise DPDLError(f"node_eval_share must lie strictly between 0 and 1, got {share!r}")
+    if size < 2:
+        raise DPDLError(f"node {node} has {size} record(s): node_eval_share needs at least 2 "
+                        "(one to evaluate on, one to train on)")  # fmt: skip
+    rng = np.random.default_rng([int(seed), int(node), _HOLD_OUT_STREAM])
+    return np.sort(rng.choice(size, held_out_count(size, share), replace=False))
+
+
+# Tells the hold-out's public random stream apart from any other drawn from (seed, node).
+_HOLD_OUT_STREAM = 0x6E6F6465  # "node"
 
 
 def stack_node_data(x, y, parts: list[np.ndarray]):

@@ -1,11 +1,12 @@
 """Checkpoints of a training run: everything needed to continue exactly where it stopped.
 
 A checkpoint holds the hosted nodes' models x_i, push-sum weights w_i and (with momentum)
-momentum buffers m_i, their secret stream states (so the resumed run draws the very numbers
-it would have drawn), a SHA-256 fingerprint of every hosted node's data (a resume on changed data is refused: it would re-send the same
-noise on other records), the iteration, the privacy ledger (steps spent are never forgotten),
-the metrics rows written so far and the run's settings digest.  Files are written atomically
-(a temporary file created exclusively, then ``os.replace``): a crash while saving leaves the
+momentum buffers m_i, their secret stream states (so the resumed run draws the very numbers it
+would have drawn), a SHA-256 fingerprint of every hosted node's data (a resume on changed data
+is refused: it would re-send the same noise on other records), the iteration, the privacy
+ledger (steps spent are never forgotten), the metrics rows written so far and the run's
+settings digest. Files are written atomically (a temporary file created exclusively, then
+``os.replace``): a crash while saving leaves the
 previous checkpoint intact.
 
 The simulator writes one file.  In the distributed runtime every process writes its own,

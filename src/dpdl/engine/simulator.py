@@ -446,6 +446,41 @@ class Simulator:
         process scores its own nodes; only the scores are gathered."""
         return self._gather_nodes(accuracy(self.predict_nodes(inputs), targets))
 
+    @torch.no_grad()
+    def predict_own_inputs(self, inputs: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+        """Outputs of every hosted node's de-biased model on that node's own inputs:
+        ``inputs`` (m, N, ...) -> (m, N, ...) (row i through node i's model only)."""
+        params = self.debiased_params()
+
+        def forward(p, x):
+            return functional_call(self.model, (p, self.buffers), (x,))
+
+        batched = vmap(forward, in_dims=(0, 0))
+        with evaluation_mode(self.model):
+            outs = [batched(params, inputs[:, i : i + chunk])
+                    for i in range(0, inputs.shape[1], chunk)]  # fmt: skip
+            return torch.cat(outs, dim=1)
+
+    @torch.no_grad()
+    def node_scores(self, inputs: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
+                    scores: dict[str, Callable]) -> dict[str, torch.Tensor]:  # fmt: skip
+        """Each node's mean per-record score on its own (public) evaluation records, (n,) per
+        score: ``inputs`` (m, N, ...), ``targets`` (m, N, ...), ``mask`` (m, N) the hosted
+        nodes' padded sets, ``scores`` name -> (outputs, targets) -> (records,).  Each process
+        scores its own nodes on their own sets; only the (n,) means are gathered."""
+        out = self.predict_own_inputs(inputs)
+        m, size = mask.shape
+        flat_out = out.reshape(m * size, *out.shape[2:])
+        flat_targets = targets.reshape(m * size, *targets.shape[2:])
+        counts = mask.sum(dim=1).to(torch.float64)
+        means = {}
+        for name, score in scores.items():
+            values = score(flat_out, flat_targets).reshape(m, size).to(torch.float64)
+            # where, not a product: a padding slot's score may be NaN and must not count
+            values = torch.where(mask, values, torch.zeros_like(values))
+            means[name] = self._gather_nodes(values.sum(dim=1) / counts)
+        return means
+
     def average_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
         out = self.predict_average(inputs)
         loss = self.loss if callable(self.loss) else LOSSES[self.loss]

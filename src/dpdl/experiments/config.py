@@ -10,7 +10,8 @@ unknown keys, and every error names the dotted key::
     [model]       name
     [topology]    name, nodes, seed, params
     [training]    steps | epochs, batch_size (expected b), lr, lr_decay, momentum,
-                  weight_decay, local_steps, eval_every, eval_* sizes
+                  weight_decay, local_steps, eval_every, eval_* sizes,
+                  node_eval_share (per-node evaluation on held-out records)
     [privacy]     epsilon (float or list), delta, calibrate, clip, clip0, rho_c, rho_mu,
                   certified_accountant, eval_blocks, final_mode, final_blocks
 

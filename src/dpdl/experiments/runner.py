@@ -6,7 +6,10 @@ once per seed) of a config and writes one run folder::
     config.toml, config.json   the resolved config
     metrics.csv                one row per evaluation (see METRIC_COLUMNS)
     results.json               final numbers per cell, and the mean over seeds per algorithm
+                               (each cell with its node sizes; for a split of a shipped public
+                               benchmark also its per-node label histograms: heterogeneity)
     curves.png                 test accuracy and test loss against iteration, every algorithm
+    label_distribution.png     per-node label counts of a public benchmark's split (first seed)
 
 :func:`run_cell` runs one (algorithm, seed, epsilon) cell and is what a sweep may call: it
 builds a :class:`dpdl.training.trainer.DecentralizedTrainer` from the config and the cell's
@@ -17,6 +20,7 @@ the config, the (first seed's) data, topology and model have been validated.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -31,10 +35,11 @@ from dpdl.engine.simulator import NodeData, Simulator, resolve_device
 from dpdl.errors import DPDLError, require
 from dpdl.experiments.config import RunConfig, parse_config
 from dpdl.files import write_atomic
+from dpdl.training.callbacks import NODE_LOCAL_COLUMNS
 from dpdl.training.plan import build_schedule, resolve_steps
 from dpdl.training.results import RunRecord, write_results
 from dpdl.training.run_folder import RunFolder, to_toml
-from dpdl.training.settings import AlgorithmSpec, without_default_optimiser
+from dpdl.training.settings import AlgorithmSpec, without_later_defaults
 from dpdl.training.trainer import (
     METRIC_COLUMNS,
     UNACCOUNTED_TRAIN_LOSS,
@@ -78,6 +83,8 @@ class Workload:
     steps: int
     sample_rate: float
     records_per_node: list[int] = field(default_factory=list)
+    # node sizes and label histograms of a library-made split of a shipped public benchmark
+    heterogeneity: dict[str, Any] | None = None
 
 
 def prepare_workload(
@@ -131,6 +138,7 @@ def prepare_workload(
     X, Y, mask = stack_node_data(x_train, y_train, parts[first : first + count])
     node_data = NodeData.from_arrays(X, Y, mask, device=device, first_node=first)
     counts = _check_batch(cfg, node_data)
+    heterogeneity = _benchmark_heterogeneity(cfg, dataset, y_train, parts, seed)
 
     classification = dataset.task == "classification"
     y_dtype = torch.int64 if classification else torch.float32
@@ -163,7 +171,46 @@ def prepare_workload(
                             cfg.training.batch_size),  # fmt: skip
         sample_rate=cfg.training.batch_size / min(counts),
         records_per_node=counts,
+        heterogeneity=heterogeneity,
     )
+
+
+def _benchmark_heterogeneity(cfg: RunConfig, dataset, y_train, parts, seed: int):
+    """Every node's training size and label histogram when the split is the library's own
+    partition of a shipped public benchmark (then a function of public data and the public
+    seed, as released here); None for anything else (a CSV file, a user's loader or data:
+    a histogram of those would be a noise-free statistic of private records)."""
+    from dpdl.data import held_out_slots, is_public_benchmark
+
+    name = is_public_benchmark(cfg.data.dataset)
+    if name is None or dataset.task != "classification":
+        return None
+    share = cfg.training.node_eval_share
+    # the records node i trains on: what the trainer keeps after its node_eval_share hold-out
+    training = [
+        np.delete(part, held_out_slots(len(part), share, seed, i)) if share else part
+        for i, part in enumerate(parts)
+    ]
+    histograms = [np.bincount(y_train[part], minlength=dataset.num_classes) for part in training]
+    return {
+        "node_sizes": [len(part) for part in training],
+        "label_histograms": [h.tolist() for h in histograms],
+        "source": f"partition of the public benchmark {name}",
+    }
+
+
+def _draw_label_distribution(folder: RunFolder, work: Workload) -> None:
+    """label_distribution.png of the first seed's split (public benchmarks only)."""
+    if work.heterogeneity is None:
+        return
+    from dpdl.data import plot_label_distribution
+
+    data = work.config.data
+    plot_label_distribution(
+        work.heterogeneity["label_histograms"], folder / "label_distribution.png",
+        title=f"{data.dataset}: {data.partition} split over {work.topology.n} nodes "
+        f"(seed {work.seed})",
+    )  # fmt: skip
 
 
 def _check_batch(cfg: RunConfig, node_data: NodeData) -> list[int]:
@@ -271,7 +318,12 @@ def run_cell(
         seed=work.seed, progress=progress, engine_factory=simulator_factory,
         checkpoint=checkpoint,
     )  # fmt: skip
-    return trainer.fit().record
+    record = trainer.fit().record
+    if work.heterogeneity is None:
+        return record
+    require(list(record.node_sizes) == work.heterogeneity["node_sizes"],
+            "the label histograms count other node sizes than the trainer's")  # fmt: skip
+    return dataclasses.replace(record, heterogeneity=work.heterogeneity)
 
 
 # --------------------------------------------------------------------------- whole run
@@ -332,6 +384,8 @@ def run_experiment(
     workloads = {first_seed: launch.workload(cfg, first_seed)}
     validate_model(build_model(workloads[first_seed]))
     folder = _open_run_folder(cfg, output_dir, launch)
+    if launch.main_process:
+        _draw_label_distribution(folder, workloads[first_seed])
     finished = _finished_cells(folder, launch)
     cells: list[dict[str, Any]] = []
     metrics = (CSVLogger(folder / "metrics.csv", columns=_metric_columns(cfg))
@@ -444,8 +498,10 @@ def _finished_cells(folder: RunFolder, launch: _Launch) -> dict[str, RunRecord |
 
 
 def _metric_columns(cfg: RunConfig) -> tuple[str, ...]:
-    return METRIC_COLUMNS + ((UNACCOUNTED_TRAIN_LOSS,) if cfg.training.unsafe_train_metrics
-                             else ())  # fmt: skip
+    # node_local_* only with per-node evaluation: a default run's metrics.csv is unchanged
+    node_local = NODE_LOCAL_COLUMNS if cfg.training.node_eval_share else ()
+    return METRIC_COLUMNS + node_local + ((UNACCOUNTED_TRAIN_LOSS,)
+                                          if cfg.training.unsafe_train_metrics else ())  # fmt: skip
 
 
 def _cells_of_a_seed(cfg: RunConfig):
@@ -502,7 +558,8 @@ def _every_process_has(path: Path, cfg: RunConfig) -> bool:
 
 def _check_same_config(run_dir: Path, cfg: RunConfig) -> None:
     """A resume continues the run folder's own config: only where it runs may differ."""
-    saved = json.loads((run_dir / "config.json").read_text())
+    # re-read through the config model: a setting added since (at its default) is no change
+    saved = parse_config(json.loads((run_dir / "config.json").read_text())).model_dump(mode="json")
     now = cfg.model_dump(mode="json")
     for config in (saved, now):
         for key in ("runtime", "device"):
@@ -510,7 +567,7 @@ def _check_same_config(run_dir: Path, cfg: RunConfig) -> None:
         # a folder written before the optimiser settings existed holds none: at their
         # defaults they are that very run
         if isinstance(config.get("training"), dict):
-            config["training"] = without_default_optimiser(config["training"])
+            config["training"] = without_later_defaults(config["training"])
     if saved != now:
         raise DPDLError(f"{run_dir} was started with another config (config.json): refusing "
                         "to resume, which would re-send its noise under other settings")

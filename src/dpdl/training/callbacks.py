@@ -27,6 +27,18 @@ METRIC_COLUMNS = (
     "epsilon_clt",
     "epsilon_certified",
 )
+# Per-node evaluation (node_eval_data / training.node_eval_share): each node's de-biased model
+# on its own evaluation set.  Present in a row only when it is configured (default rows, and
+# the default metrics.csv, are unchanged); the accuracies are NaN for a loss other than
+# cross_entropy.  The per-node vectors go in the rows (history, results.json's final row),
+# never in metrics.csv or Evaluation.metrics (one number per metric there).
+NODE_LOCAL_COLUMNS = (
+    "node_local_accuracy_mean",
+    "node_local_accuracy_worst",
+    "node_local_loss_mean",
+    "node_local_loss_worst",
+)
+NODE_LOCAL_VECTORS = ("node_local_accuracy", "node_local_loss")
 # The training loss on the nodes' own records is a noise-free function of private data: it is
 # computed only with unsafe_train_metrics=True, under this name wherever it goes.
 UNACCOUNTED_TRAIN_LOSS = "unaccounted_train_loss"
@@ -36,6 +48,8 @@ ROW_LABELS = ("iteration", "algorithm", "seed", "epsilon_target", "epsilon_certi
 
 __all__ = [
     "METRIC_COLUMNS",
+    "NODE_LOCAL_COLUMNS",
+    "NODE_LOCAL_VECTORS",
     "ROW_LABELS",
     "UNACCOUNTED_TRAIN_LOSS",
     "CSVLogger",
@@ -48,7 +62,8 @@ __all__ = [
 @dataclass(frozen=True)
 class Evaluation:
     """What every callback receives at each evaluation (iteration 0, every ``eval_every``
-    steps, and the end): the metrics of the network-average model and the epsilon spent."""
+    steps, and the end): the metrics of the network-average model and the epsilon spent
+    (``row`` holds the per-node vectors of a per-node evaluation too)."""
 
     iteration: int
     metrics: dict[str, float]
@@ -78,7 +93,8 @@ class CSVLogger:
 
     def write_row(self, row: dict[str, Any]) -> None:
         if self._writer is None:
-            extra = tuple(k for k in row if k not in METRIC_COLUMNS and k not in ROW_LABELS)
+            extra = tuple(k for k in row if k not in METRIC_COLUMNS and k not in ROW_LABELS
+                          and k not in NODE_LOCAL_VECTORS)  # fmt: skip
             self._start(METRIC_COLUMNS + extra)
         self._writer.writerow({k: _csv_value(row.get(k)) for k in self._writer.fieldnames})
         self._fh.flush()
@@ -136,7 +152,7 @@ def evaluation_of(row: dict[str, Any]) -> Evaluation:
     return Evaluation(
         iteration=row["iteration"],
         metrics={k: v for k, v in row.items() if k not in ROW_LABELS
-                 and k not in ("epsilon_clt", "epsilon_certified")},
+                 and k not in ("epsilon_clt", "epsilon_certified", *NODE_LOCAL_VECTORS)},
         epsilon_certified=row["epsilon_certified"],
         epsilon_clt=row["epsilon_clt"],
         row=row,

@@ -1,6 +1,7 @@
 """Evaluation of a run's models on the public records the user declared (``eval_data``,
-``validation_data``), and, only with ``unsafe_train_metrics``, the noise-free loss on training
-records (released as ``unaccounted_train_loss``)."""
+``validation_data``, each node's own set: ``node_eval_data`` / ``node_eval_share``), and,
+only with ``unsafe_train_metrics``, the noise-free loss on training records (released as
+``unaccounted_train_loss``)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from torch import nn
 from dpdl.engine.simulator import NodeData, Simulator, accuracy
 from dpdl.errors import DPDLError, require
 from dpdl.training.callbacks import UNACCOUNTED_TRAIN_LOSS
-from dpdl.training.inputs import check_eval_labels, per_record_loss
+from dpdl.training.inputs import check_eval_records, per_record_loss
+from dpdl.training.node_eval import node_local_metrics
 from dpdl.training.settings import TrainingSection
 
 __all__ = ["Evaluator"]
@@ -27,19 +29,23 @@ _HELD_OUT = ("test_loss", "test_accuracy", "node_accuracy_mean", "node_accuracy_
 class Evaluator:
     """Computes one metrics row (without its labels and epsilons) of an engine's models."""
 
-    def __init__(self, loss, metric: Callable | None, sets: dict[str, Any], node_samples: int):
+    def __init__(self, loss, metric: Callable | None, sets: dict[str, Any], node_samples: int,
+                 node_sets: NodeData | None = None):  # fmt: skip
         self.loss, self.metric, self.sets, self.node_samples = loss, metric, sets, node_samples
+        self.node_sets = node_sets  # the hosted nodes' own evaluation sets (node_eval)
 
     @classmethod
     def build(cls, model: nn.Module, eval_data, train_eval_data, validation_data, *,
               metric: Callable | None, node_data: NodeData, training: TrainingSection, loss,
-              classes: int | None, seed: int, device) -> Evaluator:  # fmt: skip
+              classes: int | None, seed: int, device,
+              node_sets: NodeData | None = None) -> Evaluator:  # fmt: skip
         """Check and pick the evaluation records (public randomness of ``seed``), then probe
-        ``metric`` on a few of them."""
+        ``metric`` on a few of them.  ``node_sets``: the hosted nodes' own evaluation sets
+        (:mod:`dpdl.training.node_eval`), scored as ``node_local_*``."""
         sets = _evaluation_sets(eval_data, train_eval_data, validation_data, node_data=node_data,
                                 training=training, loss=loss, classes=classes, seed=seed,
                                 device=device)  # fmt: skip
-        evaluator = cls(loss, metric, sets, training.eval_node_samples)
+        evaluator = cls(loss, metric, sets, training.eval_node_samples, node_sets)
         evaluator._probe_metric(model)
         return evaluator
 
@@ -79,9 +85,11 @@ class Evaluator:
         row |= dict.fromkeys(_HELD_OUT, math.nan)
         if sets["x_val"] is not None:
             row |= self._validation(sim)
-        if sets["x_test"] is None:
-            return row
-        return row | self._test(sim)
+        if sets["x_test"] is not None:
+            row |= self._test(sim)
+        if self.node_sets is not None:
+            row |= node_local_metrics(sim, self.node_sets, self.loss)
+        return row
 
     def _validation(self, sim: Simulator) -> dict[str, float]:
         out = sim.predict_average(self.sets["x_val"])
@@ -115,22 +123,8 @@ def _evaluation_sets(eval_data, train_eval_data, validation_data, *, node_data: 
     target_dtype = node_data.targets.dtype
 
     def tensors(pair, what, limit):
-        from dpdl.data import local_arrays
-
-        x, y = (
-            (pair[0], pair[1])
-            if all(isinstance(t, torch.Tensor) for t in pair[:2])
-            else (torch.as_tensor(a) for a in local_arrays(pair, what))
-        )
-        require(len(x) == len(y), f"{what} has {len(x)} inputs but {len(y)} targets")
-        require(len(x) > 0, f"{what} has no records")
-        require(
-            tuple(x.shape[1:]) == record_shape,
-            f"{what} has record shape {tuple(x.shape[1:])} but the nodes' records have "
-            f"{record_shape}",
-        )
-        if loss == "cross_entropy" and classes:
-            check_eval_labels(y, what, classes)
+        x, y = check_eval_records(pair, what, record_shape=record_shape, loss=loss,
+                                  classes=classes)  # fmt: skip
         if limit is not None and limit < len(x):
             pick = torch.as_tensor(np.sort(rng.choice(len(x), limit, replace=False)))
             x, y = x[pick.to(x.device)], y[pick.to(y.device)]

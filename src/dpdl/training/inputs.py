@@ -18,6 +18,7 @@ from dpdl.errors import DPDLError, require
 __all__ = [
     "as_topology",
     "check_eval_labels",
+    "check_eval_records",
     "check_loss",
     "first_line",
     "local_node_data",
@@ -138,6 +139,30 @@ def loss_name(loss) -> str:
 def first_line(err: BaseException) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else ""
+
+
+def check_eval_records(pair, what: str, *, record_shape: tuple[int, ...], loss,
+                       classes: int | None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``(inputs, targets)`` tensors of one evaluation set (a pair or a torch Dataset): as many
+    targets as inputs, at least one record, the nodes' record shape, and for cross_entropy
+    class labels the model scores.  Left where they are (device, dtype)."""
+    from dpdl.data import local_arrays
+
+    x, y = (
+        (pair[0], pair[1])
+        if isinstance(pair, tuple | list) and len(pair) == 2
+        and all(isinstance(t, torch.Tensor) for t in pair)
+        else (torch.as_tensor(a) for a in local_arrays(pair, what))
+    )  # fmt: skip
+    require(len(x) == len(y), f"{what} has {len(x)} inputs but {len(y)} targets")
+    require(len(x) > 0, f"{what} has no records")
+    require(
+        tuple(x.shape[1:]) == record_shape,
+        f"{what} has record shape {tuple(x.shape[1:])} but the nodes' records have {record_shape}",
+    )
+    if loss == "cross_entropy" and classes:
+        check_eval_labels(y, what, classes)
+    return x, y
 
 
 def check_eval_labels(y: torch.Tensor, what: str, classes: int) -> None:

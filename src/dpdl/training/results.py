@@ -23,6 +23,9 @@ SUMMARY_METRICS = (
     "epsilon_certified",
 )
 
+NODE_LOCAL_SUMMARY = ("node_local_accuracy_mean", "node_local_accuracy_worst",
+                      "node_local_loss_mean")  # fmt: skip
+
 
 @dataclass(frozen=True)
 class RunRecord:
@@ -33,7 +36,10 @@ class RunRecord:
     ``final`` the last metrics row (non-finite numbers as None) with the ledger's final
     epsilons; ``steps_done`` the engine's iteration at the end, ``steps_spent`` the
     ledger's (a diverged step is recorded before it runs); ``unaccounted_outputs`` what the
-    run releases without accounting for it.
+    run releases without accounting for it; ``node_sizes`` every node's training records J_i
+    (public by the threat model; after a ``node_eval_share`` hold-out); ``heterogeneity``
+    only for a library-made partition of a shipped public benchmark (``dpdl run``): node
+    sizes, per-node label histograms and their source, never for a user's data.
     """
 
     algorithm: str
@@ -58,13 +64,16 @@ class RunRecord:
     ledger_epsilon_spent: float | None
     ledger_accountant: str | None
     schedule: dict[str, Any] | None
+    node_sizes: tuple[int, ...] | None = None
+    heterogeneity: dict[str, Any] | None = None
     rows: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self, rows: bool = True) -> dict[str, Any]:
         """The record as written, keys in this order (without ``rows`` when ``rows=False``)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        if self.unaccounted_outputs is not None:
-            out["unaccounted_outputs"] = list(self.unaccounted_outputs)
+        for key in ("unaccounted_outputs", "node_sizes"):
+            if out[key] is not None:
+                out[key] = list(out[key])
         if rows:
             out["rows"] = list(self.rows)
         else:
@@ -78,8 +87,9 @@ class RunRecord:
         ignored."""
         values = {f.name: record.get(f.name) for f in dataclasses.fields(cls)}
         values["rows"] = tuple(record.get("rows") or ())
-        if values["unaccounted_outputs"] is not None:
-            values["unaccounted_outputs"] = tuple(values["unaccounted_outputs"])
+        for key in ("unaccounted_outputs", "node_sizes"):
+            if values[key] is not None:
+                values[key] = tuple(values[key])
         return cls(**values)
 
     def __getitem__(self, key: str) -> Any:
@@ -120,7 +130,10 @@ def summarize(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "seeds": [c["seed"] for c in members],
             "status": sorted({c["status"] for c in members}),
         }
-        for key in SUMMARY_METRICS:
+        # node_local_* only where a run evaluated per node (default summaries unchanged)
+        node_local = [k for k in NODE_LOCAL_SUMMARY
+                      if any(k in (c["final"] or {}) for c in members)]  # fmt: skip
+        for key in (*SUMMARY_METRICS, *node_local):
             vals = [c["final"].get(key) for c in members if c["status"] == "ok"]
             vals = [v for v in vals if v is not None]
             entry[key] = float(np.mean(vals)) if vals else None

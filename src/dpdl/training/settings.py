@@ -31,14 +31,14 @@ __all__ = [
     "ConfigSection",
     "Epsilons",
     "NoiseEntropy",
-    "OPTIMISER_DEFAULTS",
+    "LATER_SETTING_DEFAULTS",
     "PrivacySection",
     "REPRODUCIBLE_NOISE_NOTE",
     "TrainingSection",
     "seeded_cell_name",
     "validate_config",
     "with_overrides",
-    "without_default_optimiser",
+    "without_later_defaults",
 ]
 
 
@@ -126,17 +126,21 @@ class AlgorithmSpec(BaseModel):
         return self.name if self.calibrate is None else f"{self.name}@{self.calibrate}"
 
 
-# The optimiser settings of TrainingSection at their defaults (Algorithm 1 itself).  A run at
+# Settings of TrainingSection added since the first runs (the optimiser's: Algorithm 1 itself
+# at these values; per-node evaluation off), at their defaults.  A run at
 # the defaults describes itself without them (trainer.json, the settings digest that keys
 # seeded noise and checkpoints, a resume's config check), so it is the very run it was before
 # they existed: same digests, same noise, and its run folders still resume.
-OPTIMISER_DEFAULTS: dict[str, Any] = {"momentum": 0.0, "weight_decay": 0.0, "local_steps": 1}
+LATER_SETTING_DEFAULTS: dict[str, Any] = {
+    "momentum": 0.0, "weight_decay": 0.0, "local_steps": 1, "node_eval_share": 0.0,
+}  # fmt: skip
 
 
-def without_default_optimiser(training: dict[str, Any]) -> dict[str, Any]:
-    """A [training] table (a dict) without the optimiser settings that are at their default."""
+def without_later_defaults(training: dict[str, Any]) -> dict[str, Any]:
+    """A [training] table (a dict) without the settings added since the first runs (the
+    optimiser's, per-node evaluation) that are at their default."""
     return {k: v for k, v in training.items()
-            if k not in OPTIMISER_DEFAULTS or v != OPTIMISER_DEFAULTS[k]}  # fmt: skip
+            if k not in LATER_SETTING_DEFAULTS or v != LATER_SETTING_DEFAULTS[k]}  # fmt: skip
 
 
 class TrainingSection(_Section):
@@ -164,6 +168,12 @@ class TrainingSection(_Section):
     unsafe_train_metrics: bool = False
     eval_test_samples: int | None = Field(None, ge=1)
     eval_node_samples: int = Field(1000, ge=1)
+    # Per-node evaluation (0: off): each node holds out ⌈share·J_i⌉ of its records (at least
+    # one, and one left to train on), drawn with public randomness of the seed before training,
+    # as its own evaluation set.  Those records are never trained on (node sizes, the sampling
+    # rate and the accounting use the rest); choosing the option declares them public: their
+    # scores (node_local_*) are released as they are.
+    node_eval_share: float = Field(0.0, ge=0, lt=1)
     # Save a checkpoint (models, push-sum weights, generator states, privacy ledger) every
     # this many steps; `dpdl run --resume RUN_DIR` continues from the last one.
     checkpoint_every: int | None = Field(None, ge=1)

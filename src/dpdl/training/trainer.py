@@ -58,6 +58,7 @@ from dpdl.training.evaluation import Evaluator
 from dpdl.training.fingerprints import behaviour_digest, parameters_digest
 from dpdl.training.hooks import CellCheckpointer, Checkpoints, Evaluations, ProgressBar
 from dpdl.training.loop import RunState, run_steps
+from dpdl.training.node_eval import hold_out_node_eval, node_eval_sets
 from dpdl.training.plan import (
     RunPlan,
     approve_schedule,
@@ -68,12 +69,12 @@ from dpdl.training.plan import (
 )
 from dpdl.training.results import RunRecord
 from dpdl.training.settings import (
-    OPTIMISER_DEFAULTS,
+    LATER_SETTING_DEFAULTS,
     AlgorithmSpec,
     PrivacySection,
     TrainingSection,
     with_overrides,
-    without_default_optimiser,
+    without_later_defaults,
 )
 
 RUNTIMES = ("simulator", "distributed")
@@ -83,7 +84,7 @@ RUNTIMES = ("simulator", "distributed")
 _REPORTING_PRIVACY = ("certified_accountant", "eval_blocks", "final_mode", "final_blocks")
 # The optimiser's (momentum, weight_decay, local_steps) shape it too, but enter (describe())
 # only when not at their defaults: a default run's digests stay those it always had.
-_TRAINING_SHAPING = ("steps", "epochs", "batch_size", "lr", "lr_decay", *OPTIMISER_DEFAULTS)
+_TRAINING_SHAPING = ("steps", "epochs", "batch_size", "lr", "lr_decay", *LATER_SETTING_DEFAULTS)
 
 # The facade's own names and those a caller of it needs.  The plan's functions
 # (build_schedule, approve_schedule, noise_root, resolve_steps) are importable from here as
@@ -155,6 +156,8 @@ def _module_with(template: nn.Module, params: dict[str, torch.Tensor]) -> nn.Mod
 
 
 def _json_number(v):
+    if isinstance(v, list):  # a per-node vector (node_local_*)
+        return [_json_number(x) for x in v]
     if isinstance(v, float) and not math.isfinite(v):
         return None
     return v
@@ -184,7 +187,8 @@ class DecentralizedTrainer:
       ``batch_size`` (expected b), ``lr`` (γ), ``lr_decay``, ``steps`` or ``epochs``,
       ``momentum`` (heavy-ball β ∈ [0, 1)), ``weight_decay`` (λ ≥ 0), ``local_steps`` (H:
       gossip every H-th step; see MATH.md §4), ``eval_every``,
-      ``eval_test_samples``/``eval_node_samples``, ``unsafe_train_metrics``,
+      ``eval_test_samples``/``eval_node_samples``, ``node_eval_share``,
+      ``unsafe_train_metrics``,
       ``eval_train_samples``, ``checkpoint_every``.
     * Every field of either may be given as a keyword of its own, which overrides it
       (``delta=1e-5``, ``steps=500``; the common ones are named parameters, the others go
@@ -194,7 +198,13 @@ class DecentralizedTrainer:
       per-record losses.
     * ``eval_data`` ``(inputs, targets)``, ``validation_data`` (held-out records to choose
       parameters on: ``val_loss``, ``val_accuracy``): evaluation data the user declares
-      public (metrics on them are released as they are); ``metric``
+      public (metrics on them are released as they are); ``node_eval_data``
+      ``[(x_0, y_0), ...]`` (or a function of the node index): one evaluation set per node,
+      on which node i's de-biased model z_i is scored (``node_local_accuracy`` /
+      ``node_local_loss`` vectors in the rows, their mean and worst as ``node_local_*``),
+      also evaluation data the user declares public, released as scores; or
+      ``node_eval_share=s``: each node holds out ⌈s·J_i⌉ of its records as its own set
+      (never trained on; choosing it declares them public); ``metric``
       ``(outputs, targets) -> float | dict``, ``callbacks``: callables receiving an
       :class:`Evaluation`.  Nothing computed from the nodes' training records leaves the
       trainer without noise; ``unsafe_train_metrics=True`` adds the noise-free training loss
@@ -230,6 +240,7 @@ class DecentralizedTrainer:
         eval_data: Any = None,
         train_eval_data: Any = None,
         validation_data: Any = None,
+        node_eval_data: Any = None,
         metric: Callable | None = None,
         callbacks: Sequence[Callable[[Evaluation], Any]] = (),
         callbacks_on: str = "main",
@@ -257,14 +268,15 @@ class DecentralizedTrainer:
         self.name, self.progress, self.checkpoint = name, progress, checkpoint
         self.engine_factory = engine_factory
         self._run_digest: str | None = None
+        require(node_eval_data is None or not self.training.node_eval_share,
+                "give node_eval_data (one set per node) or training.node_eval_share (each "
+                "node holds out a share of its records), not both")  # fmt: skip
         self._inputs(model, data, topology, topology_params or {}, nodes, loss)
         self._plan()
         self.metric = metric
-        self.evaluator = Evaluator.build(
-            self.model, eval_data, train_eval_data, validation_data, metric=metric,
-            node_data=self.node_data, training=self.training, loss=self.loss,
-            classes=self._classes, seed=self.seed, device=self.device,
-        )  # fmt: skip
+        # Each process checks its own nodes' sets (they differ per rank): all agree after.
+        self._agree(lambda: self._build_evaluator(eval_data, train_eval_data, validation_data,
+                                                  node_eval_data, metric))  # fmt: skip
 
     # ------------------------------------------------------------------ validation
     def _settings(self, algorithm, epsilon, privacy, training, settings: dict[str, Any]) -> None:
@@ -356,6 +368,27 @@ class DecentralizedTrainer:
         self.node_data = inputs.local_node_data(data, n, self.first_node, hosted, self.device)
         self._classes = inputs.probe_model(self.model, self.node_data, self.loss, self.device,
                                            self.first_node)  # fmt: skip
+        self._held_out = None
+        if self.training.node_eval_share:
+            # Before anything else sees the sizes: the held-out records are no training
+            # records (never sampled; J_i, b / J_min and the accounting use the rest).
+            self.node_data, self._held_out = hold_out_node_eval(
+                self.node_data, self.training.node_eval_share, self.seed, self.first_node
+            )
+
+    def _build_evaluator(self, eval_data, train_eval_data, validation_data, node_eval_data,
+                         metric) -> None:  # fmt: skip
+        node_sets = self._held_out
+        if node_eval_data is not None:
+            node_sets = node_eval_sets(node_eval_data, self.topology.n, self.first_node,
+                                       self.node_data.n_nodes, node_data=self.node_data,
+                                       loss=self.loss, classes=self._classes,
+                                       device=self.device)  # fmt: skip
+        self.evaluator = Evaluator.build(
+            self.model, eval_data, train_eval_data, validation_data, metric=metric,
+            node_data=self.node_data, training=self.training, loss=self.loss,
+            classes=self._classes, seed=self.seed, device=self.device, node_sets=node_sets,
+        )  # fmt: skip
 
     def _plan(self) -> None:
         """Steps, sampling, schedule, and the ledger's approval of all of it."""
@@ -514,7 +547,9 @@ class DecentralizedTrainer:
             "algorithm": self.spec.label,
             "epsilon": self.epsilon,
             "privacy": self.privacy.model_dump(mode="json", exclude={"epsilon"}),
-            "training": without_default_optimiser(self.training.model_dump(mode="json")),
+            # settings added since the first runs appear only when set: a default run's
+            # trainer.json is as before (a resume compares it as text)
+            "training": without_later_defaults(self.training.model_dump(mode="json")),
             "steps": self.steps,
             "sample_rate": self.sample_rate,
             "topology": self.topology.describe(),
@@ -680,7 +715,8 @@ class DecentralizedTrainer:
             unaccounted_outputs=tuple(unaccounted),
             ledger_epsilon_spent=None if ledger is None else ledger.epsilon_spent(),
             ledger_accountant=None if ledger is None else ledger.accountant,
-            schedule=schedule.to_dict(), rows=tuple(state.rows),
+            schedule=schedule.to_dict(), node_sizes=tuple(self.records_per_node),
+            rows=tuple(state.rows),
         )  # fmt: skip
 
     def _result(self, state: RunState, record: RunRecord, spent: tuple) -> TrainingResult:

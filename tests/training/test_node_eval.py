@@ -1,0 +1,265 @@
+"""Per-node evaluation (``node_eval_data``, ``training.node_eval_share``) and the
+heterogeneity summaries (node sizes; label histograms only of a public benchmark's split)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import dpdl
+from dpdl.data import (
+    held_out_count,
+    held_out_slots,
+    label_histograms,
+    load_dataset,
+    partition,
+    plot_label_distribution,
+)
+from dpdl.errors import DPDLError
+from dpdl.experiments import runner
+
+NODES = 5
+FEATURES, CLASSES = 6, 3
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def node_sets(sizes, seed=0, regression=False):
+    rng = np.random.default_rng(seed)
+    sets = []
+    for size in sizes:
+        x = rng.normal(size=(size, FEATURES)).astype(np.float32)
+        y = (rng.normal(size=size).astype(np.float32) if regression
+             else rng.integers(0, CLASSES, size=size))  # fmt: skip
+        sets.append((x, y))
+    return sets
+
+
+def linear(outputs=CLASSES):
+    torch.manual_seed(0)
+    return nn.Linear(FEATURES, outputs)
+
+
+def train(data, **options):
+    settings = dict(topology="exp", algorithm="dyn-d2p", epsilon=2.0, steps=6, batch_size=2,
+                    lr=0.3, eval_every=3, entropy="seed", seed=1)  # fmt: skip
+    return dpdl.train(options.pop("model", None) or linear(), data, **(settings | options))
+
+
+def one_line_error(excinfo) -> str:
+    message = str(excinfo.value)
+    assert "\n" not in message, message
+    return message
+
+
+# --------------------------------------------------------------------------- node_eval_data
+def test_node_local_scores_are_each_node_model_on_its_own_set(tmp_path):
+    data, evals = node_sets([20, 25, 30, 22, 28]), node_sets([7, 9, 5, 11, 8], seed=5)
+    result = train(data, node_eval_data=evals, output_dir=tmp_path, run_name="r")
+    assert [row["iteration"] for row in result.history] == [0, 3, 6]
+    final = result.history[-1]
+    for i, (x, y) in enumerate(evals):  # brute force: node i's model, node i's records
+        with torch.no_grad():
+            out = result.node_model(i)(torch.as_tensor(x))
+        y = torch.as_tensor(y)
+        assert final["node_local_accuracy"][i] == pytest.approx(
+            float((out.argmax(-1) == y).double().mean()), abs=1e-12)  # fmt: skip
+        assert final["node_local_loss"][i] == pytest.approx(
+            float(nn.functional.cross_entropy(out, y)), rel=1e-5)  # fmt: skip
+    assert final["node_local_accuracy_mean"] == pytest.approx(np.mean(final["node_local_accuracy"]))
+    assert final["node_local_accuracy_worst"] == min(final["node_local_accuracy"])
+    # the vectors go in the rows and results.json's final row, not in metrics.csv
+    assert result.record.final["node_local_accuracy"] == final["node_local_accuracy"]
+    cell = json.loads((tmp_path / "r" / "results.json").read_text())["cells"][0]
+    assert cell["final"]["node_local_loss"] == final["node_local_loss"]
+    assert cell["node_sizes"] == [20, 25, 30, 22, 28]
+    with open(tmp_path / "r" / "metrics.csv", newline="") as fh:
+        header = next(csv.reader(fh))
+    assert "node_local_accuracy_worst" in header and "node_local_accuracy" not in header
+
+
+def test_a_regression_run_gets_per_node_losses_only():
+    data, evals = node_sets([20] * NODES, regression=True), node_sets([6] * NODES, 3, True)
+    result = train(data, node_eval_data=evals, loss="squared_error", model=linear(1))
+    final = result.history[-1]
+    assert "node_local_accuracy" not in final and math.isnan(final["node_local_accuracy_mean"])
+    x, y = evals[2]
+    with torch.no_grad():
+        out = result.node_model(2)(torch.as_tensor(x)).reshape(-1)
+    want = float((0.5 * (out - torch.as_tensor(y)) ** 2).mean())
+    assert final["node_local_loss"][2] == pytest.approx(want, rel=1e-5)
+
+
+def test_without_per_node_evaluation_rows_are_as_before():
+    final = train(node_sets([20] * NODES)).history[-1]
+    assert not [k for k in final if k.startswith("node_local")]
+
+
+def _bad_sets():
+    good = node_sets([6] * NODES, seed=2)
+    wrong_shape = list(good)
+    wrong_shape[3] = (np.zeros((6, FEATURES + 1), np.float32), good[3][1])
+    real_labels = list(good)
+    real_labels[1] = (good[1][0], np.full(6, 0.5, np.float32))
+    out_of_range = list(good)
+    out_of_range[4] = (good[4][0], np.array([0, 1, 2, 3, 0, 1]))
+    empty = list(good)
+    empty[0] = (np.zeros((0, FEATURES), np.float32), np.zeros(0, np.int64))
+    return {
+        "count": (good[:4], "node_eval_data has 4 sets but the run has 5 nodes"),
+        "shape": (wrong_shape, "node_eval_data[3] (node 3's evaluation set) has record shape (7,)"),
+        "float labels": (real_labels, "node_eval_data[1] (node 1's evaluation set) has "
+                         "real-valued labels"),
+        "out of range": (out_of_range, "node_eval_data[4] (node 4's evaluation set) has labels "
+                         "outside 0..2 (the model's 3 outputs), e.g. 3"),
+        "empty": (empty, "node_eval_data[0] (node 0's evaluation set) has no records"),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(_bad_sets()))
+def test_bad_node_eval_data_is_refused_before_anything_is_written(tmp_path, case):
+    sets, message = _bad_sets()[case]
+    with pytest.raises(DPDLError) as excinfo:
+        dpdl.DecentralizedTrainer(linear(), node_sets([20] * NODES), epsilon=2.0, steps=4,
+                                  node_eval_data=sets, output_dir=tmp_path)  # fmt: skip
+    assert message in one_line_error(excinfo)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_node_eval_data_and_share_are_exclusive():
+    with pytest.raises(DPDLError, match="not both"):
+        dpdl.DecentralizedTrainer(linear(), node_sets([20] * NODES), epsilon=2.0, steps=4,
+                                  node_eval_data=node_sets([5] * NODES),
+                                  node_eval_share=0.2)  # fmt: skip
+
+
+# --------------------------------------------------------------------------- node_eval_share
+def test_held_out_count_is_the_ceiling_of_the_share():
+    for share, size in [(0.1, 30), (0.1, 25), (0.3, 10), (0.15, 20), (0.05, 7), (0.9, 2)]:
+        exact = math.ceil(Fraction(str(share)) * size)  # decimal share, exact arithmetic
+        assert held_out_count(size, share) == min(max(exact, 1), size - 1), (share, size)
+    assert len(held_out_slots(30, 0.1, seed=3, node=2)) == 3
+    with pytest.raises(DPDLError, match="node 4 has 1 record"):
+        held_out_slots(1, 0.5, seed=0, node=4)
+
+
+def test_held_out_records_are_never_trained_on():
+    """A run holding out ⌈s·J_i⌉ records trains exactly as a run on the other records alone
+    (same seeded streams: sizes, sampling rate, data): the held-out records, made huge and
+    distinctive, are never sampled; and they are what the per-node scores are computed on."""
+    sizes, share, seed = [20, 25, 30, 22, 28], 0.1, 1
+    data = node_sets(sizes)
+    kept_sets, held_sets = [], []
+    for i, (x, y) in enumerate(data):
+        slots = held_out_slots(len(x), share, seed, i)
+        x[slots] = 1e4  # a sampled one would swing the clipped gradient off the other run's
+        rest = np.setdiff1d(np.arange(len(x)), slots)
+        kept_sets.append((x[rest], y[rest]))
+        held_sets.append((x[slots], y[slots]))
+    held_out = train(data, node_eval_share=share, seed=seed)
+    alone = train(kept_sets, node_eval_data=held_sets, seed=seed)
+    want_sizes = [j - math.ceil(Fraction(str(share)) * j) for j in sizes]
+    assert list(held_out.record.node_sizes) == want_sizes
+    assert held_out.record.sample_rate == pytest.approx(2 / min(want_sizes))
+    for name, p in held_out.model.state_dict().items():
+        torch.testing.assert_close(p, alone.model.state_dict()[name], rtol=0, atol=0)
+    for key in ("node_local_accuracy", "node_local_loss"):
+        assert held_out.history[-1][key] == alone.history[-1][key]
+
+
+def test_node_eval_share_is_a_training_setting():
+    from dpdl.experiments.config import parse_config
+
+    assert parse_config(config(node_eval_share=0.1)).training.node_eval_share == 0.1
+    with pytest.raises(DPDLError, match="training.node_eval_share: Input should be less than 1"):
+        parse_config(config(node_eval_share=1.0))
+    with pytest.raises(DPDLError, match="node_eval_share: Input should be less than 1"):
+        dpdl.DecentralizedTrainer(linear(), node_sets([20] * NODES), epsilon=2.0, steps=4,
+                                  node_eval_share=1.0)  # fmt: skip
+    with pytest.raises(DPDLError, match="node 2 has 1 record"):
+        dpdl.DecentralizedTrainer(linear(), node_sets([20, 20, 1, 20, 20]), epsilon=2.0,
+                                  steps=4, batch_size=1, node_eval_share=0.2)  # fmt: skip
+
+
+# --------------------------------------------------------------------------- heterogeneity
+def test_label_histograms_and_their_drawing(tmp_path):
+    data = node_sets([20, 25, 30, 22, 28])
+    histograms = label_histograms(data, CLASSES)
+    for row, (_, y) in zip(histograms, data, strict=True):
+        assert row.tolist() == np.bincount(y, minlength=CLASSES).tolist()
+    path = plot_label_distribution(histograms, tmp_path / "labels.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(DPDLError, match="node 0 has labels outside 0..1, e.g. 2"):
+        label_histograms(data, 2)
+
+
+def test_api_runs_release_no_label_histograms(tmp_path):
+    result = train(node_sets([20] * NODES), output_dir=tmp_path, run_name="api")
+    assert result.record.heterogeneity is None
+    cell = json.loads((tmp_path / "api" / "results.json").read_text())["cells"][0]
+    assert cell["heterogeneity"] is None and cell["node_sizes"] == [20] * NODES
+    assert not (tmp_path / "api" / "label_distribution.png").exists()
+    # the option off: trainer.json as before it existed (a resume compares it as text)
+    settings = json.loads((tmp_path / "api" / "trainer.json").read_text())
+    assert "node_eval_share" not in settings["training"]
+
+
+def config(dataset="digits", **training):
+    return {
+        "kind": "decentralized",
+        "experiment": {"name": "het", "algorithms": ["dyn-d2p"], "entropy": "seed", "seed": 2},
+        "data": {"dataset": dataset, "partition": "dirichlet", "alpha": 0.5},
+        "model": {"name": "logreg"},
+        "topology": {"name": "exp", "nodes": 6},
+        "training": {"steps": 2, "batch_size": 2, "lr": 0.3, "eval_every": 2} | training,
+        "privacy": {"epsilon": 2.0, "delta": 1e-4, "calibrate": "clt",
+                    "certified_accountant": "rdp"},
+    }  # fmt: skip
+
+
+def test_a_benchmark_split_records_its_label_histograms(tmp_path):
+    results = runner.run_experiment(config(node_eval_share=0.1), tmp_path, progress=False,
+                                    run_name="r")  # fmt: skip
+    (cell,) = results["cells"]
+    data = load_dataset("digits", seed=2)
+    parts = partition(data.y_train, 6, scheme="dirichlet", alpha=0.5, seed=2)
+    trained = [np.delete(p, held_out_slots(len(p), 0.1, 2, i)) for i, p in enumerate(parts)]
+    het = cell["heterogeneity"]
+    assert het["source"] == "partition of the public benchmark digits"
+    assert het["node_sizes"] == cell["node_sizes"] == [len(p) for p in trained]
+    assert cell["node_sizes"] == [len(p) - math.ceil(Fraction("0.1") * len(p)) for p in parts]
+    assert het["label_histograms"] == [np.bincount(data.y_train[p], minlength=10).tolist()
+                                       for p in trained]  # fmt: skip
+    assert len(cell["final"]["node_local_accuracy"]) == 6
+    run_dir = tmp_path / "r"
+    assert (run_dir / "label_distribution.png").read_bytes()[:4] == b"\x89PNG"
+    with open(run_dir / "metrics.csv", newline="") as fh:
+        header = next(csv.reader(fh))
+    assert header == [*runner.METRIC_COLUMNS, "node_local_accuracy_mean",
+                      "node_local_accuracy_worst", "node_local_loss_mean",
+                      "node_local_loss_worst"]  # fmt: skip
+
+
+def test_a_csv_data_set_gets_no_label_histograms(tmp_path):
+    rng = np.random.default_rng(0)
+    table = np.column_stack([rng.normal(size=(120, 4)), rng.integers(0, 2, 120)])
+    path = tmp_path / "mine.csv"
+    np.savetxt(path, table, delimiter=",", fmt=["%.5f"] * 4 + ["%d"])
+    results = runner.run_experiment(config(f"csv:{path}"), tmp_path / "out", progress=False,
+                                    run_name="r")  # fmt: skip
+    (cell,) = results["cells"]
+    assert cell["heterogeneity"] is None and len(cell["node_sizes"]) == 6
+    assert not (tmp_path / "out" / "r" / "label_distribution.png").exists()
