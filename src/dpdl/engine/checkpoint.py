@@ -5,9 +5,8 @@ momentum buffers m_i, their secret stream states (so the resumed run draws the v
 would have drawn), a SHA-256 fingerprint of every hosted node's data (a resume on changed data
 is refused: it would re-send the same noise on other records), the iteration, the privacy
 ledger (steps spent are never forgotten), the metrics rows written so far and the run's
-settings digest. Files are written atomically (a temporary file created exclusively, then
-``os.replace``): a crash while saving leaves the
-previous checkpoint intact.
+settings digest.  Files are written atomically (a temporary file created exclusively, then
+``os.replace``): a crash while saving leaves the previous checkpoint intact.
 
 The simulator writes one file.  In the distributed runtime every process writes its own,
 :func:`process_path` (``run.rank<R>.pt`` beside ``run.pt``), with its own nodes only: no rank
