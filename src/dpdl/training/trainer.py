@@ -69,7 +69,6 @@ from dpdl.training.plan import (
 )
 from dpdl.training.results import RunRecord
 from dpdl.training.settings import (
-    LATER_SETTING_DEFAULTS,
     AlgorithmSpec,
     PrivacySection,
     TrainingSection,
@@ -84,7 +83,10 @@ RUNTIMES = ("simulator", "distributed")
 _REPORTING_PRIVACY = ("certified_accountant", "eval_blocks", "final_mode", "final_blocks")
 # The optimiser's (momentum, weight_decay, local_steps) shape it too, but enter (describe())
 # only when not at their defaults: a default run's digests stay those it always had.
-_TRAINING_SHAPING = ("steps", "epochs", "batch_size", "lr", "lr_decay", *LATER_SETTING_DEFAULTS)
+# node_eval_share is not among them: the records it holds out change the data, which enter
+# the streams by their fingerprints; a run holding them out is the run on the rest alone.
+_TRAINING_SHAPING = ("steps", "epochs", "batch_size", "lr", "lr_decay", "momentum",
+                     "weight_decay", "local_steps")  # fmt: skip
 
 # The facade's own names and those a caller of it needs.  The plan's functions
 # (build_schedule, approve_schedule, noise_root, resolve_steps) are importable from here as
