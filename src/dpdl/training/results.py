@@ -33,7 +33,10 @@ class RunRecord:
     ``final`` the last metrics row (non-finite numbers as None) with the ledger's final
     epsilons; ``steps_done`` the engine's iteration at the end, ``steps_spent`` the
     ledger's (a diverged step is recorded before it runs); ``unaccounted_outputs`` what the
-    run releases without accounting for it.
+    run releases without accounting for it; ``sampling`` "uniform" | "per-node",
+    ``sample_rates`` every node's Poisson rate; ``epsilon_per_node`` every node's certified
+    epsilon of the steps spent at its own rate (the largest is the run's epsilon, of the node
+    at the schedule's rate; None for a non-private run), ``epsilon_per_node_method`` how.
     """
 
     algorithm: str
@@ -58,6 +61,10 @@ class RunRecord:
     ledger_epsilon_spent: float | None
     ledger_accountant: str | None
     schedule: dict[str, Any] | None
+    sampling: str | None = None
+    sample_rates: list[float] | None = None
+    epsilon_per_node: list[float] | None = None
+    epsilon_per_node_method: str | None = None
     rows: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self, rows: bool = True) -> dict[str, Any]:
