@@ -133,8 +133,8 @@ def test_same_seed_same_metrics_and_seed_matters(tmp_path):
 def test_refuses_a_schedule_over_budget(tmp_path, monkeypatch):
     real = trainer.build_schedule
 
-    def too_generous(privacy, spec, epsilon, steps, sample_rate):
-        schedule = real(privacy, spec, 3 * epsilon, steps, sample_rate)
+    def too_generous(privacy, spec, epsilon, steps, sample_rate, *progress):
+        schedule = real(privacy, spec, 3 * epsilon, steps, sample_rate, *progress)
         return dataclasses.replace(schedule, epsilon_target=epsilon)  # claims the smaller eps
 
     monkeypatch.setattr(trainer, "build_schedule", too_generous)

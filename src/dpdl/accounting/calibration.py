@@ -24,6 +24,12 @@ coarse certified bound (PLD binned with 100 bins on a 1e-3 loss grid, or 20 bloc
 RDP), then a short
 safeguarded secant search with the accountant actually requested, which both refines the
 scale (to ``epsilon_rtol`` below the target) and verifies the final answer.
+
+Progress: both calibrators take ``on_iteration(i, total, epsilon)``, called after every
+evaluation of ε (i = 1, 2, ...; ``total`` None, the count is not known in advance; ``epsilon``
+the ε just computed, under the coarse bound in a coarse phase), and once more at the end with
+``total == i`` and the ε of the parameter returned. A certified calibration of a long
+heterogeneous schedule takes tens of seconds; this lets a caller show that it is running.
 """
 
 from __future__ import annotations
@@ -44,6 +50,33 @@ __all__ = ["calibrate_noise_scale", "calibrate_safe"]
 
 COARSE_PLD = {"mode": "binned", "bins": 100, "value_discretization": 1e-3}
 COARSE_RDP = {"mode": "blocked", "blocks": 20}
+
+
+ProgressCallback = Callable[[int, "int | None", float], None]
+
+
+class _Progress:
+    """Counts a calibration's evaluations of ε and tells ``on_iteration`` of each."""
+
+    def __init__(self, on_iteration: ProgressCallback | None):
+        self.on_iteration, self.count = on_iteration, 0
+
+    def watch(self, evaluate: Callable[[float], float]) -> Callable[[float], float]:
+        """``evaluate``, reporting every value it returns."""
+
+        def watched(u: float) -> float:
+            epsilon = evaluate(u)
+            self.count += 1
+            if self.on_iteration is not None:
+                self.on_iteration(self.count, None, float(epsilon))
+            return epsilon
+
+        return watched
+
+    def finish(self, epsilon: float) -> None:
+        """The last call: ``total`` = the evaluations made, ``epsilon`` that of the answer."""
+        if self.on_iteration is not None:
+            self.on_iteration(self.count, self.count, float(epsilon))
 
 
 def _is_constant(shape: np.ndarray) -> bool:
@@ -148,12 +181,14 @@ def calibrate_noise_scale(
     accountant: str = "pld",
     blocks: int | None = None,
     epsilon_rtol: float = 2e-3,
+    on_iteration: ProgressCallback | None = None,
 ) -> float:
     """The smallest scale t (its ε within ``epsilon_rtol`` of the target) with
     ε(z = t·s) ≤ ``epsilon`` under ``accountant`` (MATH.md §2, "Calibration").
 
     For ``pld``/``rdp`` the result is on the safe side: its ε under the accountant with
     :func:`accountant_options` (``blocks``) has been computed and is ≤ the target.
+    ``on_iteration``: progress (see the module docstring).
     """
     check_accountant(accountant)
     shape = np.asarray(multiplier_shape, dtype=np.float64).ravel()
@@ -168,28 +203,40 @@ def calibrate_noise_scale(
     delta, sample_rate = check.delta(delta), check.sample_rate(sample_rate)
 
     clt_scale = clt_noise_scale(mu_from_epsilon_delta(epsilon, delta), sample_rate, shape)
-    if accountant == "clt":
-        return clt_scale
     final_options = accountant_options(accountant, shape, blocks)
 
     def final(t: float) -> float:
         return _cached_epsilon(accountant, t * shape, sample_rate, delta, **final_options).epsilon
 
-    search = _Search(lambda log_t: final(math.exp(log_t)), epsilon, epsilon_rtol)
+    progress = _Progress(on_iteration)
+    if accountant == "clt":
+        progress.finish(final(clt_scale))
+        return clt_scale
+    search = _Search(progress.watch(lambda log_t: final(math.exp(log_t))), epsilon, epsilon_rtol)
+    log_scale = _certified_log_scale(search, shape, clt_scale, progress, delta=delta,
+                                     sample_rate=sample_rate, accountant=accountant)  # fmt: skip
+    progress.finish(search.cache[log_scale])
+    return math.exp(log_scale)
+
+
+def _certified_log_scale(search: _Search, shape, clt_scale, progress, *, delta, sample_rate,
+                         accountant) -> float:  # fmt: skip
+    """The two-phase search of :func:`calibrate_noise_scale` (module docstring): log t."""
+    epsilon, epsilon_rtol = search.target, search.epsilon_rtol
     distinct = np.unique(shape).size
     if _is_constant(shape) or (accountant == "rdp" and distinct <= COARSE_RDP["blocks"]):
         # A coarse phase would cost as much as the real thing: search directly.
-        return math.exp(search.solve(math.log(clt_scale)))
+        return search.solve(math.log(clt_scale))
     coarse_options = COARSE_PLD if accountant == "pld" else COARSE_RDP
     coarse = _Search(
-        lambda log_t: _cached_epsilon(
+        progress.watch(lambda log_t: _cached_epsilon(
             accountant, math.exp(log_t) * shape, sample_rate, delta, **coarse_options
-        ).epsilon,
+        ).epsilon),
         epsilon,
         epsilon_rtol,
-    )
+    )  # fmt: skip
     coarse_scale = math.exp(coarse.solve(math.log(clt_scale)))
-    return math.exp(search.solve(math.log(coarse_scale), coarse.log_slope()))
+    return search.solve(math.log(coarse_scale), coarse.log_slope())
 
 
 def calibrate_safe(
@@ -201,6 +248,7 @@ def calibrate_safe(
     xtol: float = 1e-12,
     epsilon_rtol: float = 0.0,
     max_expansions: int = 60,
+    on_iteration: ProgressCallback | None = None,
 ) -> float:
     """The parameter nearest the root of ε(x) = ``target`` whose ε was *evaluated* ≤ target:
     the one safe calibrator of every accountant (shaped like dp_accounting's
@@ -212,7 +260,8 @@ def calibrate_safe(
     ``log_scale`` the other end is pushed outwards too while it is safe (without, it is returned
     as it is: the caller's domain ends there). ``xtol`` is brentq's tolerance in log x (in x
     without ``log_scale``); ``epsilon_rtol`` > 0 stops at the first safe point within that
-    relative distance of the target. Every failure is a one-line ``DPDLError``.
+    relative distance of the target. ``on_iteration``: progress (module docstring). Every
+    failure is a one-line ``DPDLError``.
     """
     require(math.isfinite(target) and target > 0, f"target epsilon must be > 0, got {target!r}")
     low, high = (float(b) for b in bracket)
@@ -220,10 +269,12 @@ def calibrate_safe(
     require(not log_scale or low > 0, f"a log-scale bracket must be positive, got {bracket!r}")
     to_x = math.exp if log_scale else float
     memo: dict[float, float] = {}
+    progress = _Progress(on_iteration)
+    evaluate = progress.watch(epsilon_of)
 
     def epsilon_at(x: float) -> float:
         if x not in memo:
-            memo[x] = float(epsilon_of(x))
+            memo[x] = float(evaluate(x))
             require(not math.isnan(memo[x]), f"epsilon is NaN at {x!r}: cannot calibrate")
         return memo[x]
 
@@ -235,12 +286,14 @@ def calibrate_safe(
     unsafe_end, safe_end = (u_low, u_high) if sign > 0 else (-u_high, -u_low)
     step = math.log(4.0) if log_scale else 1.4
     try:
-        return to_x(sign * _safe_point(search, unsafe_end, safe_end, step, log_scale,
-                                       max_expansions, xtol))
+        found = _safe_point(search, unsafe_end, safe_end, step, log_scale, max_expansions, xtol)
+        answer = to_x(sign * found)
     except _Converged:  # an end (or an expanded end) already met the target closely enough
-        return to_x(sign * search._best())
+        answer = to_x(sign * search._best())
     except (ValueError, OverflowError) as err:  # NaN inside the bracket, overflow of x
         raise DPDLError(f"calibration failed: {err}") from None
+    progress.finish(epsilon_at(answer))
+    return answer
 
 
 def _safe_point(search, unsafe_end, safe_end, step, expand_unsafe, max_expansions, xtol):

@@ -25,11 +25,17 @@ from dpdl.accounting import validators as check
 from dpdl.accounting.certified import EpsilonReport, check_accountant, epsilon_report
 from dpdl.errors import DPDLError, PrivacyBudgetExceeded, require
 
-__all__ = ["LEDGER_SCHEMA_VERSION", "PrivacyLedger", "run_length_encode", "run_length_decode"]
+__all__ = [
+    "LEDGER_SCHEMA_VERSION", "MAX_NODE_RATES", "PrivacyLedger", "accounted_node_rates",
+    "run_length_encode", "run_length_decode",
+]  # fmt: skip
 
 LEDGER_SCHEMA_VERSION = 1
 # A recorded multiplier may fall short of the planned one by float rounding only.
 MULTIPLIER_RTOL = 1e-9
+# At most this many distinct node rates are composed for the per-node epsilons; more are
+# rounded up to this many (:func:`accounted_node_rates`), so the cost stays bounded.
+MAX_NODE_RATES = 8
 
 
 def run_length_encode(values: ArrayLike) -> list[list[float | int]]:
@@ -65,6 +71,45 @@ def _check_multipliers(values: ArrayLike, what: str) -> np.ndarray:
     return array
 
 
+def _check_node_rates(rates: ArrayLike | None, sample_rate: float) -> np.ndarray | None:
+    """The nodes' own sampling rates q_i (one per node), none above the accounted rate p."""
+    if rates is None:
+        return None
+    array = np.asarray(rates, dtype=np.float64)
+    require(
+        array.ndim == 1 and array.size > 0,
+        f"node_sample_rates must be a non-empty 1-D list, got shape {array.shape}",
+    )
+    for q in array:
+        check.sample_rate(float(q))
+    worst = int(np.argmax(array))
+    require(
+        array[worst] <= sample_rate,
+        f"node {worst} samples at q = {float(array[worst])!r} above the accounted rate p = "
+        f"{sample_rate!r}: its steps would not be accounted",
+    )
+    return array
+
+
+def accounted_node_rates(rates: ArrayLike, max_rates: int = MAX_NODE_RATES) -> np.ndarray:
+    """The rate each node's epsilon is composed at: its own, or with more than ``max_rates``
+    distinct rates, the largest of its group (the distinct rates cut into ``max_rates``
+    contiguous groups; the largest rate is always its own group's).
+
+    Rounding up is safe: a Poisson-subsampled Gaussian step's hockey-stick divergence is
+    convex in the rate q (a supremum of functions affine in q) and 0 at q = 0, hence never
+    smaller at a larger q, and composition preserves that order.
+    """
+    rates = np.asarray(rates, dtype=np.float64)
+    require(isinstance(max_rates, int) and max_rates >= 1,
+            f"max_rates must be a positive integer, got {max_rates!r}")  # fmt: skip
+    distinct = np.unique(rates)
+    if distinct.size <= max_rates:
+        return rates
+    tops = np.array([group[-1] for group in np.array_split(distinct, max_rates)])
+    return tops[np.searchsorted(tops, rates, side="left")]
+
+
 # Relative slack of the budget check for float round-off of a calibration that hits its target.
 ROUNDOFF_TOLERANCE = 1e-12
 
@@ -77,6 +122,10 @@ class PrivacyLedger:
     the certified accountants use the blocked upper bound with that many blocks; without it
     they compose exactly, or blocked when the steps have very many distinct multipliers
     (``certified.accountant_options``).
+
+    ``node_sample_rates`` (optional, one per node): the rate q_i ≤ p at which node i samples
+    (per-node sampling). The budget is held at p, the largest rate, which bounds every node;
+    :meth:`node_spent_reports` gives each node's own ε.
     """
 
     def __init__(
@@ -87,6 +136,7 @@ class PrivacyLedger:
         accountant: str = "pld",
         *,
         blocks: int | None = None,
+        node_sample_rates: ArrayLike | None = None,
     ):
         self.sample_rate = check.sample_rate(sample_rate)
         self.delta = check.delta(delta)
@@ -97,6 +147,7 @@ class PrivacyLedger:
             f"blocks must be a positive integer, got {blocks!r}",
         )
         self.blocks = blocks
+        self.node_sample_rates = _check_node_rates(node_sample_rates, self.sample_rate)
         self._recorded: list[float] = []  # per step; encoded on save
         self._approved: np.ndarray | None = None  # the whole approved sequence from step 0
         self._approved_epsilon: float | None = None
@@ -109,6 +160,7 @@ class PrivacyLedger:
         accountant: str | None = None,
         blocks: int | None = None,
         epsilon_budget: float | None = None,
+        node_sample_rates: ArrayLike | None = None,
     ) -> PrivacyLedger:
         """A ledger for a ``PrivacySchedule`` with its whole schedule planned (one check).
 
@@ -116,7 +168,8 @@ class PrivacyLedger:
         trains or is audited before it has approved the whole schedule.
         The budget defaults to the schedule's ε target and the accountant to the one it was
         calibrated with (a CLT-calibrated schedule is thus held to the CLT, as in the paper;
-        pass ``accountant="pld"`` to hold it to a certified bound). Raises
+        pass ``accountant="pld"`` to hold it to a certified bound). ``node_sample_rates``: every
+        node's own rate (none above the schedule's, the one accounted). Raises
         ``PrivacyBudgetExceeded`` when the schedule does not fit the budget.
         """
         require(schedule.private, f"algorithm {schedule.algorithm!r} is not private: no ledger")
@@ -130,15 +183,25 @@ class PrivacyLedger:
             budget,
             accountant or schedule.calibrated_with,
             blocks=blocks if blocks is not None else schedule.parameters.get("blocks"),
+            node_sample_rates=node_sample_rates,
         )
         ledger.plan(schedule.noise_multipliers)
         return ledger
 
     # ------------------------------------------------------------------ accounting
-    def _report(self, multipliers: np.ndarray, accountant: str | None = None) -> EpsilonReport:
+    def _report(
+        self,
+        multipliers: np.ndarray,
+        accountant: str | None = None,
+        sample_rate: float | None = None,
+        **options: Any,
+    ) -> EpsilonReport:
+        """ε of ``multipliers`` at ``sample_rate`` (the ledger's p by default); ``options`` for
+        ``epsilon_report`` (by default the ledger's ``blocks``)."""
         accountant = accountant or self.accountant
+        rate = self.sample_rate if sample_rate is None else sample_rate
         return epsilon_report(
-            accountant, multipliers, self.sample_rate, self.delta, blocks=self.blocks
+            accountant, multipliers, rate, self.delta, **(options or {"blocks": self.blocks})
         )
 
     @property
@@ -154,8 +217,13 @@ class PrivacyLedger:
         """Length of the approved plan (counted from step 0), or None without a plan."""
         return None if self._approved is None else int(self._approved.size)
 
-    def spent_report(self, accountant: str | None = None) -> EpsilonReport:
-        """The ``EpsilonReport`` of all steps recorded so far."""
+    def spent_report(self, accountant: str | None = None, **options: Any) -> EpsilonReport:
+        """The ``EpsilonReport`` of all steps recorded so far, at the ledger's rate p (the
+        largest node's); ``options`` go to ``certified.epsilon_report`` (mode, blocks, bins;
+        by default the ledger's ``blocks``)."""
+        return self._spent_at(self.sample_rate, accountant, options)
+
+    def _spent_at(self, rate: float, accountant: str | None, options: dict) -> EpsilonReport:
         if accountant is not None:
             check_accountant(accountant)
         name = accountant or self.accountant
@@ -167,7 +235,22 @@ class PrivacyLedger:
                 certified=name != "clt",
                 method="no-steps",
             )
-        return self._report(self.recorded_multipliers, name)
+        return self._report(self.recorded_multipliers, name, rate, **options)
+
+    def node_spent_reports(
+        self, accountant: str | None = None, *, max_rates: int = MAX_NODE_RATES, **options: Any
+    ) -> list[EpsilonReport]:
+        """Each node's ``EpsilonReport`` of the steps recorded, composed at its own rate q_i
+        (in node order; :meth:`spent_report`'s options). One composition per distinct rate,
+        at most ``max_rates`` of them (:func:`accounted_node_rates` rounds the others up). The
+        node at the largest rate p has exactly :meth:`spent_report` with the same options."""
+        require(
+            self.node_sample_rates is not None,
+            "this ledger was not given the nodes' sampling rates (node_sample_rates)",
+        )
+        rates = accounted_node_rates(self.node_sample_rates, max_rates)
+        by_rate = {q: self._spent_at(q, accountant, options) for q in np.unique(rates)}
+        return [by_rate[q] for q in rates]
 
     def epsilon_spent(self, accountant: str | None = None) -> float:
         """ε of all steps recorded so far under ``accountant`` (the ledger's by default)."""
@@ -230,6 +313,9 @@ class PrivacyLedger:
             "epsilon_budget": self.epsilon_budget,
             "accountant": self.accountant,
             "blocks": self.blocks,
+            "node_sample_rates": None
+            if self.node_sample_rates is None
+            else self.node_sample_rates.tolist(),
             "steps_taken": self.steps_taken,
             "recorded": run_length_encode(self._recorded),
             "approved_plan": None if self._approved is None else run_length_encode(self._approved),
@@ -255,6 +341,7 @@ class PrivacyLedger:
             data["epsilon_budget"],
             data["accountant"],
             blocks=data.get("blocks"),
+            node_sample_rates=data.get("node_sample_rates"),
         )
         recorded = _decode(data["recorded"], "recorded")
         if "steps_taken" in data:

@@ -33,12 +33,8 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from dpdl.accounting import validators as check
-from dpdl.accounting.calibration import calibrate_noise_scale
+from dpdl.accounting.calibration import ProgressCallback, calibrate_noise_scale
 from dpdl.accounting.certified import ACCOUNTANTS, EpsilonReport, check_accountant, epsilon_report
-from dpdl.accounting.gdp import (
-    clt_noise_scale,
-    mu_from_epsilon_delta,
-)
 from dpdl.accounting.validators import per_step as array_schedule
 from dpdl.errors import DPDLError, require
 
@@ -290,6 +286,7 @@ def make_schedule(
     clip_shape: ArrayLike | None = None,
     noise_shape: ArrayLike | None = None,
     blocks: int | None = None,
+    on_iteration: ProgressCallback | None = None,
 ) -> PrivacySchedule:
     """The calibrated schedule of ``algorithm`` for a target (ε, δ) (MATH.md §2).
 
@@ -297,6 +294,8 @@ def make_schedule(
     paper's approximation (eq. 8-10, closed form / root find); ``"pld"`` (default) and
     ``"rdp"`` are certified (``dpdl.accounting.calibration``). ``clip`` is C̄, ``clip0`` is C0
     (default C̄). ``blocks`` selects the blocked PLD upper bound with that many blocks.
+    ``on_iteration(i, total, epsilon)`` is told of the calibration's progress
+    (``dpdl.accounting.calibration``).
     ``sgp`` is non-private: no clipping, zero noise, and ε, δ may be None.
     """
     require(
@@ -345,19 +344,15 @@ def make_schedule(
     if blocks is not None:
         parameters["blocks"] = int(blocks)
 
-    if calibrate == "clt":
-        scale = clt_noise_scale(
-            mu_from_epsilon_delta(epsilon, delta), sample_rate, multiplier_shape
-        )
-    else:
-        scale = calibrate_noise_scale(
-            multiplier_shape,
-            epsilon=epsilon,
-            delta=delta,
-            sample_rate=sample_rate,
-            accountant=calibrate,
-            blocks=blocks,
-        )
+    scale = calibrate_noise_scale(
+        multiplier_shape,
+        epsilon=epsilon,
+        delta=delta,
+        sample_rate=sample_rate,
+        accountant=calibrate,
+        blocks=blocks,
+        on_iteration=on_iteration,
+    )
     return _build(
         algorithm,
         clips,

@@ -62,6 +62,8 @@ __all__ = [
     "NodeBatch",
     "LocalUpdateResult",
     "make_node_generators",
+    "SAMPLINGS",
+    "node_sample_rates",
     "poisson_sample",
     "per_record_grads",
     "mean_batch_grads",
@@ -90,6 +92,9 @@ def _cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 def _squared_error(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return 0.5 * (pred.reshape(target.shape) - target).pow(2)
 
+
+# How each node's Poisson rate is set (:func:`node_sample_rates`): "uniform" is the default.
+SAMPLINGS = ("uniform", "per-node")
 
 # Per-record losses: (batch, ...) predictions, (batch,) targets -> (batch,) losses.
 LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
@@ -176,27 +181,51 @@ class NodeBatch:
         return int(self.node.shape[0])
 
 
+def node_sample_rates(counts: Sequence[int], expected_batch_size: float,
+                      sampling: str = "uniform") -> np.ndarray:  # fmt: skip
+    """Every node's Poisson rate (float64, one per node of ``counts``).
+
+    ``"uniform"``: p = b / J_min at every node (the smallest node's expected batch is b, a
+    larger node's more); ``"per-node"``: q_i = b / J_i (an expected batch of b at every node).
+    Either way the largest rate is b / J_min, the one the privacy schedule is accounted at.
+    """
+    require(sampling in SAMPLINGS,
+            f"unknown sampling {sampling!r}; use one of {', '.join(SAMPLINGS)}")  # fmt: skip
+    sizes = np.asarray(counts, dtype=np.float64)
+    b = float(expected_batch_size)
+    if sampling == "uniform":
+        return np.full(sizes.size, b / float(np.min(sizes)))
+    return b / sizes
+
+
 def poisson_sample(
     inputs: torch.Tensor,
     targets: torch.Tensor,
     record_mask: torch.Tensor,
-    sample_rate: float,
+    sample_rate: float | Sequence[float],
     generators: Sequence[SecretStream],
 ) -> NodeBatch:
-    """Step 1: each real record of node i joins S_i^k independently with probability p
-    (exactly at most p: :meth:`~dpdl.algorithms.randomness.SecretStream.bernoulli`).
+    """Step 1: each real record of node i joins S_i^k independently with probability q_i
+    (exactly at most q_i: :meth:`~dpdl.algorithms.randomness.SecretStream.bernoulli`).
 
-    ``inputs`` (m, J_max, ...), ``targets`` (m, J_max) and ``record_mask`` (m, J_max) are the
-    padded local data sets.  Node i draws exactly J_i words from its own stream, so its draws
-    do not depend on the padding or on which nodes share its process.
+    ``sample_rate``: one rate for every node, or one per node (per-node sampling,
+    :func:`node_sample_rates`).  ``inputs`` (m, J_max, ...), ``targets`` (m, J_max) and
+    ``record_mask`` (m, J_max) are the padded local data sets.  Node i draws exactly J_i words
+    from its own stream, so its draws do not depend on the padding, on the rate or on which
+    nodes share its process.
     """
-    require(0.0 <= sample_rate <= 1.0, f"sample_rate must lie in [0, 1], got {sample_rate}")
     m, j_max = record_mask.shape
+    rates = np.asarray(sample_rate, dtype=np.float64)
+    if rates.ndim == 0:
+        rates = np.full(m, float(rates))
+    require(rates.shape == (m,), f"need one sample rate per node: {rates.size} for {m}")
+    require(bool(np.all((rates >= 0.0) & (rates <= 1.0))),
+            f"sample_rate must lie in [0, 1], got {sample_rate}")  # fmt: skip
     require(len(generators) == m, f"need one generator per node: {len(generators)} for {m}")
     counts = record_mask.sum(dim=1).tolist()
     chosen = np.zeros((m, j_max), dtype=bool)  # padding is never sampled
     for i, (g, j_i) in enumerate(zip(generators, counts, strict=True)):
-        chosen[i, : int(j_i)] = g.bernoulli(int(j_i), sample_rate)
+        chosen[i, : int(j_i)] = g.bernoulli(int(j_i), float(rates[i]))
     chosen_t = torch.from_numpy(chosen).to(record_mask.device)
     node, record = torch.nonzero(chosen_t & record_mask, as_tuple=True)
     return NodeBatch(inputs[node, record], targets[node, record], node, m)
@@ -557,7 +586,7 @@ def local_update(
     step: int,
     lr: float,
     expected_batch_size: float,
-    sample_rate: float,
+    sample_rate: float | Sequence[float],
     private: bool,
     clip: float | None = None,
     sigma: float | None = None,
@@ -574,6 +603,7 @@ def local_update(
 ) -> LocalUpdateResult:
     """Steps 1-5 of Algorithm 1 for a contiguous block of nodes (first index ``first_node``).
 
+    ``sample_rate`` is one Poisson rate or one per node (:func:`poisson_sample`).
     ``private`` selects Dyn-D2P's clipped, noisy sum divided by b (``clip`` = C_k,
     ``sigma`` = sigma_k); otherwise SGP's mean gradient.  Gradients are taken at the
     de-biased z_i = x_i / w_i and applied to x_i.  Raises DPDLError naming the node and step

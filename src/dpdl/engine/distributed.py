@@ -143,7 +143,7 @@ class DistributedSimulator(Simulator):
             self.model, self.params, self.weights,
             self.data.inputs, self.data.targets, self.data.mask, self.generators,
             step=k, lr=self.lr if lr is None else lr, expected_batch_size=self.expected_batch_size,
-            sample_rate=self.sample_rate, private=private, clip=clip, sigma=sigma,
+            sample_rate=self.hosted_sample_rates, private=private, clip=clip, sigma=sigma,
             loss=self.loss, buffers=self.buffers, first_node=self.lo,
             unsafe_zero_noise=unsafe_zero_noise, clip_method=self.clip_method,
             **self._optimiser(),

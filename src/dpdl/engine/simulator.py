@@ -26,6 +26,7 @@ from dpdl.algorithms.dyn_d2p import (
     debias,
     local_update,
     make_node_generators,
+    node_sample_rates,
     push_sum_mix,
 )
 from dpdl.errors import DPDLError, require
@@ -128,9 +129,11 @@ def stack_params(model: torch.nn.Module, n_nodes: int, device: torch.device) -> 
 class Simulator:
     """n push-sum nodes training one model architecture with the Dyn-D2P family.
 
-    ``sample_rate`` p = b / J_min: every node samples at the same rate (the accountant's p),
-    so a node with more than J_min records has a slightly larger expected batch than b; the
-    noisy sum is still divided by b (MATH.md §4 step 5).  The per-node sampling and noise
+    ``sample_rate`` p = b / J_min is the rate the privacy schedule is accounted at, the largest
+    of ``sample_rates``, every node's own rate: with ``sampling="uniform"`` (the default) every
+    node samples at p, so a node with more than J_min records has a larger expected batch than
+    b; with ``"per-node"`` node i samples at q_i = b / J_i, an expected batch of b everywhere.
+    Either way the noisy sum is divided by b (MATH.md §4 step 5).  The per-node sampling and noise
     streams are secret: ``seed=None`` (the default) keys them from OS entropy; a root key
     (bytes, :func:`dpdl.algorithms.randomness.stream_root`) or an int derives them, with each
     node's data fingerprint, reproducibly (a research choice, see
@@ -161,6 +164,7 @@ class Simulator:
         clip_method: str = "auto",
         momentum: float = 0.0,
         weight_decay: float = 0.0,
+        sampling: str = "uniform",
     ):
         require(lr > 0 and np.isfinite(lr), f"learning rate must be positive, got {lr}")
         require(0 <= momentum < 1, f"momentum must lie in [0, 1), got {momentum}")
@@ -196,7 +200,7 @@ class Simulator:
         )
         self.lr = float(lr)
         self.expected_batch_size = float(expected_batch_size)
-        # Every node's size (public): the sampling rate is the same for all, b / J_min.
+        # Every node's size (public), hence every node's rate; the largest is b / J_min.
         self.node_counts = self._all_node_counts([int(c) for c in self.data.counts])
         j_min = min(self.node_counts)
         require(
@@ -204,6 +208,8 @@ class Simulator:
             f"expected batch size b = {expected_batch_size} exceeds the smallest local data "
             f"set (J_min = {j_min})",
         )
+        self.sampling = sampling
+        self.sample_rates = node_sample_rates(self.node_counts, self.expected_batch_size, sampling)
         self.sample_rate = self.expected_batch_size / j_min
         self.loss = loss
         self.buffers = {name: b.to(self.device) for name, b in model.named_buffers()}
@@ -231,6 +237,12 @@ class Simulator:
     def node_block(self) -> tuple[int, int]:
         """(first node, count) of the nodes this process hosts: all of them here."""
         return 0, self.n
+
+    @property
+    def hosted_sample_rates(self) -> np.ndarray:
+        """The hosted nodes' own Poisson rates (what their sampling draws with)."""
+        first, count = self.node_block
+        return self.sample_rates[first : first + count]
 
     def _all_node_counts(self, local: list[int]) -> list[int]:
         """The sizes of all the topology's nodes (a collective in the distributed runtime)."""
@@ -298,7 +310,7 @@ class Simulator:
             self.model, self.params, self.weights,
             self.data.inputs, self.data.targets, self.data.mask, self.generators,
             step=k, lr=self.lr if lr is None else lr, expected_batch_size=self.expected_batch_size,
-            sample_rate=self.sample_rate, private=private, clip=clip, sigma=sigma,
+            sample_rate=self.hosted_sample_rates, private=private, clip=clip, sigma=sigma,
             loss=self.loss, buffers=self.buffers, noise_buffer=self._noise_buffer,
             unsafe_zero_noise=unsafe_zero_noise,
             clip_method=self.clip_method, work=self._work, **self._optimiser(),

@@ -9,11 +9,17 @@ unknown keys, and every error names the dotted key::
                   validation_records
     [model]       name
     [topology]    name, nodes, seed, params
-    [training]    steps | epochs, batch_size (expected b), lr, lr_decay, momentum,
+    [training]    steps | epochs, batch_size (expected b), sampling, lr, lr_decay, momentum,
                   weight_decay, local_steps, eval_every, eval_* sizes,
                   node_eval_share (per-node evaluation on held-out records)
     [privacy]     epsilon (float or list), delta, calibrate, clip, clip0, rho_c, rho_mu,
                   certified_accountant, eval_blocks, final_mode, final_blocks
+
+``training.sampling``: ``"uniform"`` (default) samples every node at p = b / J_min, so b is
+the smallest node's expected batch and an epoch is J_min / b steps; ``"per-node"`` samples
+node i at q_i = b / J_i (b at every node) and an epoch is mean(J_i) / b steps. The schedule is
+calibrated at b / J_min either way: the reported epsilon is the smallest node's, every other
+node's (``epsilon_per_node`` in results.json) is at most that.
 
 An algorithm is a name of :data:`dpdl.accounting.schedules.ALGORITHMS`, optionally with the
 calibrating accountant after an ``@`` (``"dyn-d2p@clt"`` is the paper's CLT calibration,

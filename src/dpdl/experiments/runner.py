@@ -167,8 +167,7 @@ def prepare_workload(
         x_val=None if x_val is None else torch.as_tensor(x_val, dtype=torch.float32, device=device),
         y_val=None if y_val is None else torch.as_tensor(y_val, dtype=y_dtype, device=device),
         device=device,
-        steps=resolve_steps(cfg.training.steps, cfg.training.epochs, min(counts),
-                            cfg.training.batch_size),  # fmt: skip
+        steps=_steps(cfg, counts),
         sample_rate=cfg.training.batch_size / min(counts),
         records_per_node=counts,
         heterogeneity=heterogeneity,
@@ -211,6 +210,14 @@ def _draw_label_distribution(folder: RunFolder, work: Workload) -> None:
         title=f"{data.dataset}: {data.partition} split over {work.topology.n} nodes "
         f"(seed {work.seed})",
     )  # fmt: skip
+
+
+def _steps(cfg: RunConfig, counts: list[int]) -> int:
+    """The run's steps (``training.steps``, or its epochs under its sampling)."""
+    training = cfg.training
+    return resolve_steps(
+        training.steps, training.epochs, counts, training.batch_size, training.sampling
+    )
 
 
 def _check_batch(cfg: RunConfig, node_data: NodeData) -> list[int]:
@@ -257,8 +264,7 @@ def _per_node_workload(cfg, seed, device, topology, first, count, rank) -> Workl
         x_test=torch.as_tensor(np.asarray(x_test), dtype=torch.float32, device=device),
         y_test=torch.as_tensor(np.asarray(y_test), dtype=y_dtype, device=device),
         x_train_eval=None, y_train_eval=None, x_val=None, y_val=None, device=device,
-        steps=resolve_steps(cfg.training.steps, cfg.training.epochs, min(counts),
-                            cfg.training.batch_size),
+        steps=_steps(cfg, counts),
         sample_rate=cfg.training.batch_size / min(counts), records_per_node=counts,
     )  # fmt: skip
 

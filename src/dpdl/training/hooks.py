@@ -19,7 +19,19 @@ from dpdl.training.loop import RunState
 from dpdl.training.plan import epsilon_spent
 from dpdl.training.settings import PrivacySection
 
-__all__ = ["CellCheckpointer", "Checkpoints", "Evaluations", "ProgressBar"]
+__all__ = [
+    "CalibrationProgress", "CellCheckpointer", "Checkpoints", "Evaluations", "ProgressBar",
+    "progress_bar",
+]  # fmt: skip
+
+
+def progress_bar(total: int | None, description: str, enabled: bool):
+    """A tqdm bar on stderr, shown only when ``enabled`` and stderr is a terminal (tqdm's
+    ``disable=None``): the one rule of every progress display of a run."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=description, disable=None if enabled else True,
+                leave=False, dynamic_ncols=True)  # fmt: skip
 
 
 class Evaluations:
@@ -73,11 +85,7 @@ class ProgressBar:
         self.bar = None
 
     def on_start(self, state: RunState) -> None:
-        from tqdm.auto import tqdm
-
-        self.bar = tqdm(total=self.total, desc=self.description,
-                        disable=None if self.enabled else True, leave=False,
-                        dynamic_ncols=True)  # fmt: skip
+        self.bar = progress_bar(self.total, self.description, self.enabled)
         if state.done:
             self.bar.update(state.done)
 
@@ -89,6 +97,28 @@ class ProgressBar:
                                  eps=f"{row['epsilon_certified']:.3g}")  # fmt: skip
 
     def on_end(self, state: RunState) -> None:
+        self.bar.close()
+
+
+class CalibrationProgress:
+    """``with CalibrationProgress(description, enabled) as shown:`` gives ``shown``, an
+    ``on_iteration`` callback for the calibration (``dpdl.accounting.calibration``): a bar of
+    the evaluations of epsilon with the latest one, shown as the steps' bar is."""
+
+    def __init__(self, description: str, enabled: bool):
+        self.description, self.enabled = description, enabled
+        self.bar = None
+
+    def __enter__(self) -> CalibrationProgress:
+        self.bar = progress_bar(None, self.description, self.enabled)
+        return self
+
+    def __call__(self, iteration: int, total: int | None, epsilon: float) -> None:
+        if total is None:  # one more evaluation (the last call repeats the answer's)
+            self.bar.update(1)
+        self.bar.set_postfix(eps=f"{epsilon:.4g}")
+
+    def __exit__(self, *exc_info) -> None:
         self.bar.close()
 
 

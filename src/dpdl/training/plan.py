@@ -10,13 +10,15 @@ complete, and checked, before the engine exists.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from dpdl.accounting.certified import accountant_options, epsilon_report
-from dpdl.accounting.ledger import PrivacyLedger
+from dpdl.accounting.calibration import ProgressCallback
+from dpdl.accounting.certified import accountant_options
+from dpdl.accounting.ledger import MAX_NODE_RATES, PrivacyLedger, accounted_node_rates
 from dpdl.accounting.schedules import PrivacySchedule, make_schedule
 from dpdl.algorithms.randomness import stream_root
 from dpdl.training.settings import AlgorithmSpec, PrivacySection, TrainingSection
@@ -25,6 +27,7 @@ __all__ = [
     "RunPlan",
     "approve_schedule",
     "build_schedule",
+    "epsilon_per_node",
     "epsilon_spent",
     "noise_root",
     "resolve_steps",
@@ -43,12 +46,18 @@ def noise_root(entropy: str, seed: int, settings: dict[str, Any]) -> bytes | Non
     return stream_root(entropy, seed, settings)
 
 
-def resolve_steps(steps: int | None, epochs: float | None, j_min: int, batch_size: float) -> int:
-    """``steps``, or ``epochs`` in steps: one epoch = J_min / b steps (each record is sampled
-    once per epoch on average)."""
+def resolve_steps(steps: int | None, epochs: float | None, counts: Sequence[int],
+                  batch_size: float, sampling: str = "uniform") -> int:  # fmt: skip
+    """``steps``, or ``epochs`` in steps.  One epoch with ``"uniform"`` sampling is J_min / b
+    steps (the smallest node samples each of its records once per epoch on average); with
+    ``"per-node"`` it is J̄ / b steps, J̄ = Σ J_i / n the mean node size: the network then draws
+    n·b records per step, as many records per epoch as it holds (a node of mean size sees
+    each record once, a smaller node more often, a larger one less)."""
     if steps is not None:
         return steps
-    return max(1, math.ceil(epochs * j_min / batch_size))
+    if sampling == "per-node":
+        return max(1, math.ceil(epochs * sum(counts) / (len(counts) * batch_size)))
+    return max(1, math.ceil(epochs * min(counts) / batch_size))
 
 
 def build_schedule(
@@ -57,8 +66,10 @@ def build_schedule(
     epsilon: float | None,
     steps: int,
     sample_rate: float,
+    on_iteration: ProgressCallback | None = None,
 ) -> PrivacySchedule:
-    """The calibrated privacy schedule of one run (MATH.md §2)."""
+    """The calibrated privacy schedule of one run (MATH.md §2); ``on_iteration`` is told of
+    the calibration's progress (``dpdl.accounting.calibration``)."""
     calibrate = spec.calibrate or privacy.calibrate
     return make_schedule(
         spec.name,
@@ -72,14 +83,21 @@ def build_schedule(
         rho_mu=privacy.rho_mu,
         calibrate=calibrate,
         blocks=privacy.calibration_blocks if calibrate == "pld" else None,
+        on_iteration=on_iteration,
     )
 
 
-def approve_schedule(privacy: PrivacySection, schedule: PrivacySchedule) -> PrivacyLedger:
+def approve_schedule(
+    privacy: PrivacySection,
+    schedule: PrivacySchedule,
+    node_sample_rates: Sequence[float] | None = None,
+) -> PrivacyLedger:
     """A ledger that has approved the whole schedule (else ``PrivacyBudgetExceeded``): the one
     gate, ``PrivacyLedger.for_schedule``, holds it to the accountant (and blocks) it was
-    calibrated with; ``privacy`` is kept for the callers' signature."""
-    return PrivacyLedger.for_schedule(schedule)
+    calibrated with, at the schedule's rate, and knows every node's own rate
+    (``node_sample_rates``, for the per-node epsilons); ``privacy`` is kept for the callers'
+    signature."""
+    return PrivacyLedger.for_schedule(schedule, node_sample_rates=node_sample_rates)
 
 
 def epsilon_spent(privacy: PrivacySection, ledger: PrivacyLedger | None, final: bool):
@@ -90,15 +108,36 @@ def epsilon_spent(privacy: PrivacySection, ledger: PrivacyLedger | None, final: 
         return math.inf, math.inf, "none"
     if ledger.steps_taken == 0:
         return 0.0, 0.0, "no-steps"
-    multipliers, p, delta = ledger.recorded_multipliers, ledger.sample_rate, ledger.delta
-    clt = epsilon_report("clt", multipliers, p, delta).epsilon
-    accountant = privacy.certified_accountant
-    options = _certified_options(privacy, multipliers, final) if accountant == "pld" else {}
-    report = epsilon_report(accountant, multipliers, p, delta, **options)
+    clt = ledger.spent_report("clt").epsilon
+    options = _certified_options(privacy, ledger.recorded_multipliers, final)
+    report = ledger.spent_report(privacy.certified_accountant, **options)
     return float(clt), float(report.epsilon), report.method
 
 
+def epsilon_per_node(privacy: PrivacySection, ledger: PrivacyLedger | None):
+    """(each node's certified epsilon, how it was computed) of the steps the ledger recorded,
+    at the node's own sampling rate with the final report's accountant and options: the
+    worst node's is the run's epsilon (``epsilon_spent(..., final=True)``).  Computed once per
+    distinct rate, at most ``MAX_NODE_RATES`` of them (more are rounded up, a larger ε: the
+    method says so).  (None, None) without a ledger (a non-private run)."""
+    if ledger is None or ledger.node_sample_rates is None:
+        return None, None
+    options = _certified_options(privacy, ledger.recorded_multipliers, final=True)
+    reports = ledger.node_spent_reports(privacy.certified_accountant, **options)
+    method = max(reports, key=lambda report: report.epsilon).method
+    rates = ledger.node_sample_rates
+    rounded = int(np.count_nonzero(accounted_node_rates(rates) != rates))
+    if rounded:
+        method += (f"; {rounded} nodes' rates rounded up to one of {MAX_NODE_RATES} composed "
+                   "(an upper bound of theirs)")  # fmt: skip
+    return [float(report.epsilon) for report in reports], method
+
+
 def _certified_options(privacy: PrivacySection, multipliers, final: bool) -> dict[str, Any]:
+    """How the certified epsilon spent is composed: at evaluation points the cheap blocked
+    PLD bound, in the final report ``final_mode``; RDP as ``accountant_options`` says."""
+    if privacy.certified_accountant == "rdp":
+        return accountant_options("rdp", multipliers)
     if final and privacy.final_mode == "auto":
         return accountant_options("pld", multipliers)
     if final and privacy.final_mode == "exact":

@@ -39,7 +39,9 @@ class RunRecord:
     run releases without accounting for it; ``node_sizes`` every node's training records J_i
     (public by the threat model; after a ``node_eval_share`` hold-out); ``heterogeneity``
     only for a library-made partition of a shipped public benchmark (``dpdl run``): node
-    sizes, per-node label histograms and their source, never for a user's data.
+    sizes, per-node label histograms and their source, never for a user's data; ``sampling`` "uniform" | "per-node", ``sample_rates`` every node's Poisson rate; ``epsilon_per_node`` every node's certified
+    epsilon of the steps spent at its own rate (the largest is the run's epsilon, of the node
+    at the schedule's rate; None for a non-private run), ``epsilon_per_node_method`` how.
     """
 
     algorithm: str
@@ -66,6 +68,10 @@ class RunRecord:
     schedule: dict[str, Any] | None
     node_sizes: tuple[int, ...] | None = None
     heterogeneity: dict[str, Any] | None = None
+    sampling: str | None = None
+    sample_rates: list[float] | None = None
+    epsilon_per_node: list[float] | None = None
+    epsilon_per_node_method: str | None = None
     rows: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self, rows: bool = True) -> dict[str, Any]:

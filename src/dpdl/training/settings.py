@@ -127,12 +127,13 @@ class AlgorithmSpec(BaseModel):
 
 
 # Settings of TrainingSection added since the first runs (the optimiser's: Algorithm 1 itself
-# at these values; per-node evaluation off), at their defaults.  A run at
+# at these values; per-node evaluation off; uniform sampling), at their defaults.  A run at
 # the defaults describes itself without them (trainer.json, the settings digest that keys
 # seeded noise and checkpoints, a resume's config check), so it is the very run it was before
 # they existed: same digests, same noise, and its run folders still resume.
 LATER_SETTING_DEFAULTS: dict[str, Any] = {
     "momentum": 0.0, "weight_decay": 0.0, "local_steps": 1, "node_eval_share": 0.0,
+    "sampling": "uniform",
 }  # fmt: skip
 
 
@@ -145,8 +146,13 @@ def without_later_defaults(training: dict[str, Any]) -> dict[str, Any]:
 
 class TrainingSection(_Section):
     steps: int | None = Field(None, ge=1)
+    # One epoch: "uniform" J_min / b steps, "per-node" mean(J_i) / b (dpdl.training.plan).
     epochs: float | None = Field(None, gt=0)
+    # The expected batch b: of the smallest node ("uniform", every node at rate b / J_min), or
+    # of every node ("per-node", node i at q_i = b / J_i; dpdl.algorithms.dyn_d2p.SAMPLINGS).
+    # The privacy schedule is calibrated at b / J_min, the largest rate, either way.
     batch_size: float = Field(1.0, gt=0)
+    sampling: Literal["uniform", "per-node"] = "uniform"
     lr: float = Field(0.03, gt=0)
     # Step-size decay: gamma_k = lr * lr_decay^(-k/K), shaped like Dyn[C]'s clip decay
     # C0 rho_c^(-k/K) (1: constant).  Const-D2P with lr_decay = rho_c has Dyn[C]-D2P's

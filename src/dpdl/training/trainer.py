@@ -42,6 +42,7 @@ from torch import nn
 
 from dpdl.accounting.ledger import PrivacyLedger
 from dpdl.accounting.schedules import PrivacySchedule
+from dpdl.algorithms.dyn_d2p import node_sample_rates
 from dpdl.algorithms.randomness import DEFAULT_ENTROPY, ENTROPY_MODES, settings_digest
 from dpdl.engine import checkpoint as checkpoints
 from dpdl.engine.simulator import NodeData, Simulator, resolve_device
@@ -56,13 +57,20 @@ from dpdl.training.callbacks import (
 )
 from dpdl.training.evaluation import Evaluator
 from dpdl.training.fingerprints import behaviour_digest, parameters_digest
-from dpdl.training.hooks import CellCheckpointer, Checkpoints, Evaluations, ProgressBar
+from dpdl.training.hooks import (
+    CalibrationProgress,
+    CellCheckpointer,
+    Checkpoints,
+    Evaluations,
+    ProgressBar,
+)
 from dpdl.training.loop import RunState, run_steps
 from dpdl.training.node_eval import hold_out_node_eval, node_eval_sets
 from dpdl.training.plan import (
     RunPlan,
     approve_schedule,
     build_schedule,
+    epsilon_per_node,
     epsilon_spent,
     noise_root,
     resolve_steps,
@@ -81,11 +89,11 @@ RUNTIMES = ("simulator", "distributed")
 # Privacy settings that only change how the epsilon spent is reported, and the training
 # settings that shape training (the others say how it is evaluated or saved).
 _REPORTING_PRIVACY = ("certified_accountant", "eval_blocks", "final_mode", "final_blocks")
-# The optimiser's (momentum, weight_decay, local_steps) shape it too, but enter (describe())
-# only when not at their defaults: a default run's digests stay those it always had.
+# The later settings (optimiser, sampling) shape it too, but enter (describe()) only when
+# not at their defaults: a default run's digests stay those it always had.
 # node_eval_share is not among them: the records it holds out change the data, which enter
 # the streams by their fingerprints; a run holding them out is the run on the rest alone.
-_TRAINING_SHAPING = ("steps", "epochs", "batch_size", "lr", "lr_decay", "momentum",
+_TRAINING_SHAPING = ("steps", "epochs", "batch_size", "lr", "lr_decay", "sampling", "momentum",
                      "weight_decay", "local_steps")  # fmt: skip
 
 # The facade's own names and those a caller of it needs.  The plan's functions
@@ -186,7 +194,9 @@ class DecentralizedTrainer:
       Gaussian sampler; entropy "os"); accounting: ``certified_accountant``,
       ``eval_blocks``, ``final_mode``, ``final_blocks``, ``calibration_blocks``.
     * ``training``: a :class:`TrainingSection` or a dict of one (a config's [training]):
-      ``batch_size`` (expected b), ``lr`` (γ), ``lr_decay``, ``steps`` or ``epochs``,
+      ``batch_size`` (expected b), ``sampling`` ("uniform": every node at b / J_min;
+      "per-node": node i at b / J_i, each node's epsilon in ``record.epsilon_per_node``),
+      ``lr`` (γ), ``lr_decay``, ``steps`` or ``epochs``,
       ``momentum`` (heavy-ball β ∈ [0, 1)), ``weight_decay`` (λ ≥ 0), ``local_steps`` (H:
       gossip every H-th step; see MATH.md §4), ``eval_every``,
       ``eval_test_samples``/``eval_node_samples``, ``node_eval_share``,
@@ -395,19 +405,25 @@ class DecentralizedTrainer:
     def _plan(self) -> None:
         """Steps, sampling, schedule, and the ledger's approval of all of it."""
         counts, b = self.records_per_node, self.training.batch_size
+        sampling = self.training.sampling
         require(
             b <= min(counts),
             f"batch_size = {b:g} exceeds the smallest local data set (node "
             f"{int(np.argmin(counts))} has {min(counts)} records)",
         )
+        # Every node's own rate; the schedule is accounted at the largest, b / J_min.
+        self.sample_rates = node_sample_rates(counts, b, sampling)
         self.sample_rate = b / min(counts)
-        self.steps = resolve_steps(self.training.steps, self.training.epochs, min(counts), b)
-        self.schedule = build_schedule(
-            self.privacy, self.spec, self.epsilon, self.steps, self.sample_rate
-        )
+        self.steps = resolve_steps(self.training.steps, self.training.epochs, counts, b, sampling)
+        shown = self.progress and self._is_main_process()
+        with CalibrationProgress(f"calibrating {self.spec.label}", shown) as progress:
+            self.schedule = build_schedule(
+                self.privacy, self.spec, self.epsilon, self.steps, self.sample_rate, progress
+            )
         self.ledger = (
-            approve_schedule(self.privacy, self.schedule) if self.schedule.private else None
-        )
+            approve_schedule(self.privacy, self.schedule, self.sample_rates)
+            if self.schedule.private else None
+        )  # fmt: skip
         self.plan = RunPlan.of(self.schedule, self.training)
 
     def _hosted_block(self, n: int) -> tuple[int, int]:
@@ -450,6 +466,14 @@ class DecentralizedTrainer:
 
         return distributed.all_node_counts(local, self.topology.n)
 
+    def _is_main_process(self) -> bool:
+        """Whether this process speaks (every one but the distributed runtime's non-main)."""
+        if self.runtime != "distributed":
+            return True
+        from dpdl.engine import distributed
+
+        return distributed.is_main_process()
+
     def _all_true(self, flag: bool) -> bool:
         """``flag`` on every rank (distributed runtime), else ``flag``."""
         if self.runtime != "distributed":
@@ -482,13 +506,15 @@ class DecentralizedTrainer:
             self.model, self.node_data, self.topology, lr=self.training.lr,
             expected_batch_size=self.training.batch_size, seed=root, device=self.device,
             loss=self.loss, secure_noise=secure, momentum=self.training.momentum,
-            weight_decay=self.training.weight_decay,
+            weight_decay=self.training.weight_decay, sampling=self.training.sampling,
         )  # fmt: skip
         del root  # the generators hold the secret now; nothing else should
         require(
-            math.isclose(sim.sample_rate, self.schedule.sample_rate),
-            f"engine samples at p = {sim.sample_rate} but the schedule is accounted at "
-            f"p = {self.schedule.sample_rate}",
+            math.isclose(sim.sample_rate, self.schedule.sample_rate)
+            and np.array_equal(sim.sample_rates, self.sample_rates),
+            f"engine samples at p = {sim.sample_rate} (nodes {sim.sample_rates.tolist()}) but "
+            f"the schedule is accounted at p = {self.schedule.sample_rate} (nodes "
+            f"{self.sample_rates.tolist()})",
         )
         return sim, main_process
 
@@ -684,21 +710,29 @@ class DecentralizedTrainer:
 
     def _restored_ledger(self, saved: str, iteration: int, path: Path) -> PrivacyLedger:
         """The saved ledger, not a fresh one: the steps already spent stay spent.  It must
-        describe this very run (same p, δ, budget, accountant) and this very iteration."""
+        describe this very run (same p, node rates, δ, budget, accountant) and this very
+        iteration; a ledger saved without node rates (before they were kept) sampled
+        uniformly at p."""
         restored, ledger = PrivacyLedger.from_json(saved), self.ledger
+        saved_rates = restored.node_sample_rates
+        if saved_rates is None:
+            saved_rates = np.full(len(self.sample_rates), restored.sample_rate)
         same = (
             (restored.sample_rate, restored.delta, restored.accountant)
             == (ledger.sample_rate, ledger.delta, ledger.accountant)
+            and np.array_equal(saved_rates, ledger.node_sample_rates)
             and restored.epsilon_budget <= ledger.epsilon_budget
             and restored.steps_taken == iteration
         )
         require(same, f"checkpoint {path} does not belong to this cell")
+        restored.node_sample_rates = saved_rates
         return restored
 
     def _record(self, state: RunState, status: str, message: str, seconds: float,
                 spent: tuple) -> RunRecord:  # fmt: skip
         schedule, ledger, private = self.schedule, state.ledger, self.schedule.private
         eps_clt, eps_cert, method = spent
+        per_node, per_node_method = epsilon_per_node(self.privacy, ledger)
         final_row = state.rows[-1] | {"epsilon_clt": eps_clt, "epsilon_certified": eps_cert}
         unaccounted = [UNACCOUNTED_TRAIN_LOSS] if self.training.unsafe_train_metrics else []
         if not private:  # a non-private baseline: everything it releases
@@ -718,6 +752,8 @@ class DecentralizedTrainer:
             ledger_epsilon_spent=None if ledger is None else ledger.epsilon_spent(),
             ledger_accountant=None if ledger is None else ledger.accountant,
             schedule=schedule.to_dict(), node_sizes=tuple(self.records_per_node),
+            sampling=self.training.sampling, sample_rates=self.sample_rates.tolist(),
+            epsilon_per_node=per_node, epsilon_per_node_method=per_node_method,
             rows=tuple(state.rows),
         )  # fmt: skip
 
