@@ -37,11 +37,13 @@ class RunRecord:
     epsilons; ``steps_done`` the engine's iteration at the end, ``steps_spent`` the
     ledger's (a diverged step is recorded before it runs); ``unaccounted_outputs`` what the
     run releases without accounting for it; ``node_sizes`` every node's training records J_i
-    (public by the threat model; after a ``node_eval_share`` hold-out); ``heterogeneity``
-    only for a library-made partition of a shipped public benchmark (``dpdl run``): node
-    sizes, per-node label histograms and their source, never for a user's data; ``sampling`` "uniform" | "per-node", ``sample_rates`` every node's Poisson rate; ``epsilon_per_node`` every node's certified
-    epsilon of the steps spent at its own rate (the largest is the run's epsilon, of the node
-    at the schedule's rate; None for a non-private run), ``epsilon_per_node_method`` how.
+    (public by the threat model; after a ``node_eval_share`` hold-out); ``heterogeneity`` only
+    for a library-made partition of a shipped public benchmark (``dpdl run``): node sizes, per-
+    node label histograms and their source, never for a user's data; ``sampling`` "uniform" |
+    "per-node", ``sample_rates`` every node's Poisson rate; ``epsilon_per_node`` every node's
+    certified epsilon of the steps spent at its own rate (the largest is the run's epsilon, of
+    the node at the schedule's rate; None for a non-private run), ``epsilon_per_node_method``
+    how.
     """
 
     algorithm: str
