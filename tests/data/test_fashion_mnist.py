@@ -150,6 +150,11 @@ def test_real_fashion_mnist(monkeypatch):
     # Published facts: balanced classes (6000 / 1000 per class).
     np.testing.assert_array_equal(np.bincount(data.y_train), np.full(10, 6000))
     np.testing.assert_array_equal(np.bincount(data.y_test), np.full(10, 1000))
+    # The official content (pinned digest): a public benchmark, so its splits' label
+    # histograms may be released (dpdl.data.is_public_benchmark)
+    from dpdl.data import is_public_benchmark
+
+    assert is_public_benchmark("fashion-mnist", data) == "fashion-mnist"
     # Standardised with the public test images' pixel mean/std, computed here straight from the
     # raw test IDX file (16-byte header, then uint8 pixels); published: about 0.2868 / 0.3524
     # (the train images' 0.2860 / 0.3530 must not be used).

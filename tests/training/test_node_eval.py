@@ -263,3 +263,38 @@ def test_a_csv_data_set_gets_no_label_histograms(tmp_path):
     (cell,) = results["cells"]
     assert cell["heterogeneity"] is None and len(cell["node_sizes"]) == 6
     assert not (tmp_path / "out" / "r" / "label_distribution.png").exists()
+
+
+def test_private_files_in_a_benchmarks_format_get_no_label_histograms(tmp_path):
+    """A user's own images in Fashion-MNIST's IDX format, read by the shipped loader under the
+    shipped name, are private data: the name alone does not make them public (review)."""
+    from dpdl.data import is_public_benchmark, write_idx
+
+    rng = np.random.default_rng(0)
+    for split, size in (("train", 200), ("t10k", 50)):
+        write_idx(tmp_path / f"{split}-images-idx3-ubyte",
+                  rng.integers(0, 256, (size, 28, 28)).astype(np.uint8))  # fmt: skip
+        write_idx(tmp_path / f"{split}-labels-idx1-ubyte",
+                  rng.integers(0, 10, size).astype(np.uint8))  # fmt: skip
+    mine = load_dataset("fashion-mnist", data_dir=tmp_path)
+    assert is_public_benchmark("fashion-mnist", mine) is None
+    assert is_public_benchmark("fashion-mnist") is None  # nothing read: nothing to vouch for
+    cfg = config("fashion-mnist") | {"model": {"name": "logreg"}}
+    cfg["data"] = cfg["data"] | {"data_dir": str(tmp_path)}
+    work = runner.prepare_workload(runner.parse_config(cfg), seed=0)
+    assert work.heterogeneity is None
+
+
+def test_the_workload_counts_what_the_nodes_train_on(tmp_path):
+    """``dpdl audit --config`` audits the workload's mechanism: its sampling rate and steps are
+    those of the records left after a node_eval_share hold-out, the trainer's (review)."""
+    cfg = config(node_eval_share=0.5)
+    cfg["training"] = cfg["training"] | {"epochs": 2, "steps": None, "batch_size": 4}
+    parsed = runner.parse_config(cfg)
+    work = runner.prepare_workload(parsed, seed=2)
+    results = runner.run_experiment(cfg, tmp_path, progress=False, run_name="r")
+    (cell,) = results["cells"]
+    assert work.records_per_node == cell["node_sizes"]
+    assert work.sample_rate == pytest.approx(cell["sample_rate"])
+    assert work.steps == cell["steps"]
+    assert "node_local_metrics" in cell["unaccounted_outputs"]

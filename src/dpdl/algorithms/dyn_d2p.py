@@ -369,7 +369,8 @@ def clipped_record_sums(
     """
     require(method in CLIP_METHODS, f"unknown clipping method {method!r}; choose one of "
             f"{', '.join(CLIP_METHODS)}")  # fmt: skip
-    require(math.isfinite(clip) and clip > 0, f"clip bound C_k must be positive, got {clip}")
+    require(isinstance(clip, int | float) and math.isfinite(clip) and clip > 0,
+            f"clip bound C_k must be a positive number, got {clip!r}")  # fmt: skip
     loss_fn = _loss_fn(loss)
     if batch.size == 0:
         if out is None:

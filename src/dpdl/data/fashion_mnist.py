@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -106,6 +107,9 @@ def load_fashion_mnist(
             raise DPDLError(f"{paths['y_' + split]}: labels outside 0..9")
 
     mean, std = histogram_mean_std(images["x_test"])  # public statistics (preprocessing.py)
+    content = hashlib.sha256()
+    for key in ("x_train", "y_train", "x_test", "y_test"):
+        content.update((images if key[0] == "x" else labels)[key].tobytes())
 
     def to_float(x: np.ndarray) -> np.ndarray:
         return standardize_uint8_images(x[:, None, :, :], mean, std)
@@ -116,5 +120,6 @@ def load_fashion_mnist(
         x_test=to_float(images["x_test"]), y_test=labels["y_test"].astype(np.int64),
         num_classes=NUM_CLASSES, input_shape=(1, IMAGE_SIDE, IMAGE_SIDE),
         info={"preprocessing": f"pixels/255 then (x - mean)/std with {PUBLIC_STATISTICS}",
-              "mean": mean, "std": std, "source": str(paths["x_train"].parent)},
+              "mean": mean, "std": std, "source": str(paths["x_train"].parent),
+              "content_sha256": content.hexdigest()},
     )

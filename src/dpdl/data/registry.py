@@ -47,13 +47,31 @@ def _key(name: str) -> str:
     return _ALIASES.get(key, key)
 
 
-def is_public_benchmark(name: str) -> str | None:
+# The sets read from files anyone can replace: public only when what was read is the official
+# content (SHA-256 of the decoded arrays, x_train, y_train, x_test, y_test in that order; for
+# Fashion-MNIST that of the Debian package dataset-fashion-mnist, whose labels are the
+# official 6000 / 1000 per class).  CIFAR-10 has none pinned: it is never taken for public.
+FILE_BENCHMARKS = ("fashion-mnist", "cifar10")
+OFFICIAL_CONTENT_SHA256 = {
+    "fashion-mnist": "ca3ab2a37f845e1b8ae23cab1b51749a3011ba3bf1d9016176d75cbaabac376f",
+}
+
+
+def is_public_benchmark(name: str, dataset: Dataset | None = None) -> str | None:
     """The canonical name of ``name`` when it is a public benchmark loaded by dpdl's own
-    loader (not a CSV file, not a loader a user registered, even under a shipped name)."""
+    loader (not a CSV file, not a loader a user registered, even under a shipped name) and,
+    for a set read from files (:data:`FILE_BENCHMARKS`), when ``dataset`` holds the official
+    content: a user's own files in that format are private data, whatever the name."""
     if not isinstance(name, str):
         return None
     key = _key(name)
-    return key if key in _SHIPPED and _LOADERS.get(key) is _SHIPPED[key] else None
+    if key not in _SHIPPED or _LOADERS.get(key) is not _SHIPPED[key]:
+        return None
+    if key in FILE_BENCHMARKS:
+        digest = None if dataset is None else dataset.info.get("content_sha256")
+        if digest is None or digest != OFFICIAL_CONTENT_SHA256.get(key):
+            return None
+    return key
 
 
 def load_dataset(

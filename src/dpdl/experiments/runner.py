@@ -181,7 +181,7 @@ def _benchmark_heterogeneity(cfg: RunConfig, dataset, y_train, parts, seed: int)
     a histogram of those would be a noise-free statistic of private records)."""
     from dpdl.data import held_out_slots, is_public_benchmark
 
-    name = is_public_benchmark(cfg.data.dataset)
+    name = is_public_benchmark(cfg.data.dataset, dataset)
     if name is None or dataset.task != "classification":
         return None
     share = cfg.training.node_eval_share
@@ -221,7 +221,14 @@ def _steps(cfg: RunConfig, counts: list[int]) -> int:
 
 
 def _check_batch(cfg: RunConfig, node_data: NodeData) -> list[int]:
+    """The records each node trains on: after a ``node_eval_share`` hold-out, as the trainer
+    counts them, so the workload's steps and sampling rate (``dpdl audit --config``'s
+    mechanism) are the run's."""
+    from dpdl.data import held_out_count
+
     counts = [int(c) for c in node_data.counts]
+    if cfg.training.node_eval_share:
+        counts = [c - held_out_count(c, cfg.training.node_eval_share) for c in counts]
     b = cfg.training.batch_size
     if b > min(counts):
         raise DPDLError(

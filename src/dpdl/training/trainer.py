@@ -735,6 +735,8 @@ class DecentralizedTrainer:
         per_node, per_node_method = epsilon_per_node(self.privacy, ledger)
         final_row = state.rows[-1] | {"epsilon_clt": eps_clt, "epsilon_certified": eps_cert}
         unaccounted = [UNACCOUNTED_TRAIN_LOSS] if self.training.unsafe_train_metrics else []
+        if self.training.node_eval_share:  # scores of records held out of the nodes' data
+            unaccounted.append("node_local_metrics")
         if not private:  # a non-private baseline: everything it releases
             unaccounted = ["model", "metrics", *unaccounted]
         return RunRecord(
