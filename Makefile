@@ -23,11 +23,11 @@ lint: setup
 	$(BIN)/lint-imports
 
 test: lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 --dist loadgroup
 
 bench: setup
 	$(BIN)/python benchmarks/bench_accounting.py
-	$(BIN)/python benchmarks/bench_engine.py
+	$(BIN)/python benchmarks/bench_floor.py --threads 1
 
 clean:
 	rm -rf $(VENV) build *.egg-info

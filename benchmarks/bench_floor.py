@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import json
 import math
 import os
@@ -138,17 +139,26 @@ def seconds_per_call(fn, calls: int, device) -> float:
     return (time.perf_counter() - start) / calls
 
 
+def interleaved(fns: dict, calls: dict, rounds: int, device) -> dict[str, np.ndarray]:
+    """Seconds per call of each function in ``rounds`` interleaved rounds (after one warm-up
+    call each): the contenders see the same machine load, and per-round ratios cancel most
+    of it."""
+    for fn in fns.values():
+        fn()
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name].append(seconds_per_call(fn, calls[name], device))
+    return {name: np.asarray(t) for name, t in times.items()}
+
+
 def case(n: int, b: int, J: int, rounds: int, budget_s: float, device, who) -> dict:
     fns = {name: make_contender(name, n, b, J, device) for name in who}
     calls = {}
     for name, fn in fns.items():  # warm-up, then enough calls for ~budget_s a round
         fn()
         calls[name] = max(1, math.ceil(budget_s / seconds_per_call(fn, 1, device)))
-    times = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            times[name].append(seconds_per_call(fn, calls[name], device))
-    return {name: np.asarray(t) for name, t in times.items()}
+    return interleaved(fns, calls, rounds, device)
 
 
 def report(n: int, b: int, times: dict) -> None:
@@ -208,6 +218,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     who = ("floor", *(args.only or CONTENDERS[1:]))
+    if importlib.util.find_spec("opacus") is None:
+        print("opacus is not installed (pip install -e '.[bench]'): its loops are left out")
+        who = tuple(name for name in who if not name.startswith("opacus"))
     print(f"dpdl against the compute floor: cnn, J={args.records}, C={CLIP}, z={SIGMA / CLIP}, "
           f"exp graph, device={device}, threads={torch.get_num_threads()}, {os.cpu_count()} "
           f"CPUs, 1-min load {os.getloadavg()[0]:.2f}; median over {args.rounds} rounds of "

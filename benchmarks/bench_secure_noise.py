@@ -1,6 +1,6 @@
 """Benchmark: the cost of the secret noise streams per Dyn-D2P step (n = 20, the shallow CNN).
 
-Three simulators side by side in one process, interleaved rounds (see bench_engine.py):
+Three simulators side by side in one process, interleaved rounds (bench_floor.interleaved):
 
 * ``mersenne`` -- what the default was before issue 21: one CPU ``torch.Generator`` per node
   (Mersenne Twister, 32 bits of its seed kept), float uniforms compared with p, one
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 import dpdl.algorithms.dyn_d2p as dyn
-from bench_engine import interleaved
+from bench_floor import interleaved
 from dpdl.algorithms.dyn_d2p import draw_node_noise, make_node_generators
 from dpdl.engine import NodeData, Simulator
 from dpdl.models import make_model

@@ -15,6 +15,9 @@ import pytest
 
 from dpdl.experiments.runner import run_experiment
 
+# Multi-process runs share one pytest-xdist worker: never two of them at once on 2 cores.
+pytestmark = pytest.mark.xdist_group("multi-process")
+
 CONFIG = """
 kind = "decentralized"
 [experiment]
@@ -80,8 +83,9 @@ def config_file(tmp_path):
     return path
 
 
-# R = 4 is covered by the two-machine test below (2 machines x 2 processes).
-@pytest.mark.parametrize("procs", [1, 2])
+# R = 4 is covered by the two-machine test below (2 machines x 2 processes); R = 1 (slow) by
+# R = 2's code path, which it runs with one block.
+@pytest.mark.parametrize("procs", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_distributed_equals_simulator(tmp_path, config_file, simulator_metrics, procs):
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "dpdl", "run", str(config_file), "--output", str(out),
@@ -97,6 +101,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # the runtime is test_distributed_equals_simulator's; here the rendezvous
 def test_two_torchrun_machines_on_loopback(tmp_path, config_file, simulator_metrics):
     """Two torchrun invocations acting as two machines (--nnodes 2), c10d rendezvous."""
     port = _free_port()
@@ -279,6 +284,7 @@ def test_the_data_function_is_called_only_for_hosted_nodes(tmp_path):
         assert got["nodes"] == list(range(6)) and got["calls"] == [[0, 1, 2], [3, 4, 5]][rank]
 
 
+@pytest.mark.slow  # the same restart path as the API run's test below, from a config
 def test_a_rank_killed_under_torchrun_max_restarts_resumes_by_itself(tmp_path, simulator_metrics):
     """kill -9 of rank 1 at step 3; torchrun restarts the job, which resumes from the
     processes' own step-2 checkpoints and ends with the uninterrupted (simulator) result."""

@@ -22,6 +22,9 @@ import dpdl
 from dpdl.cli import main
 from dpdl.experiments.sweep import finished_cells, run_sweep
 
+# Multi-process runs share one pytest-xdist worker: never two of them at once on 2 cores.
+pytestmark = pytest.mark.xdist_group("multi-process")
+
 PLUGIN = textwrap.dedent(
     """
     import os, time

@@ -289,7 +289,7 @@ def test_the_workload_counts_what_the_nodes_train_on(tmp_path):
     """``dpdl audit --config`` audits the workload's mechanism: its sampling rate and steps are
     those of the records left after a node_eval_share hold-out, the trainer's (review)."""
     cfg = config(node_eval_share=0.5)
-    cfg["training"] = cfg["training"] | {"epochs": 2, "steps": None, "batch_size": 4}
+    cfg["training"] = cfg["training"] | {"epochs": 0.1, "steps": None, "batch_size": 4}
     parsed = runner.parse_config(cfg)
     work = runner.prepare_workload(parsed, seed=2)
     results = runner.run_experiment(cfg, tmp_path, progress=False, run_name="r")
