@@ -1,4 +1,5 @@
-"""Files written safely (no torch here: the sweep driver imports this)."""
+"""Files written safely, and figures saved with one-line errors (no torch here: the sweep
+driver imports this)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
+
+from dpdl.errors import DPDLError
 
 
 def write_atomic(path: Path, write: Callable[[BinaryIO], object], *, mode: int = 0o600) -> None:
@@ -23,3 +26,21 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object], *, mode: int =
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def png_path(path) -> Path:
+    """``path`` as a Path, refused in one line unless it names a PNG file."""
+    path = Path(path)
+    if path.suffix.lower() != ".png":
+        raise DPDLError(f"the drawing is a PNG file; got {str(path)!r}")
+    return path
+
+
+def save_png(figure, path: Path, dpi: int) -> Path:
+    """Save a matplotlib ``figure`` to ``path`` (its folder made), a one-line error if not."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(path, dpi=dpi)
+    except OSError as err:
+        raise DPDLError(f"cannot write {str(path)!r}: {err.strerror or err}") from None
+    return path

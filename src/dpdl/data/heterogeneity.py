@@ -17,6 +17,7 @@ import numpy as np
 
 from dpdl.data.nodes import local_arrays
 from dpdl.errors import DPDLError
+from dpdl.files import png_path, save_png
 
 __all__ = ["label_histograms", "plot_label_distribution"]
 
@@ -64,9 +65,7 @@ def plot_label_distribution(
     counts = np.asarray(histograms, dtype=float)
     if counts.ndim != 2 or not counts.size or not np.all(np.isfinite(counts)) or counts.min() < 0:
         raise DPDLError("histograms must be a non-empty (nodes, classes) table of counts >= 0")
-    path = Path(path)
-    if path.suffix.lower() != ".png":
-        raise DPDLError(f"the drawing is a PNG file; got {str(path)!r}")
+    path = png_path(path)
     n_nodes, n_classes = counts.shape
     names = list(class_names) if class_names is not None else [str(c) for c in range(n_classes)]
     if len(names) != n_classes:
@@ -84,12 +83,7 @@ def plot_label_distribution(
     ax.legend(title="label", fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     ax.set_title(title or "label distribution per node", fontsize=10)
     figure.tight_layout()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        figure.savefig(path, dpi=dpi)
-    except OSError as err:
-        raise DPDLError(f"cannot write {str(path)!r}: {err.strerror or err}") from None
-    return path
+    return save_png(figure, path, dpi)
 
 
 def _class_colours(n_classes: int) -> list:

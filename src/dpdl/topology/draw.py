@@ -11,7 +11,7 @@ from pathlib import Path
 import networkx as nx
 import numpy as np
 
-from dpdl.errors import DPDLError
+from dpdl.files import png_path, save_png
 from dpdl.topology.base import Topology
 from dpdl.topology.validation import union_graph
 
@@ -90,7 +90,7 @@ def draw_topology(topology: Topology, path, *, seed: int = 0, dpi: int = 120) ->
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    path = _png_path(path)
+    path = png_path(path)
     union = union_graph(topology, 0, topology.period)
     positions = _positions(topology, union, seed)
     panels: list[tuple[nx.DiGraph, str]] = []
@@ -118,7 +118,7 @@ def draw_topology(topology: Topology, path, *, seed: int = 0, dpi: int = 120) ->
         fontsize=11,
     )
     figure.tight_layout()
-    return _save_png(figure, path, dpi)
+    return save_png(figure, path, dpi)
 
 
 def draw_adjacency(adjacency: np.ndarray, path, *, title: str, seed: int = 0,
@@ -129,7 +129,7 @@ def draw_adjacency(adjacency: np.ndarray, path, *, title: str, seed: int = 0,
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    path = _png_path(path)
+    path = png_path(path)
     graph = nx.DiGraph()
     graph.add_nodes_from(range(len(adjacency)))
     receivers, senders = np.nonzero(adjacency)
@@ -145,20 +145,4 @@ def draw_adjacency(adjacency: np.ndarray, path, *, title: str, seed: int = 0,
     ax.set_title(title, fontsize=9)
     ax.set_axis_off()
     figure.tight_layout()
-    return _save_png(figure, path, dpi)
-
-
-def _png_path(path) -> Path:
-    path = Path(path)
-    if path.suffix.lower() != ".png":
-        raise DPDLError(f"the drawing is a PNG file; got {str(path)!r}")
-    return path
-
-
-def _save_png(figure, path: Path, dpi: int) -> Path:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        figure.savefig(path, dpi=dpi)
-    except OSError as err:
-        raise DPDLError(f"cannot write {str(path)!r}: {err.strerror or err}") from None
-    return path
+    return save_png(figure, path, dpi)
