@@ -16,7 +16,8 @@ the first fully connected layer.  Here instead (book-keeping clipping, Bu et al.
 3. each layer's per-record gradient comes from (a_r, g_r): for a linear layer on a vector it
    is the rank-one g_r a_r^T, whose norm is ||g_r|| ||a_r|| (no per-record gradient at all);
    for a linear layer on several positions and for a convolution, the per-record gradient
-   P_r = sum_t g_rt a_rt^T itself (O x C k k for a convolution, from the unfolded input);
+   P_r = sum_t g_rt a_rt^T itself (O x C k k for a convolution: the weight gradient of one
+   grouped convolution with a group per record);
    GroupNorm / LayerNorm from the normalised input;
 4. the clip factors c_r = min(1, C / ||g_r||) weight one batched product per layer and node,
    sum_r c_r g_r a_r^T or sum_r c_r P_r, the node's clipped sum, with no second backward.
