@@ -17,7 +17,8 @@ graph.  One line per case, each the median over rounds of the per-round ratio to
 
     floor n=N b=B: dp R.RRx sgp R.RRx opacus R.RRx opacus-ghost R.RRx
 
-then ms/step of each, and the peak memory of each contender at n = 64, b = 16 (a fresh
+then ms/step of each (and of ``floor-chunked``: the floor in batches of 64 records, its
+cache-friendly form at large n·b), and the peak memory of each contender at n = 64, b = 16 (a fresh
 process each, the growth of VmHWM over the set-up).  Run on a quiet machine, one thread:
 
     .venv/bin/python benchmarks/bench_floor.py --threads 1 [--nodes 20 64]
@@ -53,6 +54,8 @@ from bench_vs_opacus import (  # noqa: E402  (a sibling script, not a package)
 from dpdl.engine import Simulator  # noqa: E402
 
 CONTENDERS = ("floor", "dp", "sgp", "opacus", "opacus-ghost")
+# beside them, not in the ratio line: the floor in batches of 64 records
+REFERENCES = ("floor-chunked",)
 
 
 class OpacusGhostLoop(OpacusLoop):
@@ -95,19 +98,24 @@ class OpacusGhostLoop(OpacusLoop):
 
 
 class Floor:
-    """One plain forward + backward of the model over n·b records: the compute floor."""
+    """One plain forward + backward of the model over n·b records: the compute floor; with
+    ``chunk``, the same records in batches of at most ``chunk`` (gradients accumulated), the
+    floor's cache-friendly form where one batch of n·b records no longer fits in cache."""
 
-    def __init__(self, model, data, b: int):
+    def __init__(self, model, data, b: int, chunk: int | None = None):
         self.model = copy.deepcopy(model)
         n, J = data.inputs.shape[:2]
         take = torch.arange(n * b) % (n * J)
         self.inputs = data.inputs.reshape(n * J, *data.inputs.shape[2:])[take]
         self.targets = data.targets.reshape(n * J)[take]
+        self.chunk = chunk or len(self.inputs)
 
     def step(self) -> None:
         self.model.zero_grad(set_to_none=True)
-        out = self.model(self.inputs)
-        torch.nn.functional.cross_entropy(out, self.targets, reduction="sum").backward()
+        for lo in range(0, len(self.inputs), self.chunk):
+            out = self.model(self.inputs[lo : lo + self.chunk])
+            targets = self.targets[lo : lo + self.chunk]
+            torch.nn.functional.cross_entropy(out, targets, reduction="sum").backward()
 
 
 def make_contender(who: str, n: int, b: int, J: int, device):
@@ -119,6 +127,8 @@ def make_contender(who: str, n: int, b: int, J: int, device):
         model = model.to(device)
     if who == "floor":
         return Floor(model, data, b).step
+    if who == "floor-chunked":
+        return Floor(model, data, b, chunk=64).step
     if who in ("dp", "sgp"):
         sim = Simulator(model, data, topology, lr=LR, expected_batch_size=b, device=device)
         if who == "dp":
@@ -163,7 +173,7 @@ def case(n: int, b: int, J: int, rounds: int, budget_s: float, device, who) -> d
 
 def report(n: int, b: int, times: dict) -> None:
     ratios = {k: times[k] / times["floor"] for k in times if k != "floor"}
-    line = " ".join(f"{k} {np.median(r):.2f}x" for k, r in ratios.items())
+    line = " ".join(f"{k} {np.median(r):.2f}x" for k, r in ratios.items() if k in CONTENDERS)
     spread = ", ".join(f"{k} [{r.min():.2f}..{r.max():.2f}]" for k, r in ratios.items())
     ms = ", ".join(f"{k} {np.median(t) * 1e3:.1f}" for k, t in times.items())
     print(f"floor n={n} b={b}: {line}", flush=True)
@@ -217,7 +227,7 @@ def main() -> None:
         return
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    who = ("floor", *(args.only or CONTENDERS[1:]))
+    who = ("floor", *(args.only or CONTENDERS[1:]), *REFERENCES)
     if importlib.util.find_spec("opacus") is None:
         print("opacus is not installed (pip install -e '.[bench]'): its loops are left out")
         who = tuple(name for name in who if not name.startswith("opacus"))
