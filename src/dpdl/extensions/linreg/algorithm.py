@@ -96,7 +96,9 @@ class Ball:
         center = 0.0 if self.center is None else self.center
         offset = beta - center
         norms = np.sqrt(np.einsum("...i,...i->...", offset, offset))[..., None]
-        shrink = np.minimum(1.0, self.radius / np.maximum(norms, np.finfo(np.float64).tiny))
+        # rows inside the ball stay as they are (a tiny norm would overflow radius / norm)
+        outside = norms > self.radius
+        shrink = np.where(outside, self.radius / np.where(outside, norms, 1.0), 1.0)
         return center + offset * shrink
 
     def contains(self, beta: np.ndarray, *, tol: float = 1e-9) -> np.ndarray:
