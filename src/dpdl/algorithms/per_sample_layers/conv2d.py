@@ -53,7 +53,9 @@ class Conv2dTerms(LayerTerms):
         gradient g_r alone.  The N records are the groups of one convolution over a batch of
         one, (1, N C, H, W) -> (1, N O, H', W'), whose weight gradient (N O, C/groups, k, k)
         stacks the records' gradients: the convolution's own backward kernel, ~2x faster on
-        CPU than unfolding the input and multiplying (and no unfolded copy in memory)."""
+        CPU than unfolding the input and multiplying (and no unfolded copy in memory).  On
+        CUDA, cuDNN may run it in TF32 (``torch.backends.cudnn.allow_tf32``, on by default):
+        less precise terms, the same bound, since the norm is taken of this very tensor."""
         conv, N = self.module, a.shape[0]
         # only the weight's shape is read (the input gradient is not asked for)
         weight = a.new_empty((N * conv.out_channels, *conv.weight.shape[1:]))
