@@ -148,3 +148,31 @@ def test_run_flags_override_seed_and_steps_and_refuse_the_rest():
     assert parsed.experiment.seeds == [4] and parsed.algorithm.steps == 50
     with pytest.raises(DPDLError, match="--device not supported"):
         ex.apply_overrides(small_config(), device="cuda")
+
+
+def test_a_binary_task_from_a_multi_class_set_with_unit_rows_and_a_user_cap():
+    """Issue 28's data at scale: a multi-class set made binary (positive_classes), rows scaled
+    to unit norm, the users capped; the labels follow the classes record by record."""
+    from dpdl.data import load_dataset
+
+    cfg = small_config()
+    cfg["data"] = {"dataset": "digits", "positive_classes": [0, 1, 2, 3, 4],
+                   "normalize_rows": True, "max_users": 20}  # fmt: skip
+    data = ex.load_users(ex.parse_config(cfg))
+    assert data["n"] == 20 and data["x"].shape == (20, 8, 64)
+    np.testing.assert_allclose(np.linalg.norm(data["x"], axis=-1), 1.0, atol=1e-9)
+    digits = load_dataset("digits", seed=0)
+    want = np.where(np.isin(digits.y_test, [0, 1, 2, 3, 4]), 1.0, -1.0)
+    np.testing.assert_array_equal(data["y_test"], want)
+    assert set(np.unique(data["y"])) == {-1.0, 1.0}
+
+
+@pytest.mark.parametrize(
+    ("classes", "message"),
+    [([12], r"\[12\] not among the 10 classes"), (list(range(10)), "every class")],
+)
+def test_bad_positive_classes_are_a_clear_error(classes, message):
+    cfg = small_config()
+    cfg["data"] = {"dataset": "digits", "positive_classes": classes}
+    with pytest.raises(DPDLError, match=message):
+        ex.load_users(ex.parse_config(cfg))

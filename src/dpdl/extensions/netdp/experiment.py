@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_serializer
 
 from dpdl.errors import DPDLError
 from dpdl.training.results import std_or_none
@@ -75,6 +75,26 @@ class DataSection(_Section):
     binarize: str | float | None = None  # for a numeric CSV label, e.g. "median"
     records_per_user: int = Field(8, ge=1)
     split_seed: int = 0
+    # A binary task from a multi-class set (e.g. Fashion-MNIST, issue 28): label +1 for these
+    # classes, -1 for the others.
+    positive_classes: list[int] | None = Field(None, min_length=1)
+    # Every record (train and test) scaled to unit L2 norm: a per-record map of public form,
+    # what the 1-Lipschitz loss needs (MATH.md §6) for sets that are not normalised.
+    normalize_rows: bool = False
+    max_users: int | None = Field(None, ge=2)  # keep the first of the seeded shuffle's users
+
+    @model_serializer(mode="wrap")
+    def _without_later_defaults(self, handler):
+        # the settings added since the first runs are left out at their defaults: the seeded
+        # cells' names digest the dump, so earlier runs keep their noise and their folders
+        dumped = handler(self)
+        for key, default in _LATER_DATA_DEFAULTS.items():
+            if dumped.get(key, default) == default:
+                dumped.pop(key, None)
+        return dumped
+
+
+_LATER_DATA_DEFAULTS = {"positive_classes": None, "normalize_rows": False, "max_users": None}
 
 
 class StepSizes(_Section):
@@ -141,11 +161,15 @@ def load_users(cfg: NetDPLogRegConfig) -> dict[str, Any]:
                       binarize=cfg.data.binarize, normalize_rows=True)
     else:
         ds = load_dataset(cfg.data.dataset, seed=cfg.data.split_seed)
+    ds = _binary_task(ds, cfg.data.positive_classes)
     if ds.task != "classification" or ds.num_classes != 2:
         raise DPDLError(f"data: netdp-logreg needs a binary classification set, got "
                         f"{ds.name!r} ({ds.task}, {ds.num_classes} classes)")
     x = np.asarray(ds.x_train, dtype=float).reshape(len(ds.y_train), -1)
     x_test = np.asarray(ds.x_test, dtype=float).reshape(len(ds.y_test), -1)
+    if cfg.data.normalize_rows:
+        x, x_test = (rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-300)
+                     for rows in (x, x_test))  # fmt: skip
     norms = np.linalg.norm(np.vstack([x, x_test]), axis=1)
     if norms.max() > 1 + 1e-6:  # the 1-Lipschitz claim (L = 1) relies on it: fail closed
         raise DPDLError(f"data: rows must have L2 norm <= 1 (got {norms.max():.4g}); "
@@ -156,6 +180,8 @@ def load_users(cfg: NetDPLogRegConfig) -> dict[str, Any]:
     norms = np.minimum(norms, 1.0)
     J = cfg.data.records_per_user
     n = len(ds.y_train) // J
+    if cfg.data.max_users is not None:
+        n = min(n, cfg.data.max_users)
     if n < 2:
         raise DPDLError(f"data.records_per_user = {J} leaves fewer than 2 users")
     order = np.random.default_rng(cfg.data.split_seed).permutation(len(ds.y_train))[: n * J]
@@ -165,6 +191,26 @@ def load_users(cfg: NetDPLogRegConfig) -> dict[str, Any]:
         "x_test": x_test, "y_test": np.where(np.asarray(ds.y_test) == 1, 1.0, -1.0),
         "n": n, "dim": x.shape[1], "name": ds.name, "smoothness": float(norms.max() ** 2 / 4),
     }
+
+
+def _binary_task(ds, positive: list[int] | None):
+    """``ds`` with labels 1 for the ``positive`` classes and 0 for the rest (as it is when
+    None); one-line errors for classes the set does not have or a split with one side empty."""
+    if positive is None:
+        return ds
+    if ds.task != "classification" or not ds.num_classes:
+        raise DPDLError(f"data.positive_classes needs a classification set, got {ds.name!r}")
+    bad = [c for c in positive if not 0 <= c < ds.num_classes]
+    if bad:
+        raise DPDLError(f"data.positive_classes: {bad} not among the {ds.num_classes} classes "
+                        f"of {ds.name!r} (0..{ds.num_classes - 1})")  # fmt: skip
+    if len(set(positive)) == ds.num_classes:
+        raise DPDLError("data.positive_classes holds every class: no negative records left")
+    from dataclasses import replace
+
+    to_binary = lambda y: np.isin(y, positive).astype(np.int64)  # noqa: E731
+    return replace(ds, y_train=to_binary(ds.y_train), y_test=to_binary(ds.y_test),
+                   num_classes=2, name=f"{ds.name} (classes {sorted(set(positive))} vs rest)")
 
 
 def _logistic_loss(w, x, y) -> float:
