@@ -49,10 +49,7 @@ import numpy as np
 import torch
 from torch.func import functional_call, grad, vmap
 
-from dpdl.algorithms.per_sample import (
-    book_keeping_plan,
-    clipped_sums_by_node,
-)
+from dpdl.algorithms.per_sample import book_keeping_plan, clipped_sums_by_node, zeroed_like
 from dpdl.algorithms.randomness import SecretStream, derive_key, fill_normals
 from dpdl.errors import DPDLError, require
 
@@ -232,10 +229,6 @@ def poisson_sample(
 
 
 # --------------------------------------------------------------------------- gradients
-def _zeros_like_stacked(params: Params) -> Params:
-    return {name: torch.zeros_like(p) for name, p in params.items()}
-
-
 def per_record_grads(
     model: torch.nn.Module,
     params: Params,
@@ -284,9 +277,7 @@ def mean_batch_grads(
     """
     loss_fn = _loss_fn(loss)
     if batch.size == 0:
-        return _zeros_like_stacked(params) if out is None else {
-            name: out[name].zero_() for name in params
-        }  # fmt: skip
+        return zeroed_like(out, params)
     first = next(iter(params.values()))
     weights = 1.0 / batch.counts.clamp_min(1).to(first.dtype)[batch.node]
     plan = book_keeping_plan(model, tuple(batch.inputs.shape[1:]), params)
@@ -373,9 +364,7 @@ def clipped_record_sums(
             f"clip bound C_k must be a positive number, got {clip!r}")  # fmt: skip
     loss_fn = _loss_fn(loss)
     if batch.size == 0:
-        if out is None:
-            return _zeros_like_stacked(params)
-        return {name: out[name].zero_() for name in params}
+        return zeroed_like(out, params)
     if method != "per-record":
         plan = book_keeping_plan(model, tuple(batch.inputs.shape[1:]), params)
         require(

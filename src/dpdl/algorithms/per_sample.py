@@ -530,7 +530,9 @@ def _chunk_inputs(plan: _Plan, params: Params, batch) -> list[_ChunkInputs]:
     return laid_out
 
 
-def _zeroed(out: Params | None, params: Params) -> Params:
+def zeroed_like(out: Params | None, params: Params) -> Params:
+    """Per-node sums to accumulate into: ``out`` zeroed in place, or fresh zeros like
+    ``params``."""
     if out is None:
         return {name: torch.zeros_like(p) for name, p in params.items()}
     return {name: out[name].zero_() for name in params}
@@ -547,7 +549,7 @@ def clipped_sums_by_node(
     backward and per-layer products as the private step, so the non-private step never costs
     more than the private one."""
     buffers = buffers or {}
-    out = _zeroed(out, params)
+    out = zeroed_like(out, params)
     device = batch.node.device
     for part in _chunk_inputs(plan, params, batch):
         chunk, regroup = part.chunk, None

@@ -210,7 +210,7 @@ class Simulator:
         )
         self.sampling = sampling
         self.sample_rates = node_sample_rates(self.node_counts, self.expected_batch_size, sampling)
-        self.sample_rate = self.expected_batch_size / j_min
+        self.sample_rate = float(self.sample_rates.max())  # b / J_min, the accounted rate
         self.loss = loss
         self.buffers = {name: b.to(self.device) for name, b in model.named_buffers()}
         self.params = stack_params(model, count, self.device)
