@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import Field, field_validator, model_serializer
+from pydantic import Field, field_validator, model_serializer, model_validator
 
 from dpdl.errors import DPDLError
 from dpdl.training.results import std_or_none
@@ -129,12 +129,50 @@ class PrivacySection(_Section):
         return value
 
 
+class TuneSection(_Section):
+    """Step sizes chosen on validation records (``dpdl.extensions.netdp.tuning``): every
+    approach gets this grid at every ε; the picks replace ``algorithm.lr`` for the test seeds
+    (``experiment.seeds``)."""
+
+    lr_grid: list[float] = Field(min_length=2)
+    selection_seeds: list[int] = Field(min_length=1)
+    # records of the training split that no user holds, declared public (THREAT_MODEL)
+    validation_records: int = Field(ge=1)
+
+    @field_validator("lr_grid")
+    @classmethod
+    def _grid(cls, value):
+        bad = [v for v in value if not (math.isfinite(v) and v > 0)]
+        if bad:
+            raise ValueError(f"every step size must be finite and > 0, got {bad}")
+        if len(set(value)) != len(value):
+            raise ValueError(f"step sizes repeat in {value}")
+        return value
+
+
 class NetDPLogRegConfig(_Section):
     kind: str = "netdp-logreg"
     experiment: ExperimentSection = Field(default_factory=ExperimentSection)
     data: DataSection = Field(default_factory=DataSection)
     algorithm: AlgorithmSection = Field(default_factory=AlgorithmSection)
     privacy: PrivacySection = Field(default_factory=PrivacySection)
+    tune: TuneSection | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_tune_when_off(self, handler):
+        dumped = handler(self)  # untuned configs dump as before: their cells keep their noise
+        if dumped.get("tune") is None:
+            dumped.pop("tune", None)
+        return dumped
+
+    @model_validator(mode="after")
+    def _tune_seeds_apart(self):
+        if self.tune is not None:
+            shared = sorted(set(self.tune.selection_seeds) & set(self.experiment.seeds))
+            if shared:
+                raise ValueError(f"tune.selection_seeds and experiment.seeds share {shared}: "
+                                 "the test seeds must be fresh")
+        return self
 
     @field_validator("kind")
     @classmethod
@@ -179,16 +217,20 @@ def load_users(cfg: NetDPLogRegConfig) -> dict[str, Any]:
     x_test = x_test / np.maximum(1.0, np.linalg.norm(x_test, axis=1, keepdims=True))
     norms = np.minimum(norms, 1.0)
     J = cfg.data.records_per_user
-    n = len(ds.y_train) // J
+    held = 0 if cfg.tune is None else cfg.tune.validation_records  # no user holds these
+    n = (len(ds.y_train) - held) // J
     if cfg.data.max_users is not None:
         n = min(n, cfg.data.max_users)
     if n < 2:
-        raise DPDLError(f"data.records_per_user = {J} leaves fewer than 2 users")
-    order = np.random.default_rng(cfg.data.split_seed).permutation(len(ds.y_train))[: n * J]
-    y = np.where(np.asarray(ds.y_train)[order] == 1, 1.0, -1.0)
+        raise DPDLError(f"data.records_per_user = {J} leaves fewer than 2 users"
+                        + (f" beside tune.validation_records = {held}" if held else ""))
+    shuffled = np.random.default_rng(cfg.data.split_seed).permutation(len(ds.y_train))
+    order, validation = shuffled[held: held + n * J], shuffled[:held]
+    signs = lambda labels: np.where(np.asarray(labels) == 1, 1.0, -1.0)  # noqa: E731
     return {
-        "x": x[order].reshape(n, J, -1), "y": y.reshape(n, J),
-        "x_test": x_test, "y_test": np.where(np.asarray(ds.y_test) == 1, 1.0, -1.0),
+        "x": x[order].reshape(n, J, -1), "y": signs(ds.y_train)[order].reshape(n, J),
+        "x_test": x_test, "y_test": signs(ds.y_test),
+        "x_val": x[validation], "y_val": signs(ds.y_train)[validation],
         "n": n, "dim": x.shape[1], "name": ds.name, "smoothness": float(norms.max() ** 2 / 4),
     }
 
@@ -230,15 +272,16 @@ def _user_gradient(data):
     return gradient
 
 
-def _evaluator(data):
-    """Test metrics only: the users' training records are private, and a training loss would
-    be a noise-free function of them."""
-    x_test, y_test = data["x_test"], data["y_test"]
+def _evaluator(data, split: str = "test"):
+    """Metrics on public records only (``test``, or ``val`` for the step-size selection): the
+    users' training records are private, and a training loss would be a noise-free function of
+    them."""
+    x_eval, y_eval = data[f"x_{split}"], data[f"y_{split}"]
 
     def evaluate(w: np.ndarray) -> dict:
         return {
-            "test_accuracy": float(np.mean(np.sign(x_test @ w + 1e-300) == y_test)),
-            "test_loss": _logistic_loss(w, x_test, y_test),
+            f"{split}_accuracy": float(np.mean(np.sign(x_eval @ w + 1e-300) == y_eval)),
+            f"{split}_loss": _logistic_loss(w, x_eval, y_eval),
         }
 
     return evaluate
@@ -297,7 +340,8 @@ def calibrate(approach: str, *, n: int, steps: int, cap: int, walk, mask, epsilo
 def run_experiment(
     config: dict[str, Any] | NetDPLogRegConfig, output_dir: str | Path, *, progress: bool = True
 ) -> dict[str, Any]:
-    """Train every (approach, ε, seed) cell and write one run folder; returns results.json."""
+    """Train every (approach, ε, seed) cell and write one run folder; returns results.json.
+    With a ``[tune]`` table the step sizes are first chosen on validation records."""
     from dpdl.extensions.netdp import accounting as nd
 
     cfg = parse_config(config)
@@ -308,19 +352,20 @@ def run_experiment(
     _check_network_accounting_holds(cfg, data)
     say(f"netdp-logreg: {data['name']}, n = {n} users x {cfg.data.records_per_user} records, "
         f"d = {data['dim']}, T = {T}, cap = {cap}")
-    gradient, evaluate = _user_gradient(data), _evaluator(data)
     cells = [(a, e) for a in cfg.privacy.approaches for e in cfg.privacy.epsilons]
     if cfg.privacy.include_non_private:
         cells.append((NON_PRIVATE, None))
     folder = RunFolder.create(output_dir, cfg.experiment.name)
     folder.write_config(cfg.model_dump())
+    trainer = _CellTrainer(cfg, data, cap)
+    tuning = None if cfg.tune is None else _select(cfg, trainer, cells, folder, say)
+    picked = {} if tuning is None else {(p["approach"], p["epsilon"]): p["lr"]
+                                        for p in tuning["picks"]}  # fmt: skip
     rows, results = [], []
-    walk_free: dict[tuple, dict] = {}  # local/central noise does not depend on the walk
     for seed in cfg.experiment.seeds:
         for approach, eps in cells:
-            lr, noise, run = _train_cell(cfg, data, seed, approach, eps, cap=cap,
-                                         gradient=gradient, evaluate=evaluate,
-                                         walk_free=walk_free)  # fmt: skip
+            lr = picked.get((approach, eps), getattr(cfg.algorithm.lr, _field(approach)))
+            noise, run = trainer.train(seed, approach, eps, lr)
             result = _cell_result(cfg, seed, approach, eps, lr, noise, run)
             label = NON_PRIVATE if eps is None else f"{eps:g}"
             rows += [{"approach": approach, "epsilon": label, "seed": seed, **point}
@@ -329,7 +374,94 @@ def run_experiment(
             sigma_text = "withheld" if result["sigma"] is None else f"{result['sigma']:.4g}"
             say(f"  seed {seed} {approach:>11} eps={label:>6}: sigma = {sigma_text}, "
                 f"test acc {result['test_accuracy']:.3f}, test loss {result['test_loss']:.4f}")
-    return _write_outputs(folder, cfg, data, cap, rows, results)
+    return _write_outputs(folder, cfg, data, cap, rows, results, tuning)
+
+
+def _field(approach: str) -> str:
+    return approach.replace("-", "_")
+
+
+def _select(cfg: NetDPLogRegConfig, trainer: _CellTrainer, cells, folder: RunFolder,
+            say) -> dict[str, Any]:
+    """The step sizes chosen on the validation records; writes ``selection.csv``."""
+    from dpdl.extensions.netdp.tuning import select_step_sizes
+
+    tune = cfg.tune
+    too_large = [lr for lr in tune.lr_grid if lr > 2 / trainer.data["smoothness"]]
+    if "network" in cfg.privacy.approaches and too_large:
+        raise DPDLError(f"tune.lr_grid: {too_large} exceed 2/beta = "
+                        f"{2 / trainer.data['smoothness']:.4g}, where the network-DP "
+                        "accounting (amplification by iteration) no longer holds")
+    say(f"selecting step sizes: {len(tune.lr_grid)} per approach and epsilon, seeds "
+        f"{tune.selection_seeds}, {tune.validation_records} validation records")
+
+    def final_validation_accuracy(seed, approach, eps, lr) -> float:
+        _, run = trainer.train(seed, approach, eps, lr, split="val", tag="select")
+        return run.history[-1]["val_accuracy"]
+
+    tuning = select_step_sizes(cells, tune.lr_grid, tune.selection_seeds,
+                               final_validation_accuracy, say)
+    folder.write_records_csv("selection.csv", [
+        {"approach": p["approach"], "epsilon": "-" if p["epsilon"] is None else p["epsilon"],
+         "lr": p["lr"], "val_accuracy_mean": p["mean"], "val_accuracy_std": p["std"],
+         "picked": p["picked"]} for p in tuning["points"]])  # fmt: skip
+    tuning["validation_records"] = tune.validation_records
+    return tuning
+
+
+class _CellTrainer:
+    """Trains one (approach, ε, seed) cell at a step size: its walk and noise from the cell's
+    secret stream. Local and central noise do not depend on the walk: calibrated once."""
+
+    def __init__(self, cfg: NetDPLogRegConfig, data: dict[str, Any], cap: int):
+        self.cfg, self.data, self.cap = cfg, data, cap
+        self.gradient = _user_gradient(data)
+        self.evaluators = {"test": _evaluator(data, "test")}
+        if cfg.tune is not None:
+            self.evaluators["val"] = _evaluator(data, "val")
+        self.walk_free: dict[tuple, dict] = {}
+
+    def train(self, seed: int, approach: str, eps: float | None, lr: float, *,
+              split: str = "test", tag: str = ""):
+        """The noise and the run (the walk is not returned)."""
+        from dpdl.algorithms.randomness import numpy_secret_rng
+        from dpdl.extensions.netdp import accounting as nd
+        from dpdl.extensions.netdp.algorithm import random_walk_sgd, sample_random_walk
+
+        cfg, data, alg = self.cfg, self.data, self.cfg.algorithm
+        n, T = data["n"], alg.steps
+        # a tuned run's cells differ by their step size: they never share noise
+        name = f"{approach}|{eps!r}" + ("" if cfg.tune is None else f"|lr={lr!r}|{tag}")
+        secret = numpy_secret_rng(seed, cfg.experiment.entropy, seeded_cell_name(
+            cfg, name,
+            ("privacy.epsilons", "privacy.approaches", "privacy.include_non_private"),
+            (data["x"], data["y"])))
+        if approach in ("central", NON_PRIVATE):  # one uniformly drawn user per step
+            walk = secret.integers(0, n, size=T)
+        else:
+            walk = sample_random_walk(n, T, seed=secret)
+        mask = nd.contribution_mask(walk, n, self.cap)
+        noise = self._noise(approach, eps, walk, mask)
+        run = random_walk_sgd(
+            self.gradient, np.zeros(data["dim"]), walk, lr=lr, sigma=noise["sigma"],
+            clip=alg.clip, n=n,
+            contributes=mask if approach in ("local", "network") else None,
+            model="local" if approach == "local" else "network", radius=alg.radius,
+            seed=secret, evaluate=self.evaluators[split], eval_every=alg.eval_every,
+            unsafe_zero_noise=approach == NON_PRIVATE)  # the non-private baseline
+        return noise, run
+
+    def _noise(self, approach: str, eps: float | None, walk, mask) -> dict:
+        if approach == NON_PRIVATE:
+            return {"noise_multiplier": 0.0, "sigma": 0.0, "accounting": "none"}
+        if approach != "network" and (approach, eps) in self.walk_free:
+            return self.walk_free[(approach, eps)]
+        noise = calibrate(approach, n=self.data["n"], steps=self.cfg.algorithm.steps,
+                          cap=self.cap, walk=walk, mask=mask, epsilon=eps,
+                          delta=self.cfg.privacy.delta, clip=self.cfg.algorithm.clip)
+        if approach != "network":
+            self.walk_free[(approach, eps)] = noise
+        return noise
 
 
 def _check_network_accounting_holds(cfg: NetDPLogRegConfig, data: dict[str, Any]) -> None:
@@ -345,44 +477,6 @@ def _check_network_accounting_holds(cfg: NetDPLogRegConfig, data: dict[str, Any]
         raise DPDLError(f"algorithm.clip = {alg.clip} is below the loss's Lipschitz constant "
                         f"{lipschitz:.4g}: clipped steps need not be contractions, so the "
                         "network-DP accounting (amplification by iteration) does not hold")
-
-
-def _train_cell(cfg: NetDPLogRegConfig, data: dict[str, Any], seed: int, approach: str,
-                eps: float | None, *, cap: int, gradient, evaluate, walk_free: dict):
-    """One (approach, ε, seed) cell: its walk and noise from the cell's secret stream, then
-    training; returns the step size, the noise and the run (the walk is not returned)."""
-    from dpdl.algorithms.randomness import numpy_secret_rng
-    from dpdl.extensions.netdp import accounting as nd
-    from dpdl.extensions.netdp.algorithm import random_walk_sgd, sample_random_walk
-
-    n, T, alg = data["n"], cfg.algorithm.steps, cfg.algorithm
-    secret = numpy_secret_rng(seed, cfg.experiment.entropy, seeded_cell_name(
-        cfg, f"{approach}|{eps!r}",
-        ("privacy.epsilons", "privacy.approaches", "privacy.include_non_private"),
-        (data["x"], data["y"])))
-    if approach in ("central", NON_PRIVATE):  # one uniformly drawn user per step
-        walk = secret.integers(0, n, size=T)
-    else:
-        walk = sample_random_walk(n, T, seed=secret)
-    mask = nd.contribution_mask(walk, n, cap)
-    if approach == NON_PRIVATE:
-        noise = {"noise_multiplier": 0.0, "sigma": 0.0, "accounting": "none"}
-    elif approach != "network" and (approach, eps) in walk_free:
-        noise = walk_free[(approach, eps)]
-    else:
-        noise = calibrate(approach, n=n, steps=T, cap=cap, walk=walk, mask=mask,
-                          epsilon=eps, delta=cfg.privacy.delta, clip=alg.clip)
-        if approach != "network":
-            walk_free[(approach, eps)] = noise
-    lr = getattr(alg.lr, approach.replace("-", "_"))
-    run = random_walk_sgd(
-        gradient, np.zeros(data["dim"]), walk, lr=lr, sigma=noise["sigma"],
-        clip=alg.clip, n=n,
-        contributes=mask if approach in ("local", "network") else None,
-        model="local" if approach == "local" else "network", radius=alg.radius,
-        seed=secret, evaluate=evaluate, eval_every=alg.eval_every,
-        unsafe_zero_noise=approach == NON_PRIVATE)  # the non-private baseline
-    return lr, noise, run
 
 
 def _cell_result(cfg: NetDPLogRegConfig, seed: int, approach: str, eps: float | None,
@@ -406,17 +500,25 @@ def _cell_result(cfg: NetDPLogRegConfig, seed: int, approach: str, eps: float | 
 
 
 def _write_outputs(folder: RunFolder, cfg: NetDPLogRegConfig, data: dict[str, Any], cap: int,
-                   rows: list[dict], results: list[dict]) -> dict[str, Any]:
-    """metrics.csv, curves.png and results.json; returns the results."""
+                   rows: list[dict], results: list[dict],
+                   tuning: dict[str, Any] | None = None) -> dict[str, Any]:
+    """metrics.csv, curves.png and results.json (with ``selection.csv`` and the picks when
+    tuned, and the seed-paired comparisons); returns the results."""
+    from dpdl.extensions.netdp.tuning import paired_comparisons
+
     folder.write_records_csv("metrics.csv", rows)
+    extra: dict[str, Any] = {"comparisons": paired_comparisons(results)}
+    if tuning is not None:
+        extra["tuning"] = tuning
     out = {
         "kind": "netdp-logreg", "run_dir": str(folder.path), "dataset": data["name"],
         "users": data["n"], "records_per_user": cfg.data.records_per_user, "dim": data["dim"],
         "steps": cfg.algorithm.steps, "cap": cap, "delta": cfg.privacy.delta,
         "noise_entropy": cfg.experiment.entropy,
         "cells": results,
-        "summary": _summary(results), "files": ["config.json", "metrics.csv", "results.json",
-                                                "curves.png"],
+        "summary": _summary(results), **extra,
+        "files": ["config.json", "metrics.csv", "results.json", "curves.png",
+                  *(["selection.csv"] if tuning is not None else [])],
     }
     _plot_curves(folder / "curves.png", rows, cfg)
     folder.write_results(out)
