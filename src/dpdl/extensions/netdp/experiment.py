@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import Field, field_validator, model_serializer, model_validator
+from pydantic import Field, field_validator, model_serializer
 
 from dpdl.errors import DPDLError
 from dpdl.training.results import std_or_none
@@ -165,15 +165,6 @@ class NetDPLogRegConfig(_Section):
             dumped.pop("tune", None)
         return dumped
 
-    @model_validator(mode="after")
-    def _tune_seeds_apart(self):
-        if self.tune is not None:
-            shared = sorted(set(self.tune.selection_seeds) & set(self.experiment.seeds))
-            if shared:
-                raise ValueError(f"tune.selection_seeds and experiment.seeds share {shared}: "
-                                 "the test seeds must be fresh")
-        return self
-
     @field_validator("kind")
     @classmethod
     def _kind(cls, value):
@@ -184,7 +175,13 @@ class NetDPLogRegConfig(_Section):
 
 def parse_config(config: dict[str, Any] | NetDPLogRegConfig) -> NetDPLogRegConfig:
     """Validate a ``netdp-logreg`` config; raises DPDLError naming every offending key."""
-    return validate_config(NetDPLogRegConfig, config, "netdp-logreg config")
+    cfg = validate_config(NetDPLogRegConfig, config, "netdp-logreg config")
+    if cfg.tune is not None:
+        shared = sorted(set(cfg.tune.selection_seeds) & set(cfg.experiment.seeds))
+        if shared:
+            raise DPDLError(f"tune.selection_seeds and experiment.seeds share {shared}: the "
+                            "test seeds must be fresh")
+    return cfg
 
 
 # ------------------------------------------------------------------------------ data and model
