@@ -4,7 +4,8 @@ under the certified PN-f-DP bound (MATH.md §7), the RDP baseline of Cyffers et 
 local DP (no amplification by the walk: ⌊T/n⌋ Gaussian releases of sensitivity Δ, composed
 exactly in GDP).
 
-    python examples/pnfdp_noise_table.py [--nodes 16 32 ... 2048] [--out docs/results/pnfdp-noise.csv]
+    python examples/pnfdp_noise_table.py [--nodes 16 32 ... 2048] \
+        [--out docs/results/pnfdp-noise.csv]
 
 Setting of the paper's Table 3 (MATH.md §7): T = 20000, Δ = 0.4, δ = 1e-5, K_loc = 1,
 Metropolis weights.  PN-f-DP is computed for observer 0's column: every source against node 0.
