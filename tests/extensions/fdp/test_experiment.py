@@ -56,6 +56,26 @@ def test_tiny_run_writes_its_folder_and_meets_the_target(tmp_path):
     assert json.loads((run_dir / "results.json").read_text())["compositions"] == 10
 
 
+def test_decor_at_local_dp_has_no_secrets_and_the_closed_form_gaussian_noise(tmp_path):
+    import math
+
+    from dpdl.accounting.gdp import mu_from_epsilon_delta
+
+    cfg = tiny_config()
+    cfg["privacy"]["accountants"] = ["local"]
+    cfg["decor"]["accountants"] = ["fdp", "local"]
+    results = experiment.run_experiment(cfg, tmp_path, progress=False)
+    rows = {(r["algorithm"], r["accountant"]): r for r in results["table"]}
+    # every share alone, T = 20 releases of sensitivity 2C = 2: mu = 2 sqrt(T) / sigma
+    closed_form = 2 * math.sqrt(20) / mu_from_epsilon_delta(4.0, 1e-5)
+    assert rows[("decor", "local")]["sigma"] == pytest.approx(closed_form, rel=1e-6)
+    assert rows[("decor", "local")]["sigma"] >= closed_form * (1 - 1e-9)  # the safe side
+    # the secrets buy DECOR less independent noise than local DP needs
+    assert rows[("decor", "fdp")]["sigma"] < rows[("decor", "local")]["sigma"]
+    with pytest.raises(DPDLError, match="decor.accountants"):
+        experiment.parse_config({**cfg, "decor": {**cfg["decor"], "accountants": ["rdp"]}})
+
+
 def test_contribution_cap_and_walk_law():
     W = np.array([[0.2, 0.8, 0.0], [0.3, 0.3, 0.4], [0.0, 0.5, 0.5]])
     path = experiment.sample_walk(W, 60000, np.random.default_rng(0))

@@ -56,7 +56,8 @@ KIND = "fdp-random-walk"
 
 
 # The settings a cell names itself (seeded streams: dpdl.experiments.config.seeded_cell_name).
-_GRID = ("privacy.epsilons", "privacy.accountants", "train.include_non_private")
+_GRID = ("privacy.epsilons", "privacy.accountants", "train.include_non_private",
+         "decor.accountants")
 
 
 def _data(nodes: dict) -> tuple:
@@ -126,12 +127,27 @@ class TrainSection(_Section):
     include_non_private: bool = False
 
 
+DECOR_RUNS = ("rdp-simple", "fdp", "local")
+
+
 class DecorSection(_Section):
     enabled: bool = False
     sigma_cor: float = Field(10.0, ge=0)
     steps: int = Field(500, ge=1)
     lr: float = Field(0.05, gt=0)
     batch_size: int = Field(8, ge=1)
+    # How σ is calibrated: DECOR's RDP conversion, Sec-f-LDP, or "local" (no secrets,
+    # σ_cor = 0: every share alone is (ε, δ)-DP, composed exactly in GDP; seed 003 Figure 3)
+    accountants: list[str] = Field(default_factory=lambda: ["rdp-simple", "fdp"])
+
+    @field_validator("accountants")
+    @classmethod
+    def _accountants(cls, value):
+        bad = [a for a in value if a not in DECOR_RUNS]
+        if bad or not value or len(set(value)) != len(value):
+            raise ValueError(f"decor.accountants must be distinct names from {DECOR_RUNS}, "
+                             f"got {value}")
+        return value
 
 
 class FdpRandomWalkConfig(_Section):
@@ -326,7 +342,8 @@ def _run_random_walk(cfg: FdpRandomWalkConfig, walk: np.ndarray, nodes: dict, ce
     if progress:
         from tqdm import tqdm
 
-        iterator = tqdm(cells, desc=cfg.experiment.name, leave=False)
+        # disable=None: off outside a terminal, so logs keep no bar
+        iterator = tqdm(cells, desc=cfg.experiment.name, leave=False, disable=None)
     for accountant, epsilon, sigma in iterator:
         finals = []
         for seed in cfg.experiment.seeds:
@@ -393,7 +410,8 @@ def _table_row(algorithm: str, accountant: str, epsilon, sigma: float, finals: l
 
 def _run_decor(cfg: FdpRandomWalkConfig, topology, nodes: dict, metric_rows: list,
                entropy: str) -> list:
-    """DECOR with σ from its RDP conversion vs from Sec-f-LDP, for each ε."""
+    """DECOR with σ from its RDP conversion, from Sec-f-LDP, and (``local``) without secrets
+    at local DP, for each ε."""
     from dpdl.algorithms.randomness import numpy_secret_rng
     from dpdl.extensions.fdp.accounting import calibrate_sigma_decor
     from dpdl.extensions.fdp.decor import run_decor
@@ -402,17 +420,20 @@ def _run_decor(cfg: FdpRandomWalkConfig, topology, nodes: dict, metric_rows: lis
     W = topology.mixing_matrix(0)
     rows = []
     for epsilon in cfg.privacy.epsilons:
-        for accountant in ("rdp-simple", "fdp"):
-            sigma = calibrate_sigma_decor(W, sigma_cor=cfg.decor.sigma_cor,
+        for accountant in cfg.decor.accountants:
+            # local DP: no secrets, and σ_cor = 0 makes the Sec-f-LDP bound exactly GDP
+            sigma_cor = 0.0 if accountant == "local" else cfg.decor.sigma_cor
+            sigma = calibrate_sigma_decor(W, sigma_cor=sigma_cor,
                                           target_epsilon=epsilon, steps=cfg.decor.steps,
                                           delta=cfg.privacy.delta, clip=cfg.privacy.clip,
-                                          accountant=accountant)
+                                          accountant="fdp" if accountant == "local"
+                                          else accountant)
             finals = []
             for seed in cfg.experiment.seeds:
                 out = run_decor(W, nodes["x"], nodes["y"], mask=nodes["mask"],
                                 num_classes=nodes["num_classes"], steps=cfg.decor.steps,
                                 lr=cfg.decor.lr, clip=cfg.privacy.clip, sigma=sigma,
-                                sigma_cor=cfg.decor.sigma_cor, batch_size=cfg.decor.batch_size,
+                                sigma_cor=sigma_cor, batch_size=cfg.decor.batch_size,
                                 seed=numpy_secret_rng(seed, entropy, seeded_cell_name(
                                     cfg, f"decor|{accountant}|{epsilon!r}", _GRID,
                                     _data(nodes))),
