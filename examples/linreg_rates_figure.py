@@ -55,7 +55,7 @@ def main(argv=None) -> int:
         config, cells, curves = _runs(folder)
         rate, e = _rate(config), config["algorithm"]["e_alpha"]
         rows += [{"rate": rate, "topology": c["topology"],
-                  "epsilon": "non-private" if c["epsilon_target"] is None else c["epsilon"],
+                  "epsilon": "non-private" if c["epsilon_target"] is None else c["epsilon_target"],
                   "seed": c["seed"], "final_error_mean": c["unaccounted_final_error_mean"],
                   "final_released_error_mean": c["unaccounted_released_error_mean"],
                   "final_test_mse_mean": c["final_test_mse_mean"]} for c in cells]

@@ -1,0 +1,88 @@
+"""Seed-paired comparisons of an fdp-random-walk run folder's accountants (issue 28, claims
+2 and 3): the final test accuracy of every (algorithm, accountant, ε, seed) cell, and for each
+ε the mean seed-by-seed difference of the pairs below with its 95 % t-interval.
+
+    python examples/fdp_verdicts.py RUN_DIR [--csv docs/results/NAME.csv]
+
+Every cell draws its own walk, batches and noise, so a pair's difference is of two
+independent runs on the same data split; the interval is over the seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from pathlib import Path
+
+from dpdl.experiments.intervals import t_interval
+
+PAIRS = {"random-walk": [("pn-fdp", "rdp-baseline"), ("pn-fdp", "local"),
+                         ("rdp-baseline", "local")],
+         "decor": [("fdp", "rdp-simple"), ("fdp", "local"), ("rdp-simple", "local")]}
+
+
+def final_cells(run: Path) -> list[dict]:
+    last: dict[tuple, dict] = {}
+    with open(run / "metrics.csv") as fh:
+        for row in csv.DictReader(fh):
+            key = (row["algorithm"], row["accountant"], row["epsilon"], int(row["seed"]))
+            if key not in last or int(row["step"]) > int(last[key]["step"]):
+                last[key] = row
+    return [{"algorithm": a, "accountant": c, "epsilon": e, "seed": s,
+             "sigma": float(r["sigma"]), "steps": int(r["step"]),
+             "test_accuracy": float(r["accuracy"]), "test_loss": float(r["loss"])}
+            for (a, c, e, s), r in sorted(last.items())]
+
+
+def comparisons(cells: list[dict]) -> list[dict]:
+    acc = {(c["algorithm"], c["accountant"], c["epsilon"], c["seed"]): c["test_accuracy"]
+           for c in cells}
+    out = []
+    for algorithm, pairs in PAIRS.items():
+        for eps in sorted({c["epsilon"] for c in cells if c["algorithm"] == algorithm},
+                          key=lambda e: float(e) if e else -1):
+            for first, second in pairs:
+                seeds = sorted(s for (a, c, e, s) in acc if (a, c, e) == (algorithm, first, eps)
+                               and (algorithm, second, eps, s) in acc)
+                if not seeds:
+                    continue
+                diffs = [acc[(algorithm, first, eps, s)] - acc[(algorithm, second, eps, s)]
+                         for s in seeds]
+                mean, low, high = t_interval(diffs)
+                out.append({"algorithm": algorithm, "epsilon": eps, "first": first,
+                            "second": second, "seeds": len(seeds), "mean": mean, "low": low,
+                            "high": high})
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", type=Path)
+    parser.add_argument("--csv", type=Path, help="write one row per run here")
+    args = parser.parse_args(argv)
+    cells = final_cells(args.run)
+    if args.csv:
+        args.csv.parent.mkdir(parents=True, exist_ok=True)
+        with open(args.csv, "w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(cells[0]))
+            writer.writeheader()
+            writer.writerows(cells)
+    table = json.loads((args.run / "results.json").read_text())["table"]
+    print("| algorithm | accountant | ε | σ | test accuracy (mean ± std over seeds) |")
+    print("|---|---|---|---|---|")
+    for r in table:
+        std = "n=1" if r["accuracy_std"] is None else f"{r['accuracy_std']:.3f}"
+        print(f"| {r['algorithm']} | {r['accountant']} | {r['epsilon'] or '—'} | "
+              f"{r['sigma']:.4g} | {r['accuracy_mean']:.3f} ± {std} |")
+    print("\n| algorithm | ε | pair (first − second) | seeds | mean difference | 95 % interval |")
+    print("|---|---|---|---|---|---|")
+    for c in comparisons(cells):
+        print(f"| {c['algorithm']} | {c['epsilon']} | {c['first']} − {c['second']} | "
+              f"{c['seeds']} | {100 * c['mean']:+.1f} pts | [{100 * c['low']:+.1f}, "
+              f"{100 * c['high']:+.1f}] |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
