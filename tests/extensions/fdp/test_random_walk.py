@@ -315,3 +315,39 @@ def test_large_n_pair_uses_the_sparse_walk():
     assert column.epsilon[0, 1] == pytest.approx(upper, rel=1e-9)
     # vertex-transitive: sources at equal Hamming distance from the observer share a class
     assert "8 distinct pair classes" in column.method  # Hamming distances 1..8
+
+
+# --------------------------------------------------------------------------- node symmetry
+@pytest.mark.parametrize("name, n, expected", [
+    ("hypercube", 8, "xor"), ("undirected-ring", 7, "cyclic"), ("complete", 6, "cyclic"),
+    ("star", 6, None),
+])
+def test_node_transitive_symmetry_is_found_only_where_it_holds(name, n, expected):
+    from dpdl.extensions.fdp.random_walk import node_transitive_symmetry
+    from dpdl.topology import make_topology
+
+    W = make_topology(name, n).mixing_matrix(0).T
+    assert node_transitive_symmetry(W) == expected
+    if expected is not None:  # a W that is only nearly symmetric gets no shortcut
+        bent = W.copy()
+        bent[0, 1] += 1e-13
+        bent[0, 0] -= 1e-13
+        assert node_transitive_symmetry(bent) is None
+
+
+@pytest.mark.parametrize("name, n", [("hypercube", 8), ("undirected-ring", 7)])
+def test_the_symmetric_shortcut_gives_every_pair_of_the_full_computation(name, n):
+    from dpdl.extensions.fdp.random_walk import calibrate_sigma_pnfdp, pnfdp_epsilon_matrix
+    from dpdl.topology import make_topology
+
+    W = make_topology(name, n).mixing_matrix(0).T
+    common = dict(steps=60, sigma=0.8, delta=1e-5, relative_slack=2e-3)
+    shortcut = pnfdp_epsilon_matrix(W, **common)
+    every_column = pnfdp_epsilon_matrix(W, **common, targets=list(range(n)))
+    np.testing.assert_allclose(shortcut.epsilon, every_column.epsilon, rtol=1e-9, equal_nan=True)
+    np.testing.assert_allclose(shortcut.epsilon_rdp_ht, every_column.epsilon_rdp_ht,
+                               rtol=1e-9, equal_nan=True)
+    assert "symmetry" in shortcut.method
+    calib = dict(steps=60, target_epsilon=3.0, delta=1e-5, relative_slack=2e-3)
+    assert calibrate_sigma_pnfdp(W, **calib) == pytest.approx(
+        calibrate_sigma_pnfdp(W, **calib, targets=list(range(n))), rel=1e-9)

@@ -103,6 +103,33 @@ def walk_matrix(matrix: ArrayLike) -> np.ndarray:
     return W
 
 
+def node_transitive_symmetry(walk: ArrayLike) -> str | None:
+    """A group of exact automorphisms of W that moves any node to node 0, if W has one of
+    two: ``"cyclic"`` (W[i+1, j+1] = W[i, j] mod n: rings, complete graphs, circulants) or
+    ``"xor"`` (W[i⊕k, j⊕k] = W[i, j] for every k: hypercubes, n a power of two).
+
+    With one, the pair (i → j) has the law of (g(i) → 0) for the g with g(j) = 0, so
+    observer 0's column holds every pair's law. Only exact equality counts (a W that is
+    nearly symmetric gets no shortcut): the check is n² comparisons per generator."""
+    W = walk_matrix(walk)
+    n = W.shape[0]
+    shift = np.roll(np.arange(n), -1)
+    if np.array_equal(W[np.ix_(shift, shift)], W):
+        return "cyclic"
+    if n & (n - 1) == 0:
+        nodes = np.arange(n)
+        generators = [nodes ^ (1 << b) for b in range(n.bit_length() - 1)]
+        if all(np.array_equal(W[np.ix_(g, g)], W) for g in generators):
+            return "xor"
+    return None
+
+
+def _pair_to_observer_zero(symmetry: str, n: int) -> np.ndarray:
+    """index[i, j]: the source s with (i → j) ≅ (s → 0) under the group."""
+    i, j = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+    return (i - j) % n if symmetry == "cyclic" else i ^ j
+
+
 def _check_steps(steps: int) -> int:
     require(isinstance(steps, int | np.integer) and steps >= 1,
             f"steps (T) must be a positive integer, got {steps!r}")
@@ -610,6 +637,9 @@ def pnfdp_epsilon_matrix(walk: ArrayLike, *, steps: int, sigma: float, delta: fl
                    relative_slack=relative_slack, hop_form=hop_form, tolerance=tolerance)
     require(math.isfinite(sigma) and sigma > 0, f"sigma must be > 0, got {sigma!r}")
     n = setup.W.shape[0]
+    symmetry = node_transitive_symmetry(setup.W) if targets is None else None
+    if symmetry is not None:
+        targets = [0]  # every other column follows from observer 0's by the group
     columns = np.arange(n) if targets is None else np.array(
         [_check_node(j, n, "target") for j in np.atleast_1d(targets)], dtype=np.int64)
     if chunk is None:  # keep a chunk's laws near 100 MB
@@ -624,6 +654,10 @@ def pnfdp_epsilon_matrix(walk: ArrayLike, *, steps: int, sigma: float, delta: fl
     def full(block: np.ndarray | None) -> np.ndarray | None:
         if block is None:
             return None
+        if symmetry is not None:  # entry [i, j] is column 0's entry of its orbit
+            out = block[0][_pair_to_observer_zero(symmetry, n)]
+            np.fill_diagonal(out, np.nan)
+            return out
         out = np.full((n, n), np.nan)
         out[:, columns] = block.T  # rows of the block are targets
         return out
@@ -633,7 +667,9 @@ def pnfdp_epsilon_matrix(walk: ArrayLike, *, steps: int, sigma: float, delta: fl
         sigma=float(sigma), compositions=setup.compositions, delta_slack=setup.slack,
         epsilon_optimistic=full(optimistic_t),
         method=f"revealed-mixture FFT (relative_slack={relative_slack:g}, hop_form={hop_form}, "
-               f"{classes} distinct pair classes, {hops} hops, tolerance={tolerance:g})",
+               f"{classes} distinct pair classes, {hops} hops, tolerance={tolerance:g}"
+               + ("" if symmetry is None else f", observer 0 and the {symmetry} symmetry")
+               + ")",
         extra={"zeta": zeta, "local_steps": local_steps, "contraction": contraction,
                "sensitivity": sensitivity, "hop_form": hop_form, "hops": hops},
         epsilon_rdp_ht=full(rdp_ht_t),
@@ -707,6 +743,8 @@ def calibrate_sigma_pnfdp(walk: ArrayLike, *, steps: int, target_epsilon: float,
         laws = _hitting_laws(setup.W, np.array([j]), np.array([i]), setup.steps,
                              setup.mu_squared, setup.grid, tolerance, optimistic=False).up
     else:
+        if targets is None and node_transitive_symmetry(setup.W) is not None:
+            targets = [0]  # observer 0's column holds every pair's law
         columns = np.arange(n) if targets is None else np.array(
             [_check_node(j, n, "target") for j in np.atleast_1d(targets)], dtype=np.int64)
         chunk = max(1, min(64, int(1.2e7 / (n * (1.0 / relative_slack + 2)))))
