@@ -3,6 +3,7 @@
 ε the mean seed-by-seed difference of the pairs below with its 95 % t-interval.
 
     python examples/fdp_verdicts.py RUN_DIR [--csv docs/results/NAME.csv]
+        [--curves ALGORITHM EPSILON PNG]   # test loss against the iterations, per accountant
 
 Every cell draws its own walk, batches and noise, so a pair's difference is of two
 independent runs on the same data split; the interval is over the seeds.
@@ -56,11 +57,43 @@ def comparisons(cells: list[dict]) -> list[dict]:
     return out
 
 
+def plot_curves(run: Path, algorithm: str, epsilon: str, path: str) -> None:
+    """Mean test loss (± one std over seeds) of the network model against the iterations."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    series: dict[str, dict[int, list[float]]] = {}
+    with open(run / "metrics.csv") as fh:
+        for row in csv.DictReader(fh):
+            if row["algorithm"] == algorithm and row["epsilon"] in (epsilon, ""):
+                steps = series.setdefault(row["accountant"], {})
+                steps.setdefault(int(row["step"]), []).append(float(row["loss"]))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for accountant, steps in series.items():
+        t = np.array(sorted(steps))
+        mean = np.array([np.mean(steps[s]) for s in t])
+        std = np.array([np.std(steps[s]) for s in t])
+        ax.plot(t, mean, label=accountant)
+        ax.fill_between(t, mean - std, mean + std, alpha=0.2)
+    ax.set(xlabel="iteration", ylabel="test loss of the network average",
+           title=f"{algorithm}, ε = {epsilon} (band: ± one std over seeds)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path)
     parser.add_argument("--csv", type=Path, help="write one row per run here")
+    parser.add_argument("--curves", nargs=3, metavar=("ALGORITHM", "EPSILON", "PNG"))
     args = parser.parse_args(argv)
+    if args.curves:
+        plot_curves(args.run, *args.curves)
     cells = final_cells(args.run)
     if args.csv:
         args.csv.parent.mkdir(parents=True, exist_ok=True)
