@@ -27,8 +27,15 @@ calibration reads its cell's realised walk in memory; the walk is never written.
 
 Data: scikit-learn's breast-cancer set with the paper's preprocessing (standardise, then each
 row to unit L2 norm; ``dpdl.data``), or a user-supplied CSV such as OpenML 823 (binarised UCI
-Housing) through ``data.csv``. Run folder: ``config.json``, ``metrics.csv`` (test accuracy and
-loss against steps for every approach, ε, seed), ``results.json``, ``curves.png``.
+Housing) through ``data.csv``; a binary task from a multi-class set with
+``data.positive_classes`` (and ``data.normalize_rows``). Run folder: ``config.json``,
+``metrics.csv`` (test accuracy and loss against steps for every approach, ε, seed),
+``results.json`` (with the seed-paired ``comparisons`` of the approaches), ``curves.png``.
+
+A ``[tune]`` table (``lr_grid``, ``selection_seeds``, ``validation_records``) first chooses
+every approach's step size at every ε on validation records no user holds, over the same grid
+(:mod:`dpdl.extensions.netdp.tuning`); the picks replace ``algorithm.lr`` for the test seeds,
+and ``selection.csv`` and ``results.json["tuning"]`` say what every grid point scored.
 """
 
 from __future__ import annotations
