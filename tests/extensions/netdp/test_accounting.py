@@ -119,6 +119,16 @@ def test_ring_histogram_network_amplifies_for_large_n():
 
 
 # --------------------------------------------------------------------------- pairwise accountant
+def even_spread_allocation(contributions, view):
+    """The shift each step absorbs when every contribution at t spreads its unit shift evenly
+    over the steps t .. view − 1, and the cost Σ a_τ² of that allocation (by a plain loop)."""
+    shift = {}
+    for t in contributions:
+        for tau in range(t, view):
+            shift[tau] = shift.get(tau, 0.0) + 1.0 / (view - t)
+    return shift, sum(a * a for a in shift.values())
+
+
 def brute_force_costs(walk, n, mechanism, contributes, final_view, combine=sum):
     """Direct loop over pairs, viewers' visits and steps (independent of the vectorized code);
     ``combine`` turns the list of per-view costs of a pair into its total."""
@@ -138,7 +148,7 @@ def brute_force_costs(walk, n, mechanism, contributes, final_view, combine=sum):
                     if mechanism == "summation":
                         views.append(len(mine) ** 2 / len(steps))
                     else:
-                        views.append(len(mine) * sum(1.0 / (end - t) for t in mine))
+                        views.append(even_spread_allocation(mine, end)[1])
                 start = end + 1
             cost[u, v] = combine(views)
     return cost
@@ -154,6 +164,34 @@ def test_pairwise_costs_match_brute_force(mechanism, final_view):
                             final_view=final_view, chunk=4)
     want = brute_force_costs(walk, n, mechanism, contributes, final_view)
     np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_the_even_spread_is_an_admissible_shift_allocation_below_cauchy_schwarz():
+    # Feldman et al. 2018, Theorem 22: the shifts absorbed never run ahead of the
+    # perturbations, and all are absorbed by the view
+    rng = np.random.default_rng(11)
+    for _ in range(200):
+        view = int(rng.integers(2, 60))
+        mine = sorted(rng.choice(view, size=int(rng.integers(1, min(view, 8) + 1)),
+                                 replace=False).tolist())
+        shift, cost = even_spread_allocation(mine, view)
+        absorbed = 0.0
+        for tau in range(view):
+            absorbed += shift.get(tau, 0.0)
+            assert absorbed <= sum(1 for t in mine if t <= tau) + 1e-12
+        assert absorbed == pytest.approx(len(mine))
+        cauchy_schwarz = len(mine) * sum(1.0 / (view - t) for t in mine)
+        assert cost <= cauchy_schwarz + 1e-12
+        if len(mine) == 1:
+            assert cost == pytest.approx(1.0 / (view - mine[0]))
+
+
+def test_a_handoff_after_an_early_contribution_costs_little_more_than_the_handoff():
+    # u contributes 51 steps before v's visit and then hands the token to v: the even
+    # spread costs 1 + 3/51 (Σ (2m + 1)/r), where Cauchy–Schwarz charged 2 (1 + 1/51)
+    walk = np.array([0] + [2] * 49 + [0, 1])
+    cost = nd.pairwise_costs(walk, 3, mechanism="sgd", final_view=False)
+    assert cost[0, 1] == pytest.approx(1 + 3 / 51)
 
 
 def test_advanced_composition_recipe_matches_brute_force():
