@@ -251,10 +251,26 @@ def _check_before_launch(args) -> None:
 
 
 def _resume(args) -> int:
+    import json
+
+    from dpdl.experiments.registry import experiment_module
     from dpdl.experiments.runner import resume_run
 
     if args.config or args.preset:
         raise DPDLError("--resume takes its config from the run folder: give no config or preset")
+    path = Path(args.resume) / "config.json"
+    if not path.is_file():
+        raise DPDLError(f"{args.resume} is not a dpdl run folder (no config.json)")
+    kind = json.loads(path.read_text()).get("kind", "decentralized")
+    if kind != "decentralized":
+        module = experiment_module(kind)
+        if not hasattr(module, "resume_experiment"):
+            raise DPDLError(f"experiment kind {kind!r} cannot resume a run folder")
+        if any(v is not None for v in (args.seed, args.steps, args.entropy)):
+            raise DPDLError("--resume continues the saved config; it cannot change --seed, "
+                            "--steps or --entropy")
+        print_summary(module.resume_experiment(args.resume, progress=not args.no_progress))
+        return 0
     results = resume_run(
         args.resume, progress=not args.no_progress, runtime=args.runtime, device=args.device,
         seed=args.seed, steps=args.steps, entropy=args.entropy, secure_noise=args.secure_noise,

@@ -106,3 +106,36 @@ def test_paired_comparisons_are_seed_by_seed_t_intervals():
     assert (got["low"], got["high"]) == pytest.approx((low, high))
     one = comp[("network", "local")]  # one shared seed: no interval
     assert one["seeds"] == [1] and one["low"] is None and one["high"] is None
+
+
+def test_an_interrupted_tuned_run_resumes_to_the_same_results(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    whole = ex.run_experiment(tuned_config(), tmp_path / "whole", progress=False)
+    calls = {"n": 0}
+    original = ex._CellTrainer.train
+
+    def dies_after_five(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > 5:
+            raise KeyboardInterrupt
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(ex._CellTrainer, "train", dies_after_five)
+    with pytest.raises(KeyboardInterrupt):
+        ex.run_experiment(tuned_config(), tmp_path / "cut", progress=False)
+    monkeypatch.setattr(ex._CellTrainer, "train", original)
+    run_dir = next((tmp_path / "cut").iterdir())
+    trained = []
+    monkeypatch.setattr(ex._CellTrainer, "train", lambda self, *a, **k: (
+        trained.append(a), original(self, *a, **k))[1])
+    resumed = ex.resume_experiment(run_dir, progress=False)
+    assert len(trained) == 3 * 3 * 2 + 3 * 2 - 5  # the cells not logged before the cut
+    assert resumed["cells"] == whole["cells"] and resumed["tuning"] == whole["tuning"]
+    assert (Path(resumed["run_dir"]) / "metrics.csv").read_text() == (
+        Path(whole["run_dir"]) / "metrics.csv").read_text()
+    # a log written for other settings is refused, not mixed in
+    (run_dir / "config.json").write_text((run_dir / "config.json").read_text().replace(
+        '"steps": 200', '"steps": 201'))
+    with pytest.raises(DPDLError, match="refusing to resume"):
+        ex.resume_experiment(run_dir, progress=False)

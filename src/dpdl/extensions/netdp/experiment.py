@@ -40,7 +40,9 @@ and ``selection.csv`` and ``results.json["tuning"]`` say what every grid point s
 
 from __future__ import annotations
 
+import json
 import math
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -342,10 +344,13 @@ def calibrate(approach: str, *, n: int, steps: int, cap: int, walk, mask, epsilo
 # ------------------------------------------------------------------------------ the run
 
 def run_experiment(
-    config: dict[str, Any] | NetDPLogRegConfig, output_dir: str | Path, *, progress: bool = True
+    config: dict[str, Any] | NetDPLogRegConfig, output_dir: str | Path, *, progress: bool = True,
+    run_name: str | None = None, resume: bool = False,
 ) -> dict[str, Any]:
     """Train every (approach, ε, seed) cell and write one run folder; returns results.json.
-    With a ``[tune]`` table the step sizes are first chosen on validation records."""
+    With a ``[tune]`` table the step sizes are first chosen on validation records. Every
+    finished cell is logged in ``cells.jsonl``; ``resume=True`` (see :func:`resume_experiment`)
+    reuses the logged cells of the folder ``output_dir/run_name`` instead of training them."""
     from dpdl.extensions.netdp import accounting as nd
 
     cfg = parse_config(config)
@@ -359,21 +364,23 @@ def run_experiment(
     cells = [(a, e) for a in cfg.privacy.approaches for e in cfg.privacy.epsilons]
     if cfg.privacy.include_non_private:
         cells.append((NON_PRIVATE, None))
-    folder = RunFolder.create(output_dir, cfg.experiment.name)
-    folder.write_config(cfg.model_dump())
+    folder = RunFolder.create(output_dir, cfg.experiment.name, run_name, exist_ok=resume)
+    if not resume:
+        folder.write_config(cfg.model_dump())
+    log = _CellLog(folder / CELL_LOG, cfg.model_dump(mode="json"))
     trainer = _CellTrainer(cfg, data, cap)
-    tuning = None if cfg.tune is None else _select(cfg, trainer, cells, folder, say)
+    tuning = None if cfg.tune is None else _select(cfg, trainer, cells, folder, say, log)
     picked = {} if tuning is None else {(p["approach"], p["epsilon"]): p["lr"]
                                         for p in tuning["picks"]}  # fmt: skip
     rows, results = [], []
     for seed in cfg.experiment.seeds:
         for approach, eps in cells:
             lr = picked.get((approach, eps), getattr(cfg.algorithm.lr, _field(approach)))
-            noise, run = trainer.train(seed, approach, eps, lr)
-            result = _cell_result(cfg, seed, approach, eps, lr, noise, run)
+            result, history = log.get_or_run(("test", seed, approach, eps, lr), partial(
+                _tested, cfg, trainer, seed, approach, eps, lr))  # fmt: skip
             label = NON_PRIVATE if eps is None else f"{eps:g}"
             rows += [{"approach": approach, "epsilon": label, "seed": seed, **point}
-                     for point in run.history]  # fmt: skip
+                     for point in history]  # fmt: skip
             results.append(result)
             sigma_text = "withheld" if result["sigma"] is None else f"{result['sigma']:.4g}"
             say(f"  seed {seed} {approach:>11} eps={label:>6}: sigma = {sigma_text}, "
@@ -381,12 +388,59 @@ def run_experiment(
     return _write_outputs(folder, cfg, data, cap, rows, results, tuning)
 
 
+def _tested(cfg, trainer: _CellTrainer, seed: int, approach: str, eps, lr: float):
+    noise, run = trainer.train(seed, approach, eps, lr)
+    return _cell_result(cfg, seed, approach, eps, lr, noise, run), run.history
+
+
+CELL_LOG = "cells.jsonl"
+
+
+class _CellLog:
+    """The finished cells of a run folder, one JSON line each (appended as each finishes), so
+    that an interrupted run resumes without training them again. Each line holds what the
+    run writes anyway (a validation score, a cell's result and its test curve)."""
+
+    def __init__(self, path: Path, settings: dict):
+        from dpdl.algorithms.randomness import settings_digest
+
+        self.path, self.done = path, {}
+        digest = settings_digest(settings)
+        if not path.is_file():
+            path.write_text(json.dumps({"settings_digest": digest}) + "\n")
+            return
+        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if not lines or lines[0].get("settings_digest") != digest:
+            raise DPDLError(f"{path} was written for other settings than "
+                            f"{path.parent / 'config.json'}: refusing to resume")
+        self.done = {json.dumps(entry["key"]): entry["value"] for entry in lines[1:]}
+
+    def get_or_run(self, key: tuple, compute):
+        name = json.dumps(list(key))
+        if name not in self.done:
+            self.done[name] = compute()
+            with open(self.path, "a") as fh:
+                fh.write(json.dumps({"key": list(key), "value": self.done[name]}) + "\n")
+        return self.done[name]
+
+
+def resume_experiment(run_dir: str | Path, *, progress: bool = True) -> dict[str, Any]:
+    """Continue an interrupted ``netdp-logreg`` run folder with its saved ``config.json``:
+    the cells in its ``cells.jsonl`` are reused, the others are trained."""
+    run_dir = Path(run_dir)
+    path = run_dir / "config.json"
+    if not path.is_file():
+        raise DPDLError(f"{run_dir} is not a dpdl run folder (no config.json)")
+    return run_experiment(json.loads(path.read_text()), run_dir.parent, progress=progress,
+                          run_name=run_dir.name, resume=True)
+
+
 def _field(approach: str) -> str:
     return approach.replace("-", "_")
 
 
 def _select(cfg: NetDPLogRegConfig, trainer: _CellTrainer, cells, folder: RunFolder,
-            say) -> dict[str, Any]:
+            say, log: _CellLog) -> dict[str, Any]:
     """The step sizes chosen on the validation records; writes ``selection.csv``."""
     from dpdl.extensions.netdp.tuning import select_step_sizes
 
@@ -400,8 +454,11 @@ def _select(cfg: NetDPLogRegConfig, trainer: _CellTrainer, cells, folder: RunFol
         f"{tune.selection_seeds}, {tune.validation_records} validation records")
 
     def final_validation_accuracy(seed, approach, eps, lr) -> float:
-        _, run = trainer.train(seed, approach, eps, lr, split="val", tag="select")
-        return run.history[-1]["val_accuracy"]
+        def train() -> float:
+            _, run = trainer.train(seed, approach, eps, lr, split="val", tag="select")
+            return run.history[-1]["val_accuracy"]
+
+        return log.get_or_run(("select", seed, approach, eps, lr), train)
 
     tuning = select_step_sizes(cells, tune.lr_grid, tune.selection_seeds,
                                final_validation_accuracy, say)
@@ -521,7 +578,7 @@ def _write_outputs(folder: RunFolder, cfg: NetDPLogRegConfig, data: dict[str, An
         "noise_entropy": cfg.experiment.entropy,
         "cells": results,
         "summary": _summary(results), **extra,
-        "files": ["config.json", "metrics.csv", "results.json", "curves.png",
+        "files": ["config.json", "metrics.csv", "results.json", "curves.png", CELL_LOG,
                   *(["selection.csv"] if tuning is not None else [])],
     }
     _plot_curves(folder / "curves.png", rows, cfg)
