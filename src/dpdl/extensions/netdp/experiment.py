@@ -221,7 +221,6 @@ def load_users(cfg: NetDPLogRegConfig) -> dict[str, Any]:
     # float32 storage leaves norms of 1 + 1e-8: bring them back inside the unit ball
     x = x / np.maximum(1.0, np.linalg.norm(x, axis=1, keepdims=True))
     x_test = x_test / np.maximum(1.0, np.linalg.norm(x_test, axis=1, keepdims=True))
-    norms = np.minimum(norms, 1.0)
     J = cfg.data.records_per_user
     held = 0 if cfg.tune is None else cfg.tune.validation_records  # no user holds these
     n = (len(ds.y_train) - held) // J
@@ -237,7 +236,11 @@ def load_users(cfg: NetDPLogRegConfig) -> dict[str, Any]:
         "x": x[order].reshape(n, J, -1), "y": signs(ds.y_train)[order].reshape(n, J),
         "x_test": x_test, "y_test": signs(ds.y_test),
         "x_val": x[validation], "y_val": signs(ds.y_train)[validation],
-        "n": n, "dim": x.shape[1], "name": ds.name, "smoothness": float(norms.max() ** 2 / 4),
+        "n": n, "dim": x.shape[1], "name": ds.name,
+        # the domain's constants (every record, a replaced user's too, has norm <= 1, which
+        # is enforced above), not the realised records': the contraction argument needs the
+        # replaced user's steps to contract as well
+        "smoothness": 0.25,
     }
 
 
@@ -533,7 +536,7 @@ def _check_network_accounting_holds(cfg: NetDPLogRegConfig, data: dict[str, Any]
         raise DPDLError(f"algorithm.lr.network = {alg.lr.network} exceeds 2/beta = "
                         f"{2 / data['smoothness']:.4g}: steps are no longer contractions and "
                         "the network-DP accounting (amplification by iteration) does not hold")
-    lipschitz = math.sqrt(4 * data["smoothness"])  # max ||x||: the logistic loss's L
+    lipschitz = math.sqrt(4 * data["smoothness"])  # the domain's max ||x||: the loss's L
     if "network" in cfg.privacy.approaches and alg.clip < lipschitz - 1e-12:
         raise DPDLError(f"algorithm.clip = {alg.clip} is below the loss's Lipschitz constant "
                         f"{lipschitz:.4g}: clipped steps need not be contractions, so the "
