@@ -239,11 +239,11 @@ def _forward_backward(model, layers, params, buffers, loss_fn, inputs, targets, 
     """
     m, B = loss_weights.shape
     first = next(iter(params.values()))
-    probes = [
-        torch.zeros((m, B, *layer.out_shape), dtype=first.dtype, device=first.device,
-                    requires_grad=True)
-        for layer in layers
-    ]  # fmt: skip
+    # Zero probes as stride-0 views of one zero: the gradient with respect to each view is the
+    # layer's output gradient all the same, with no (m, B, *out_shape) zeros in memory (for a
+    # convolution's output, as large as its activations).
+    zero = torch.zeros((), dtype=first.dtype, device=first.device, requires_grad=True)
+    probes = [zero.expand(m, B, *layer.out_shape) for layer in layers]
     index = {layer.module: k for k, layer in enumerate(layers)}
     state: dict = {}
 
