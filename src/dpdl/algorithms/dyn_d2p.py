@@ -83,7 +83,15 @@ __all__ = [
 
 
 def _cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.cross_entropy(logits, target.long(), reduction="none")
+    """``F.cross_entropy(logits, target, reduction="none")`` for class indices (the trainer
+    checks they lie in range), written as what it computes: the negated log-probability of
+    the target class (nll_loss without class weights is exactly that gather), the same bits.
+    Under ``vmap`` (every per-record gradient) F.cross_entropy's nll_loss is decomposed, and
+    the decomposition's ``torch._check`` imports torch.fx's symbolic shapes and sympy: ~35 MB
+    of a process's memory, added by the first step, for nothing this loss needs."""
+    dim = 1 if logits.dim() >= 2 else 0  # the class dimension, as in F.cross_entropy
+    picked = torch.log_softmax(logits, dim).gather(dim, target.long().unsqueeze(dim))
+    return picked.squeeze(dim).neg()
 
 
 def _squared_error(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -46,7 +46,7 @@ from __future__ import annotations
 import logging
 import math
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -239,11 +239,11 @@ def _forward_backward(model, layers, params, buffers, loss_fn, inputs, targets, 
     """
     m, B = loss_weights.shape
     first = next(iter(params.values()))
-    probes = [
-        torch.zeros((m, B, *layer.out_shape), dtype=first.dtype, device=first.device,
-                    requires_grad=True)
-        for layer in layers
-    ]  # fmt: skip
+    # Zero probes as stride-0 views of one zero: the gradient with respect to each view is the
+    # layer's output gradient all the same, with no (m, B, *out_shape) zeros in memory (for a
+    # convolution's output, as large as its activations).
+    zero = torch.zeros((), dtype=first.dtype, device=first.device, requires_grad=True)
+    probes = [zero.expand(m, B, *layer.out_shape) for layer in layers]
     index = {layer.module: k for k, layer in enumerate(layers)}
     state: dict = {}
 
@@ -506,13 +506,14 @@ class _ChunkInputs:
     params: Params
 
 
-def _chunk_inputs(plan: _Plan, params: Params, batch) -> list[_ChunkInputs]:
+def _chunk_inputs(plan: _Plan, params: Params, batch) -> Iterator[_ChunkInputs]:
+    """The chunks laid out one at a time: a chunk's parameter copies (a node's d parameters
+    per unit) exist only while that chunk runs, not every chunk's at once."""
     counts = batch.counts.tolist()
     records_per_chunk = max(1, int(CHUNK_BYTES // plan.bytes_per_record))
     d = sum(p[0].numel() for p in params.values())
     device = batch.node.device
     last_row = max(batch.size - 1, 0)
-    laid_out = []
     for chunk in plan_chunks(counts, plan.macs_per_record, records_per_chunk, d):
         slot = torch.arange(chunk.batch, device=device)
         lengths = torch.tensor(chunk.lengths, device=device)
@@ -526,8 +527,8 @@ def _chunk_inputs(plan: _Plan, params: Params, batch) -> list[_ChunkInputs]:
         else:
             idx = torch.tensor(chunk.nodes, device=device)
             unit_params = {name: p.index_select(0, idx) for name, p in params.items()}
-        laid_out.append(_ChunkInputs(chunk, rows, slot[None, :] < lengths[:, None], unit_params))
-    return laid_out
+        yield _ChunkInputs(chunk, rows, slot[None, :] < lengths[:, None], unit_params)
+        del unit_params  # the caller's reference is the only one while the chunk runs
 
 
 def zeroed_like(out: Params | None, params: Params) -> Params:
@@ -568,4 +569,5 @@ def clipped_sums_by_node(
                 out[name][chunk.view[0] : chunk.view[1]] += total
             else:
                 out[name].index_add_(0, idx, total)
+        del part, sums  # freed before the next chunk's copies and terms are made
     return out

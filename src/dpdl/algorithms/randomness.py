@@ -281,7 +281,10 @@ def fill_normals(streams: Sequence[SecretStream], out: torch.Tensor) -> torch.Te
 
 
 _HARDENED_BYTES = 32  # four 53-bit uniforms per hardened normal
-_BYTES_PER_GROUP = 8 << 20  # keystream bytes read for a group of rows of the fast sampler
+# Keystream bytes read for a group of rows of the fast sampler: small, since a private step
+# draws while its gradients are at their peak (2 MiB: 3 rows of the shallow CNN, the same
+# reads and about as many transform calls as 8 MiB, 6 MB less at that peak).
+_BYTES_PER_GROUP = 2 << 20
 _TWO_LN_2_POW_63 = 126.0 * math.log(2.0)
 # The transforms run over column blocks of about this many elements: temporaries small enough
 # to stay in cache and to be reused, instead of fresh multi-megabyte tensors whose page faults
