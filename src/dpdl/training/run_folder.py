@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RunFolder", "make_run_dir", "to_toml"]
+__all__ = ["CellLog", "RunFolder", "make_run_dir", "to_toml"]
 
 
 def make_run_dir(
@@ -122,3 +122,40 @@ def to_toml(data: dict[str, Any]) -> str:
             lines += [f"{k} = {value(v)}" for k, v in table.items() if v is not None]
             lines.append("")
     return "\n".join(lines)
+
+
+class CellLog:
+    """The finished cells of a run folder, one JSON line each, appended as each finishes, so
+    that an interrupted run resumes without training them again (the numpy kinds'
+    ``dpdl run --resume``). Each line holds only what the run writes anyway (a validation
+    score, a cell's result and curve). The first line is a digest of the run's settings: a
+    log written for other settings is refused, never mixed in."""
+
+    FILE = "cells.jsonl"
+
+    def __init__(self, path: Path, settings: Mapping[str, Any]):
+        import hashlib
+
+        self.path, self.done = Path(path), {}
+        text = json.dumps(settings, sort_keys=True, separators=(",", ":"), default=str)
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        if not self.path.is_file():
+            self.path.write_text(json.dumps({"settings_digest": digest}) + "\n")
+            return
+        lines = [json.loads(line) for line in self.path.read_text().splitlines()
+                 if line.strip()]  # fmt: skip
+        if not lines or lines[0].get("settings_digest") != digest:
+            from dpdl.errors import DPDLError
+
+            raise DPDLError(f"{self.path} was written for other settings than "
+                            f"{self.path.parent / 'config.json'}: refusing to resume")
+        self.done = {json.dumps(entry["key"]): entry["value"] for entry in lines[1:]}
+
+    def get_or_run(self, key: Sequence, compute):
+        """The logged value of ``key``, else ``compute()``, logged before it is returned."""
+        name = json.dumps(list(key))
+        if name not in self.done:
+            self.done[name] = compute()
+            with open(self.path, "a") as fh:
+                fh.write(json.dumps({"key": list(key), "value": self.done[name]}) + "\n")
+        return self.done[name]

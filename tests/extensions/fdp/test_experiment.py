@@ -76,6 +76,32 @@ def test_decor_at_local_dp_has_no_secrets_and_the_closed_form_gaussian_noise(tmp
         experiment.parse_config({**cfg, "decor": {**cfg["decor"], "accountants": ["rdp"]}})
 
 
+def test_an_interrupted_run_resumes_to_the_same_outputs(tmp_path, monkeypatch):
+    cfg = tiny_config()
+    cfg["experiment"] |= {"seeds": [0, 1], "entropy": "seed"}
+    whole = experiment.run_experiment(cfg, tmp_path / "whole", progress=False)
+    original, calls = experiment.random_walk_dp_sgd, {"n": 0}
+
+    def dies_after_three(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > 3:
+            raise KeyboardInterrupt
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(experiment, "random_walk_dp_sgd", dies_after_three)
+    with pytest.raises(KeyboardInterrupt):
+        experiment.run_experiment(cfg, tmp_path / "cut", progress=False)
+    run_dir = next((tmp_path / "cut").iterdir())
+    trained = []
+    monkeypatch.setattr(experiment, "random_walk_dp_sgd",
+                        lambda *a, **k: (trained.append(1), original(*a, **k))[1])
+    resumed = experiment.resume_experiment(run_dir, progress=False)
+    assert len(trained) == 4 * 2 - 3  # 3 accountants and non-private, 2 seeds, 3 were logged
+    assert resumed["table"] == whole["table"]
+    assert (run_dir / "metrics.csv").read_text() == (
+        Path(whole["run_dir"]) / "metrics.csv").read_text()
+
+
 def test_contribution_cap_and_walk_law():
     W = np.array([[0.2, 0.8, 0.0], [0.3, 0.3, 0.4], [0.0, 0.5, 0.5]])
     path = experiment.sample_walk(W, 60000, np.random.default_rng(0))

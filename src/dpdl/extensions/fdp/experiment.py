@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import math
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,7 +43,7 @@ from pydantic import Field, field_validator, model_validator
 from dpdl.algorithms.randomness import secret_rng
 from dpdl.errors import DPDLError, require
 from dpdl.training.results import std_or_none
-from dpdl.training.run_folder import RunFolder
+from dpdl.training.run_folder import CellLog, RunFolder
 from dpdl.training.settings import ConfigSection as _Section
 from dpdl.training.settings import (
     Epsilons,
@@ -295,8 +296,11 @@ def _load_nodes(cfg: FdpRandomWalkConfig) -> dict:
             "num_classes": int(data.num_classes)}
 
 
-def run_experiment(config: dict, output_dir: Path, *, progress: bool = True) -> dict:
-    """Calibrate σ per (ε, accountant), train, and write the run folder (see module doc)."""
+def run_experiment(config: dict, output_dir: Path, *, progress: bool = True,
+                   run_name: str | None = None, resume: bool = False) -> dict:
+    """Calibrate σ per (ε, accountant), train, and write the run folder (see module doc).
+    Every calibration and finished (cell, seed) is logged in ``cells.jsonl``; ``resume=True``
+    (see :func:`resume_experiment`) reuses those of the folder ``output_dir/run_name``."""
     from dpdl.extensions.fdp import accounting as fdp
     from dpdl.topology import make_topology
 
@@ -307,25 +311,39 @@ def run_experiment(config: dict, output_dir: Path, *, progress: bool = True) -> 
     nodes = _load_nodes(cfg)
     cap = fdp.composition_count(cfg.data.nodes, cfg.privacy.steps)
     sensitivity = 2 * cfg.privacy.clip / cfg.train.batch_size
-    folder = RunFolder.create(Path(output_dir), cfg.experiment.name)
-    folder.write_config(cfg.model_dump())
-    cells = _calibrated_cells(cfg, walk, sensitivity)
+    folder = RunFolder.create(Path(output_dir), cfg.experiment.name, run_name, exist_ok=resume)
+    if not resume:
+        folder.write_config(cfg.model_dump())
+    log = CellLog(folder / CellLog.FILE, cfg.model_dump(mode="json"))
+    cells = _calibrated_cells(cfg, walk, sensitivity, log)
     metric_rows: list[dict] = []
-    table = _run_random_walk(cfg, walk, nodes, cells, cap, metric_rows, progress=progress)
+    table = _run_random_walk(cfg, walk, nodes, cells, cap, metric_rows, log, progress=progress)
     if cfg.decor.enabled:
-        table += _run_decor(cfg, topology, nodes, metric_rows, cfg.experiment.entropy)
+        table += _run_decor(cfg, topology, nodes, metric_rows, cfg.experiment.entropy, log)
     return _write_outputs(folder, cfg, topology, walk, nodes, cells, cap=cap,
                           sensitivity=sensitivity, metric_rows=metric_rows, table=table)
 
 
-def _calibrated_cells(cfg: FdpRandomWalkConfig, walk: np.ndarray,
-                      sensitivity: float) -> list[tuple[str, float | None, float]]:
+def resume_experiment(run_dir: str | Path, *, progress: bool = True) -> dict:
+    """Continue an interrupted run folder with its saved ``config.json``: the calibrations
+    and (cell, seed) runs in its ``cells.jsonl`` are reused, the others computed."""
+    run_dir = Path(run_dir)
+    path = run_dir / "config.json"
+    if not path.is_file():
+        raise DPDLError(f"{run_dir} is not a dpdl run folder (no config.json)")
+    return run_experiment(json.loads(path.read_text()), run_dir.parent, progress=progress,
+                          run_name=run_dir.name, resume=True)
+
+
+def _calibrated_cells(cfg: FdpRandomWalkConfig, walk: np.ndarray, sensitivity: float,
+                      log: CellLog) -> list[tuple[str, float | None, float]]:
     """(accountant, target ε, σ) of every random-walk cell; the non-private one last."""
     cells: list[tuple[str, float | None, float]] = []
     for epsilon in cfg.privacy.epsilons:
         for accountant in cfg.privacy.accountants:
-            sigma = calibrate_noise(accountant, walk, epsilon=epsilon, cfg=cfg.privacy,
-                                    sensitivity=sensitivity)
+            sigma = log.get_or_run(("sigma", accountant, epsilon), partial(
+                calibrate_noise, accountant, walk, epsilon=epsilon, cfg=cfg.privacy,
+                sensitivity=sensitivity))  # fmt: skip
             cells.append((accountant, epsilon, sigma))
     if cfg.train.include_non_private:
         cells.append(("non-private", None, 0.0))
@@ -333,7 +351,8 @@ def _calibrated_cells(cfg: FdpRandomWalkConfig, walk: np.ndarray,
 
 
 def _run_random_walk(cfg: FdpRandomWalkConfig, walk: np.ndarray, nodes: dict, cells: list,
-                     cap: int, metric_rows: list, *, progress: bool) -> list[dict]:
+                     cap: int, metric_rows: list, log: CellLog, *,
+                     progress: bool) -> list[dict]:
     """Train every cell for every seed; appends the metric rows, returns the table rows."""
     from dpdl.algorithms.randomness import numpy_secret_rng
 
@@ -347,19 +366,23 @@ def _run_random_walk(cfg: FdpRandomWalkConfig, walk: np.ndarray, nodes: dict, ce
     for accountant, epsilon, sigma in iterator:
         finals = []
         for seed in cfg.experiment.seeds:
-            out = random_walk_dp_sgd(
-                walk, nodes["x"], nodes["y"], mask=nodes["mask"],
-                num_classes=nodes["num_classes"], steps=privacy.steps, lr=cfg.train.lr,
-                clip=privacy.clip, sigma=sigma, batch_size=cfg.train.batch_size,
-                local_steps=privacy.local_steps, cap=cap if epsilon is not None else None,
-                seed=numpy_secret_rng(seed, entropy, seeded_cell_name(
-                    cfg, f"random-walk|{accountant}|{epsilon!r}", _GRID, _data(nodes))),
-                eval_every=cfg.train.eval_every, eval_data=nodes["eval"],
-                unsafe_zero_noise=epsilon is None)  # the non-private baseline
-            for h in out["history"]:
+            def train(seed=seed, accountant=accountant, epsilon=epsilon, sigma=sigma):
+                out = random_walk_dp_sgd(
+                    walk, nodes["x"], nodes["y"], mask=nodes["mask"],
+                    num_classes=nodes["num_classes"], steps=privacy.steps, lr=cfg.train.lr,
+                    clip=privacy.clip, sigma=sigma, batch_size=cfg.train.batch_size,
+                    local_steps=privacy.local_steps, cap=cap if epsilon is not None else None,
+                    seed=numpy_secret_rng(seed, entropy, seeded_cell_name(
+                        cfg, f"random-walk|{accountant}|{epsilon!r}", _GRID, _data(nodes))),
+                    eval_every=cfg.train.eval_every, eval_data=nodes["eval"],
+                    unsafe_zero_noise=epsilon is None)  # the non-private baseline
+                return _plain(out["history"])
+
+            history = log.get_or_run(("random-walk", accountant, epsilon, seed), train)
+            for h in history:
                 metric_rows.append({"algorithm": "random-walk", "accountant": accountant,
                                     "epsilon": epsilon, "sigma": sigma, "seed": seed, **h})
-            finals.append(out["history"][-1])
+            finals.append(history[-1])
         table.append(_table_row("random-walk", accountant, epsilon, sigma, finals, entropy))
     return table
 
@@ -390,7 +413,7 @@ def _write_outputs(folder: RunFolder, cfg: FdpRandomWalkConfig, topology, walk: 
         "compositions": cap, "sensitivity": sensitivity, "delta": privacy.delta,
         "noise_entropy": cfg.experiment.entropy, "table": table, "pairwise": report.summary(),
         "files": ["config.json", "metrics.csv", "results.json", "noise_accuracy.png",
-                  "pairwise_epsilon.png"],
+                  "pairwise_epsilon.png", CellLog.FILE],
     }
     _plot_noise_accuracy(folder / "noise_accuracy.png", table, cfg)
     _plot_matrix(folder / "pairwise_epsilon.png", report.epsilon,
@@ -408,13 +431,16 @@ def _table_row(algorithm: str, accountant: str, epsilon, sigma: float, finals: l
             "loss_mean": float(np.mean([f["loss"] for f in finals]))}
 
 
+def _plain(history: list[dict]) -> list[dict]:
+    """An evaluation history as plain JSON numbers (the cell log's form)."""
+    return [{k: (int(v) if k == "step" else float(v)) for k, v in h.items()} for h in history]
+
+
 def _run_decor(cfg: FdpRandomWalkConfig, topology, nodes: dict, metric_rows: list,
-               entropy: str) -> list:
+               entropy: str, log: CellLog) -> list:
     """DECOR with σ from its RDP conversion, from Sec-f-LDP, and (``local``) without secrets
     at local DP, for each ε."""
-    from dpdl.algorithms.randomness import numpy_secret_rng
     from dpdl.extensions.fdp.accounting import calibrate_sigma_decor
-    from dpdl.extensions.fdp.decor import run_decor
 
     require(not topology.directed, f"DECOR needs an undirected topology, got {topology.name!r}")
     W = topology.mixing_matrix(0)
@@ -423,27 +449,37 @@ def _run_decor(cfg: FdpRandomWalkConfig, topology, nodes: dict, metric_rows: lis
         for accountant in cfg.decor.accountants:
             # local DP: no secrets, and σ_cor = 0 makes the Sec-f-LDP bound exactly GDP
             sigma_cor = 0.0 if accountant == "local" else cfg.decor.sigma_cor
-            sigma = calibrate_sigma_decor(W, sigma_cor=sigma_cor,
-                                          target_epsilon=epsilon, steps=cfg.decor.steps,
-                                          delta=cfg.privacy.delta, clip=cfg.privacy.clip,
-                                          accountant="fdp" if accountant == "local"
-                                          else accountant)
+            sigma = log.get_or_run(("decor-sigma", accountant, epsilon), partial(
+                calibrate_sigma_decor, W, sigma_cor=sigma_cor, target_epsilon=epsilon,
+                steps=cfg.decor.steps, delta=cfg.privacy.delta, clip=cfg.privacy.clip,
+                accountant="fdp" if accountant == "local" else accountant))  # fmt: skip
             finals = []
             for seed in cfg.experiment.seeds:
-                out = run_decor(W, nodes["x"], nodes["y"], mask=nodes["mask"],
-                                num_classes=nodes["num_classes"], steps=cfg.decor.steps,
-                                lr=cfg.decor.lr, clip=cfg.privacy.clip, sigma=sigma,
-                                sigma_cor=sigma_cor, batch_size=cfg.decor.batch_size,
-                                seed=numpy_secret_rng(seed, entropy, seeded_cell_name(
-                                    cfg, f"decor|{accountant}|{epsilon!r}", _GRID,
-                                    _data(nodes))),
-                                eval_every=cfg.train.eval_every, eval_data=nodes["eval"])
-                for h in out.history:
+                history = log.get_or_run(("decor", accountant, epsilon, seed), partial(
+                    _decor_history, cfg, W, nodes, f"decor|{accountant}|{epsilon!r}", sigma,
+                    sigma_cor, seed))  # fmt: skip
+                for h in history:
                     metric_rows.append({"algorithm": "decor", "accountant": accountant,
                                         "epsilon": epsilon, "sigma": sigma, "seed": seed, **h})
-                finals.append(out.history[-1])
+                finals.append(history[-1])
             rows.append(_table_row("decor", accountant, epsilon, sigma, finals, entropy))
     return rows
+
+
+def _decor_history(cfg: FdpRandomWalkConfig, W: np.ndarray, nodes: dict, cell: str,
+                   sigma: float, sigma_cor: float, seed: int) -> list[dict]:
+    """One DECOR cell and seed, on the cell's own secret stream; its evaluation history."""
+    from dpdl.algorithms.randomness import numpy_secret_rng
+    from dpdl.extensions.fdp.decor import run_decor
+
+    out = run_decor(W, nodes["x"], nodes["y"], mask=nodes["mask"],
+                    num_classes=nodes["num_classes"], steps=cfg.decor.steps, lr=cfg.decor.lr,
+                    clip=cfg.privacy.clip, sigma=sigma, sigma_cor=sigma_cor,
+                    batch_size=cfg.decor.batch_size,
+                    seed=numpy_secret_rng(seed, cfg.experiment.entropy,
+                                          seeded_cell_name(cfg, cell, _GRID, _data(nodes))),
+                    eval_every=cfg.train.eval_every, eval_data=nodes["eval"])
+    return _plain(out.history)
 
 
 def _plot_noise_accuracy(path: Path, table: list[dict], cfg: FdpRandomWalkConfig) -> None:

@@ -51,7 +51,7 @@ from pydantic import Field, field_validator, model_serializer
 
 from dpdl.errors import DPDLError
 from dpdl.training.results import std_or_none
-from dpdl.training.run_folder import RunFolder
+from dpdl.training.run_folder import CellLog, RunFolder
 from dpdl.training.settings import ConfigSection as _Section
 from dpdl.training.settings import (
     Epsilons,
@@ -370,7 +370,7 @@ def run_experiment(
     folder = RunFolder.create(output_dir, cfg.experiment.name, run_name, exist_ok=resume)
     if not resume:
         folder.write_config(cfg.model_dump())
-    log = _CellLog(folder / CELL_LOG, cfg.model_dump(mode="json"))
+    log = CellLog(folder / CellLog.FILE, cfg.model_dump(mode="json"))
     trainer = _CellTrainer(cfg, data, cap)
     tuning = None if cfg.tune is None else _select(cfg, trainer, cells, folder, say, log)
     picked = {} if tuning is None else {(p["approach"], p["epsilon"]): p["lr"]
@@ -396,37 +396,6 @@ def _tested(cfg, trainer: _CellTrainer, seed: int, approach: str, eps, lr: float
     return _cell_result(cfg, seed, approach, eps, lr, noise, run), run.history
 
 
-CELL_LOG = "cells.jsonl"
-
-
-class _CellLog:
-    """The finished cells of a run folder, one JSON line each (appended as each finishes), so
-    that an interrupted run resumes without training them again. Each line holds what the
-    run writes anyway (a validation score, a cell's result and its test curve)."""
-
-    def __init__(self, path: Path, settings: dict):
-        from dpdl.algorithms.randomness import settings_digest
-
-        self.path, self.done = path, {}
-        digest = settings_digest(settings)
-        if not path.is_file():
-            path.write_text(json.dumps({"settings_digest": digest}) + "\n")
-            return
-        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        if not lines or lines[0].get("settings_digest") != digest:
-            raise DPDLError(f"{path} was written for other settings than "
-                            f"{path.parent / 'config.json'}: refusing to resume")
-        self.done = {json.dumps(entry["key"]): entry["value"] for entry in lines[1:]}
-
-    def get_or_run(self, key: tuple, compute):
-        name = json.dumps(list(key))
-        if name not in self.done:
-            self.done[name] = compute()
-            with open(self.path, "a") as fh:
-                fh.write(json.dumps({"key": list(key), "value": self.done[name]}) + "\n")
-        return self.done[name]
-
-
 def resume_experiment(run_dir: str | Path, *, progress: bool = True) -> dict[str, Any]:
     """Continue an interrupted ``netdp-logreg`` run folder with its saved ``config.json``:
     the cells in its ``cells.jsonl`` are reused, the others are trained."""
@@ -443,7 +412,7 @@ def _field(approach: str) -> str:
 
 
 def _select(cfg: NetDPLogRegConfig, trainer: _CellTrainer, cells, folder: RunFolder,
-            say, log: _CellLog) -> dict[str, Any]:
+            say, log: CellLog) -> dict[str, Any]:
     """The step sizes chosen on the validation records; writes ``selection.csv``."""
     from dpdl.extensions.netdp.tuning import select_step_sizes
 
@@ -581,7 +550,7 @@ def _write_outputs(folder: RunFolder, cfg: NetDPLogRegConfig, data: dict[str, An
         "noise_entropy": cfg.experiment.entropy,
         "cells": results,
         "summary": _summary(results), **extra,
-        "files": ["config.json", "metrics.csv", "results.json", "curves.png", CELL_LOG,
+        "files": ["config.json", "metrics.csv", "results.json", "curves.png", CellLog.FILE,
                   *(["selection.csv"] if tuning is not None else [])],
     }
     _plot_curves(folder / "curves.png", rows, cfg)
