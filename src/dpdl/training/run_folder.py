@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CellLog", "RunFolder", "make_run_dir", "to_toml"]
+__all__ = ["CellLog", "RunFolder", "make_run_dir", "resume_in_folder", "to_toml"]
 
 
 def make_run_dir(
@@ -159,3 +159,16 @@ class CellLog:
             with open(self.path, "a") as fh:
                 fh.write(json.dumps({"key": list(key), "value": self.done[name]}) + "\n")
         return self.done[name]
+
+
+def resume_in_folder(run_dir: str | Path, run_experiment, *, progress: bool = True) -> Any:
+    """Continue the run folder ``run_dir`` of a kind that keeps a :class:`CellLog`: its
+    ``run_experiment`` is called again with the saved ``config.json``, in the same folder."""
+    run_dir = Path(run_dir)
+    path = run_dir / "config.json"
+    if not path.is_file():
+        from dpdl.errors import DPDLError
+
+        raise DPDLError(f"{run_dir} is not a dpdl run folder (no config.json)")
+    return run_experiment(json.loads(path.read_text()), run_dir.parent, progress=progress,
+                          run_name=run_dir.name, resume=True)

@@ -43,7 +43,7 @@ from pydantic import Field, field_validator, model_validator
 from dpdl.algorithms.randomness import secret_rng
 from dpdl.errors import DPDLError, require
 from dpdl.training.results import std_or_none
-from dpdl.training.run_folder import CellLog, RunFolder
+from dpdl.training.run_folder import CellLog, RunFolder, resume_in_folder
 from dpdl.training.settings import ConfigSection as _Section
 from dpdl.training.settings import (
     Epsilons,
@@ -327,12 +327,7 @@ def run_experiment(config: dict, output_dir: Path, *, progress: bool = True,
 def resume_experiment(run_dir: str | Path, *, progress: bool = True) -> dict:
     """Continue an interrupted run folder with its saved ``config.json``: the calibrations
     and (cell, seed) runs in its ``cells.jsonl`` are reused, the others computed."""
-    run_dir = Path(run_dir)
-    path = run_dir / "config.json"
-    if not path.is_file():
-        raise DPDLError(f"{run_dir} is not a dpdl run folder (no config.json)")
-    return run_experiment(json.loads(path.read_text()), run_dir.parent, progress=progress,
-                          run_name=run_dir.name, resume=True)
+    return resume_in_folder(run_dir, run_experiment, progress=progress)
 
 
 def _calibrated_cells(cfg: FdpRandomWalkConfig, walk: np.ndarray, sensitivity: float,

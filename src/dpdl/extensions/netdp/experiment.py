@@ -40,7 +40,6 @@ and ``selection.csv`` and ``results.json["tuning"]`` say what every grid point s
 
 from __future__ import annotations
 
-import json
 import math
 from functools import partial
 from pathlib import Path
@@ -51,7 +50,7 @@ from pydantic import Field, field_validator, model_serializer
 
 from dpdl.errors import DPDLError
 from dpdl.training.results import std_or_none
-from dpdl.training.run_folder import CellLog, RunFolder
+from dpdl.training.run_folder import CellLog, RunFolder, resume_in_folder
 from dpdl.training.settings import ConfigSection as _Section
 from dpdl.training.settings import (
     Epsilons,
@@ -399,12 +398,7 @@ def _tested(cfg, trainer: _CellTrainer, seed: int, approach: str, eps, lr: float
 def resume_experiment(run_dir: str | Path, *, progress: bool = True) -> dict[str, Any]:
     """Continue an interrupted ``netdp-logreg`` run folder with its saved ``config.json``:
     the cells in its ``cells.jsonl`` are reused, the others are trained."""
-    run_dir = Path(run_dir)
-    path = run_dir / "config.json"
-    if not path.is_file():
-        raise DPDLError(f"{run_dir} is not a dpdl run folder (no config.json)")
-    return run_experiment(json.loads(path.read_text()), run_dir.parent, progress=progress,
-                          run_name=run_dir.name, resume=True)
+    return resume_in_folder(run_dir, run_experiment, progress=progress)
 
 
 def _field(approach: str) -> str:
