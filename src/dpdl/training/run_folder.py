@@ -134,11 +134,10 @@ class CellLog:
     FILE = "cells.jsonl"
 
     def __init__(self, path: Path, settings: Mapping[str, Any]):
-        import hashlib
+        from dpdl.algorithms.randomness import settings_digest
 
         self.path, self.done = Path(path), {}
-        text = json.dumps(settings, sort_keys=True, separators=(",", ":"), default=str)
-        digest = hashlib.sha256(text.encode()).hexdigest()
+        digest = settings_digest(settings)
         if not self.path.is_file():
             self.path.write_text(json.dumps({"settings_digest": digest}) + "\n")
             return
