@@ -510,12 +510,12 @@ def pairwise_costs(
         others = ~visit & seen  # the steps that land in one of v's views
         S = int(n_visits.max()) + 1
         col = np.broadcast_to(np.arange(B), (T, B))
-        # noisy steps per (viewer, segment)
-        m = np.bincount((col * S + seg)[others], minlength=B * S).reshape(B, S).astype(float)
         carry = others & contributes[:, None]
         key = ((col * S + seg) * n + walk[:, None])[carry]
-        k = np.bincount(key, minlength=B * S * n).reshape(B, S, n).astype(float)
         if mechanism == "summation":
+            # noisy steps per (viewer, segment), and u's contributions among them
+            m = np.bincount((col * S + seg)[others], minlength=B * S).reshape(B, S).astype(float)
+            k = np.bincount(key, minlength=B * S * n).reshape(B, S, n).astype(float)
             with np.errstate(divide="ignore", invalid="ignore"):
                 seg_cost = np.where(k > 0, k**2 / m[:, :, None], 0.0)
         else:
