@@ -16,8 +16,6 @@ import csv
 import json
 from pathlib import Path
 
-from dpdl.experiments.intervals import t_interval
-
 PAIRS = {"random-walk": [("pn-fdp", "rdp-baseline"), ("pn-fdp", "local"),
                          ("rdp-baseline", "local")],
          "decor": [("fdp", "rdp-simple"), ("fdp", "local"), ("rdp-simple", "local")]}
@@ -37,24 +35,21 @@ def final_cells(run: Path) -> list[dict]:
 
 
 def comparisons(cells: list[dict]) -> list[dict]:
-    acc = {(c["algorithm"], c["accountant"], c["epsilon"], c["seed"]): c["test_accuracy"]
-           for c in cells}
+    """The PAIRS of each algorithm at each ε, through dpdl's one seed pairing."""
+    from dpdl.experiments.paired import paired
+
+    rows = [{"algorithm": c["accountant"], "setting": c["algorithm"], "seed": c["seed"],
+             "epsilon_target": float(c["epsilon"]), "status": "ok",
+             "test_accuracy": c["test_accuracy"]} for c in cells if c["epsilon"]]
     out = []
     for algorithm, pairs in PAIRS.items():
-        for eps in sorted({c["epsilon"] for c in cells if c["algorithm"] == algorithm},
-                          key=lambda e: float(e) if e else -1):
-            for first, second in pairs:
-                seeds = sorted(s for (a, c, e, s) in acc if (a, c, e) == (algorithm, first, eps)
-                               and (algorithm, second, eps, s) in acc)
-                if not seeds:
-                    continue
-                diffs = [acc[(algorithm, first, eps, s)] - acc[(algorithm, second, eps, s)]
-                         for s in seeds]
-                mean, low, high = t_interval(diffs)
-                out.append({"algorithm": algorithm, "epsilon": eps, "first": first,
-                            "second": second, "seeds": len(seeds), "mean": mean, "low": low,
-                            "high": high})
-    return out
+        for first, second in pairs:
+            out += [{"algorithm": algorithm, "epsilon": c.epsilon, "first": first,
+                     "second": second, "seeds": len(c.seeds), "mean": c.mean, "low": c.low,
+                     "high": c.high}
+                    for c in paired(rows, first, second) if c.setting == algorithm]
+    return sorted(out, key=lambda c: (list(PAIRS).index(c["algorithm"]), c["epsilon"],
+                                      PAIRS[c["algorithm"]].index((c["first"], c["second"]))))
 
 
 def plot_curves(run: Path, algorithm: str, epsilon: str, path: str) -> None:

@@ -96,7 +96,7 @@ def test_paired_comparisons_are_seed_by_seed_t_intervals():
     acc = {("network", 0): 0.80, ("network", 1): 0.70, ("network", 2): 0.75,
            ("central", 0): 0.78, ("central", 1): 0.71, ("central", 2): 0.70,
            ("local", 1): 0.5}
-    results = [{"approach": a, "epsilon": 1.0, "seed": s, "test_accuracy": v}
+    results = [{"approach": a, "epsilon": 1.0, "seed": s, "status": "ok", "test_accuracy": v}
                for (a, s), v in acc.items()]
     comp = {(c["first"], c["second"]): c for c in paired_comparisons(results)}
     diffs = np.array([0.02, -0.01, 0.05])

@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from dpdl.experiments.intervals import t_interval
 from dpdl.experiments.tune import RULE, pick
 
 METRIC = "val_accuracy"
@@ -74,20 +73,19 @@ PAIRS = (("network", "central"), ("network", "local"), ("central", "local"))
 
 def paired_comparisons(results: list[dict], metric: str = "test_accuracy") -> list[dict]:
     """For every ε and every pair of approaches run on the same seeds, the mean seed-by-seed
-    difference of the final ``metric`` (first minus second) and its 95 % t-interval."""
-    by_cell = {(r["approach"], r["epsilon"], r["seed"]): r[metric] for r in results}
-    epsilons = sorted({r["epsilon"] for r in results if r["epsilon"] is not None})
+    difference of the final ``metric`` (first minus second) and its 95 % t-interval: dpdl's
+    one seed pairing (:func:`dpdl.experiments.paired.paired`) on the cells' results."""
+    from dpdl.experiments.paired import paired
+
+    rows = [{"algorithm": r["approach"], "setting": "", "epsilon_target": r["epsilon"],
+             "seed": r["seed"], "status": r["status"], metric: r[metric]}
+            for r in results if r["epsilon"] is not None]  # fmt: skip
     out = []
-    for eps in epsilons:
-        for first, second in PAIRS:
-            seeds = sorted(s for (a, e, s) in by_cell if a == first and e == eps
-                           and (second, eps, s) in by_cell)  # fmt: skip
-            if not seeds:
-                continue
-            diffs = [by_cell[(first, eps, s)] - by_cell[(second, eps, s)] for s in seeds]
-            mean, low, high = t_interval(diffs)
-            out.append({"epsilon": eps, "first": first, "second": second, "metric": metric,
-                        "seeds": seeds, "differences": diffs, "mean": mean,
-                        "low": None if math.isnan(low) else low,
-                        "high": None if math.isnan(high) else high})  # fmt: skip
-    return out
+    for first, second in PAIRS:
+        for c in sorted(paired(rows, first, second, metric=metric), key=lambda c: c.epsilon):
+            out.append({"epsilon": c.epsilon, "first": first, "second": second,
+                        "metric": metric, "seeds": list(c.seeds),
+                        "differences": list(c.differences), "mean": c.mean,
+                        "low": None if math.isnan(c.low) else c.low,
+                        "high": None if math.isnan(c.high) else c.high})  # fmt: skip
+    return sorted(out, key=lambda c: c["epsilon"])
