@@ -411,11 +411,6 @@ def _select(cfg: NetDPLogRegConfig, trainer: _CellTrainer, cells, folder: RunFol
     from dpdl.extensions.netdp.tuning import select_step_sizes
 
     tune = cfg.tune
-    too_large = [lr for lr in tune.lr_grid if lr > 2 / trainer.data["smoothness"]]
-    if "network" in cfg.privacy.approaches and too_large:
-        raise DPDLError(f"tune.lr_grid: {too_large} exceed 2/beta = "
-                        f"{2 / trainer.data['smoothness']:.4g}, where the network-DP "
-                        "accounting (amplification by iteration) no longer holds")
     say(f"selecting step sizes: {len(tune.lr_grid)} per approach and epsilon, seeds "
         f"{tune.selection_seeds}, {tune.validation_records} validation records")
 
@@ -494,11 +489,15 @@ class _CellTrainer:
 def _check_network_accounting_holds(cfg: NetDPLogRegConfig, data: dict[str, Any]) -> None:
     """Amplification by iteration needs every step to be a contraction: η ≤ 2/β, and a clip
     that never bites (clip ≥ L)."""
-    alg = cfg.algorithm
-    if "network" in cfg.privacy.approaches and alg.lr.network > 2 / data["smoothness"]:
+    alg, limit = cfg.algorithm, 2 / data["smoothness"]
+    if "network" in cfg.privacy.approaches and alg.lr.network > limit:
         raise DPDLError(f"algorithm.lr.network = {alg.lr.network} exceeds 2/beta = "
-                        f"{2 / data['smoothness']:.4g}: steps are no longer contractions and "
+                        f"{limit:.4g}: steps are no longer contractions and "
                         "the network-DP accounting (amplification by iteration) does not hold")
+    too_large = [] if cfg.tune is None else [lr for lr in cfg.tune.lr_grid if lr > limit]
+    if "network" in cfg.privacy.approaches and too_large:  # any point may be network's pick
+        raise DPDLError(f"tune.lr_grid: {too_large} exceed 2/beta = {limit:.4g}, where the "
+                        "network-DP accounting (amplification by iteration) no longer holds")
     lipschitz = math.sqrt(4 * data["smoothness"])  # the domain's max ||x||: the loss's L
     if "network" in cfg.privacy.approaches and alg.clip < lipschitz - 1e-12:
         raise DPDLError(f"algorithm.clip = {alg.clip} is below the loss's Lipschitz constant "
