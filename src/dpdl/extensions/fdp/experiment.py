@@ -349,9 +349,7 @@ def _run_random_walk(cfg: FdpRandomWalkConfig, walk: np.ndarray, nodes: dict, ce
                      cap: int, metric_rows: list, log: CellLog, *,
                      progress: bool) -> list[dict]:
     """Train every cell for every seed; appends the metric rows, returns the table rows."""
-    from dpdl.algorithms.randomness import numpy_secret_rng
-
-    privacy, entropy, table = cfg.privacy, cfg.experiment.entropy, []
+    entropy, table = cfg.experiment.entropy, []
     iterator = cells
     if progress:
         from tqdm import tqdm
@@ -361,25 +359,34 @@ def _run_random_walk(cfg: FdpRandomWalkConfig, walk: np.ndarray, nodes: dict, ce
     for accountant, epsilon, sigma in iterator:
         finals = []
         for seed in cfg.experiment.seeds:
-            def train(seed=seed, accountant=accountant, epsilon=epsilon, sigma=sigma):
-                out = random_walk_dp_sgd(
-                    walk, nodes["x"], nodes["y"], mask=nodes["mask"],
-                    num_classes=nodes["num_classes"], steps=privacy.steps, lr=cfg.train.lr,
-                    clip=privacy.clip, sigma=sigma, batch_size=cfg.train.batch_size,
-                    local_steps=privacy.local_steps, cap=cap if epsilon is not None else None,
-                    seed=numpy_secret_rng(seed, entropy, seeded_cell_name(
-                        cfg, f"random-walk|{accountant}|{epsilon!r}", _GRID, _data(nodes))),
-                    eval_every=cfg.train.eval_every, eval_data=nodes["eval"],
-                    unsafe_zero_noise=epsilon is None)  # the non-private baseline
-                return _plain(out["history"])
-
-            history = log.get_or_run(("random-walk", accountant, epsilon, seed), train)
+            history = log.get_or_run(("random-walk", accountant, epsilon, seed), partial(
+                _random_walk_history, cfg, walk, nodes, accountant, epsilon, sigma, cap, seed))
             for h in history:
                 metric_rows.append({"algorithm": "random-walk", "accountant": accountant,
                                     "epsilon": epsilon, "sigma": sigma, "seed": seed, **h})
             finals.append(history[-1])
         table.append(_table_row("random-walk", accountant, epsilon, sigma, finals, entropy))
     return table
+
+
+def _random_walk_history(cfg: FdpRandomWalkConfig, walk: np.ndarray, nodes: dict,
+                         accountant: str, epsilon: float | None, sigma: float, cap: int,
+                         seed: int) -> list[dict]:
+    """One random-walk cell and seed, on the cell's own secret stream; its evaluation history
+    (``epsilon`` None: the non-private baseline, uncapped)."""
+    from dpdl.algorithms.randomness import numpy_secret_rng
+
+    privacy, cell = cfg.privacy, f"random-walk|{accountant}|{epsilon!r}"
+    out = random_walk_dp_sgd(
+        walk, nodes["x"], nodes["y"], mask=nodes["mask"], num_classes=nodes["num_classes"],
+        steps=privacy.steps, lr=cfg.train.lr, clip=privacy.clip, sigma=sigma,
+        batch_size=cfg.train.batch_size, local_steps=privacy.local_steps,
+        cap=cap if epsilon is not None else None,
+        seed=numpy_secret_rng(seed, cfg.experiment.entropy,
+                              seeded_cell_name(cfg, cell, _GRID, _data(nodes))),
+        eval_every=cfg.train.eval_every, eval_data=nodes["eval"],
+        unsafe_zero_noise=epsilon is None)  # the non-private baseline
+    return _plain(out["history"])
 
 
 METRIC_FIELDS = ("algorithm", "accountant", "epsilon", "sigma", "seed", "step", "loss",
