@@ -74,23 +74,28 @@ Epsilons = Annotated[
 # default) or "seed" (reproducible noise, an explicit research choice); shared by the kinds.
 NoiseEntropy = Literal["os", "seed"]
 def seeded_cell_name(
-    config: BaseModel, cell: str, grid: tuple[str, ...] = (), data: Any = ()
+    config: BaseModel, cell: str, grid: tuple[str, ...] = (), data: Any = (),
+    later: dict[str, Any] | None = None,
 ) -> str:
     """What a numpy kind's seeded stream of one cell is derived from (with the seed): the cell's
     own name, a digest of the training ``data`` arrays, and a digest of every setting of the
     run but the ``experiment`` table and the dotted ``grid`` keys whose value the cell names, so
     runs that differ in any other setting (a step size, a clip bound) or in the data never
-    share noise."""
+    share noise. ``later`` maps dotted keys of settings added since the first runs to the value
+    that reproduces the earlier behaviour: left out at that value, so earlier runs keep their
+    noise."""
     from dpdl.algorithms.randomness import array_digest, settings_digest
 
     settings = config.model_dump(mode="json")
     settings.pop("experiment", None)
-    for key in grid:
+    later = later or {}
+    for key in (*grid, *later):
         *parents, leaf = key.split(".")
         table = settings
         for parent in parents:
             table = table.get(parent, {})
-        table.pop(leaf, None)
+        if key in grid or table.get(leaf) == later[key]:
+            table.pop(leaf, None)
     return f"{settings_digest(settings)}|{array_digest(*data)}|{cell}"
 
 

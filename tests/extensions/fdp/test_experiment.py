@@ -43,7 +43,7 @@ def test_tiny_run_writes_its_folder_and_meets_the_target(tmp_path):
     from dpdl.topology import make_topology
 
     walk = make_topology("hypercube", 8).mixing_matrix(0).T
-    sensitivity = 2 * 1.0 / 8
+    sensitivity = 2 * 2.0 / 8  # the default clip C = 2, b = 8
     eps = pnfdp_epsilon_matrix(walk, steps=80, sigma=sigma_f, delta=1e-5,
                                sensitivity=sensitivity, relative_slack=2e-3).epsilon
     assert np.nanmax(eps) <= 4.0 and np.nanmax(eps) > 3.99
@@ -66,8 +66,9 @@ def test_decor_at_local_dp_has_no_secrets_and_the_closed_form_gaussian_noise(tmp
     cfg["decor"]["accountants"] = ["fdp", "local"]
     results = experiment.run_experiment(cfg, tmp_path, progress=False)
     rows = {(r["algorithm"], r["accountant"]): r for r in results["table"]}
-    # every share alone, T = 20 releases of sensitivity 2C = 2: mu = 2 sqrt(T) / sigma
-    closed_form = 2 * math.sqrt(20) / mu_from_epsilon_delta(4.0, 1e-5)
+    # every share alone, T = 20 releases of sensitivity 2C = 4 (the default C = 2):
+    # mu = 4 sqrt(T) / sigma
+    closed_form = 4 * math.sqrt(20) / mu_from_epsilon_delta(4.0, 1e-5)
     assert rows[("decor", "local")]["sigma"] == pytest.approx(closed_form, rel=1e-6)
     assert rows[("decor", "local")]["sigma"] >= closed_form * (1 - 1e-9)  # the safe side
     # the secrets buy DECOR less independent noise than local DP needs
@@ -154,10 +155,69 @@ def test_the_table_hop_form_reaches_the_calibration():
         experiment.parse_config(tiny_config(hop_form="paper"))
 
 
-@pytest.mark.parametrize("name", ["fdp-rw-logreg", "fdp-rw-digits"])
+@pytest.mark.parametrize("name", ["fdp-rw-logreg", "fdp-rw-digits", "fdp-rw-fashion-256",
+                                  "fdp-rw-fashion-2048", "fdp-rw-fashion-mlp-256",
+                                  "fdp-decor-figure3"])
 def test_presets_validate_and_are_registered(name):
     config = tomllib.loads((PRESETS / f"{name}.toml").read_text())
     assert config["kind"] == "fdp-random-walk"
     assert experiment_module(config["kind"]) is experiment
     cfg = experiment.parse_config(config)
     assert cfg.privacy.steps // cfg.data.nodes >= 1
+
+
+@pytest.mark.parametrize("change, named", [
+    ({"privacy": {"clip": 1.0}}, "privacy.clip = 1"),
+    ({"train": {"lr": 3.0}}, "train.lr = 3"),
+    ({"data": {"normalize_rows": False}}, "normalize_rows"),
+    ({"privacy": {"contraction": 0.5}}, "privacy.contraction = 0.5"),
+    ({"train": {"model": "mlp"}, "decor": {"enabled": False}}, "not convex"),
+])
+def test_hidden_state_accountants_are_refused_where_the_hop_map_is_unproven(change, named):
+    config = tiny_config()
+    for section, values in change.items():
+        config[section].update(values)
+    with pytest.raises(DPDLError, match=named):
+        experiment.parse_config(config)
+    config["privacy"]["accountants"] = ["local"]  # local DP holds for any model
+    assert experiment.parse_config(config).privacy.accountants == ["local"]
+
+
+def test_the_default_config_is_certified_and_normalises_rows():
+    cfg = experiment.parse_config({"kind": "fdp-random-walk"})
+    assert experiment.hop_map_gap(cfg) is None
+    assert all(experiment.certified(cfg, a) for a in experiment.ACCOUNTANTS)
+    nodes = experiment._load_nodes(cfg)
+    norms = np.linalg.norm(nodes["x"][nodes["mask"]].reshape(nodes["mask"].sum(), -1), axis=1)
+    assert norms.max() <= 1 + 1e-12 and norms.min() > 1 - 1e-6  # R = 1 up to rounding
+    assert np.linalg.norm(nodes["eval"][0], axis=1).max() <= 1 + 1e-12
+
+
+def test_an_assumed_hop_map_runs_labelled_uncertified(tmp_path, capsys):
+    config = tiny_config(assume_nonexpansive=True)
+    config["train"].update({"model": "mlp", "hidden": 4, "lr": 0.5})
+    config["decor"]["enabled"] = False
+    results = experiment.run_experiment(config, tmp_path, progress=False)
+    assert "no guarantee" in capsys.readouterr().err
+    marks = {r["accountant"]: r["certified"] for r in results["table"]}
+    assert marks == {"pn-fdp": False, "rdp-baseline": False, "local": True,
+                     "non-private": True}
+    assert "not convex" in results["hop_map"]["nonexpansive_gap"]
+    # the network learned: non-private accuracy well above the majority class
+    row = next(r for r in results["table"] if r["accountant"] == "non-private")
+    assert row["accuracy_mean"] > 0.8
+
+
+def test_the_assumption_label_changes_no_draw():
+    from dpdl.training.settings import seeded_cell_name
+
+    plain = experiment.parse_config(tiny_config())
+    labelled = experiment.parse_config(tiny_config(assume_nonexpansive=True))
+    names = [seeded_cell_name(c, "cell", experiment._GRID, (), experiment._LATER)
+             for c in (plain, labelled)]
+    assert names[0] == names[1]
+    mlp = tiny_config()
+    mlp["train"]["model"], mlp["privacy"]["accountants"] = "mlp", ["local"]
+    mlp["decor"]["enabled"] = False
+    assert seeded_cell_name(experiment.parse_config(mlp), "cell", experiment._GRID, (),
+                            experiment._LATER) != names[0]

@@ -42,6 +42,7 @@ from pydantic import Field, field_validator, model_validator
 
 from dpdl.algorithms.randomness import secret_rng
 from dpdl.errors import DPDLError, require
+from dpdl.extensions.fdp.models import MODEL_CLASSES, MODELS, make_model
 from dpdl.training.results import std_or_none
 from dpdl.training.run_folder import CellLog, RunFolder, resume_in_folder
 from dpdl.training.settings import ConfigSection as _Section
@@ -53,12 +54,18 @@ from dpdl.training.settings import (
 )
 
 ACCOUNTANTS = ("pn-fdp", "rdp-baseline", "local")
+# The accountants that are amplification by iteration: they need a non-expansive hop map.
+HIDDEN_STATE_ACCOUNTANTS = ("pn-fdp", "rdp-baseline")
 KIND = "fdp-random-walk"
 
 
 # The settings a cell names itself (seeded streams: dpdl.experiments.config.seeded_cell_name).
+# privacy.assume_nonexpansive labels the epsilons and changes no draw.
 _GRID = ("privacy.epsilons", "privacy.accountants", "train.include_non_private",
-         "decor.accountants")
+         "decor.accountants", "privacy.assume_nonexpansive")
+# Settings added since the first runs, at the value that behaves as before they existed.
+_LATER = {"data.normalize_rows": False, "train.model": "softmax", "train.hidden": 64,
+          "train.init_seed": 0}
 
 
 def _data(nodes: dict) -> tuple:
@@ -84,6 +91,9 @@ class DataSection(_Section):
     data_dir: str | None = None
     nodes: int = Field(16, ge=2)
     split_seed: int = 0
+    # Every record (train and test) scaled to unit L2 norm, a per-record map of public form:
+    # the public bound R = 1 that proves softmax regression's hop map non-expansive.
+    normalize_rows: bool = True
 
 
 class GraphSection(_Section):
@@ -96,13 +106,19 @@ class PrivacySection(_Section):
     delta: float = Field(1e-5, gt=0, lt=1)
     steps: int = Field(1600, ge=1)
     local_steps: int = Field(1, ge=1)
-    clip: float = Field(1.0, gt=0)
+    # 2 = sqrt(2(R^2+1)) at R = 1: softmax regression's largest gradient, so the clip never
+    # acts (what the hop-map proof needs; dpdl.extensions.fdp.models)
+    clip: float = Field(2.0, gt=0)
     contraction: float = Field(1.0, gt=0, le=1)
     accountants: list[str] = Field(default_factory=lambda: list(ACCOUNTANTS))
     relative_slack: float = Field(1e-3, gt=0, lt=0.1)
     # The per-hop mu_t of the PN-f-DP bound (MATH.md §7): "lemma" is Lemma 4.3 of seed 003,
     # "table" the form of the script behind the paper's Table 3 (no contraction).
     hop_form: Literal["lemma", "table"] = "lemma"
+    # Take the non-expansive hop map that pn-fdp and rdp-baseline rest on as given when it
+    # is not proven (a neural network, an active clip): reproduces a paper's setting, and
+    # those accountants' epsilon is then no guarantee (marked certified = false).
+    assume_nonexpansive: bool = False
 
     @model_validator(mode="after")
     def _table_form_has_no_contraction(self):
@@ -126,6 +142,11 @@ class TrainSection(_Section):
     eval_every: int = Field(200, ge=1)
     # A non-private baseline is a noise-free function of the data: it runs only when asked.
     include_non_private: bool = False
+    # The token's model (dpdl.extensions.fdp.models): softmax regression, or one hidden ReLU
+    # layer of `hidden` units initialised from the public `init_seed`.
+    model: Literal[MODELS] = "softmax"
+    hidden: int = Field(64, ge=1)
+    init_seed: int = Field(0, ge=0)
 
 
 DECOR_RUNS = ("rdp-simple", "fdp", "local")
@@ -166,6 +187,39 @@ class FdpRandomWalkConfig(_Section):
         if value != KIND:
             raise ValueError(f"kind must be {KIND!r}")
         return value
+
+    @model_validator(mode="after")
+    def _accountants_hold_for_the_model(self):
+        if self.decor.enabled and self.train.model != "softmax":
+            raise ValueError(f"DECOR runs softmax regression only, got train.model = "
+                             f"{self.train.model!r}; set decor.enabled = false")
+        gap = hop_map_gap(self)
+        if gap is not None and not self.privacy.assume_nonexpansive:
+            used = [a for a in self.privacy.accountants if a in HIDDEN_STATE_ACCOUNTANTS]
+            raise ValueError(
+                f"privacy.accountants {used} need a non-expansive hop map (amplification by "
+                f"iteration), not proven here: {gap}; use accountants = ['local'], or set "
+                "privacy.assume_nonexpansive = true to reproduce a paper's setting (its "
+                "epsilon is then no guarantee)")
+        return self
+
+
+def hop_map_gap(cfg: FdpRandomWalkConfig) -> str | None:
+    """Why the hop map that pn-fdp and rdp-baseline need is not proven non-expansive for
+    this config (None: proven, or no such accountant is asked for)."""
+    if not any(a in HIDDEN_STATE_ACCOUNTANTS for a in cfg.privacy.accountants):
+        return None
+    if cfg.privacy.contraction < 1:
+        return (f"privacy.contraction = {cfg.privacy.contraction:g} < 1 needs a strongly "
+                "convex loss, and the token's model has no such term")
+    return MODEL_CLASSES[cfg.train.model].hop_map_gap(
+        lr=cfg.train.lr, clip=cfg.privacy.clip,
+        row_norm=1.0 if cfg.data.normalize_rows else None)
+
+
+def certified(cfg: FdpRandomWalkConfig, accountant: str) -> bool:
+    """Whether ``accountant``'s epsilon is a guarantee for this run."""
+    return accountant not in HIDDEN_STATE_ACCOUNTANTS or hop_map_gap(cfg) is None
 
 
 def parse_config(config: dict[str, Any] | FdpRandomWalkConfig) -> FdpRandomWalkConfig:
@@ -217,29 +271,28 @@ def random_walk_dp_sgd(walk: np.ndarray, x_nodes: np.ndarray, y_nodes: np.ndarra
                        num_classes: int, steps: int, lr: float, clip: float, sigma: float,
                        batch_size: int, local_steps: int = 1, cap: int | None = None,
                        seed=None, eval_every: int = 0, eval_data: tuple | None = None,
-                       mask: np.ndarray | None = None, unsafe_zero_noise: bool = False) -> dict:
+                       mask: np.ndarray | None = None, unsafe_zero_noise: bool = False,
+                       model=None) -> dict:
     """Random-walk DP-SGD (MATH.md §7) on stacked node data; returns the final model, the
     evaluation history and the contribution count of every node.
 
     The walk, batches and noise are secret: ``seed`` is a Generator/SeedSequence (a cell's
     stream), None (OS entropy) or an int (reproducible).  ``sigma`` must be > 0; the
-    noise-free baseline needs ``unsafe_zero_noise=True`` and is not private."""
+    noise-free baseline needs ``unsafe_zero_noise=True`` and is not private.  ``model`` is
+    one of :mod:`dpdl.extensions.fdp.models` (None: softmax regression)."""
     from dpdl.algorithms.randomness import check_noise_std
-    from dpdl.extensions.fdp.decor import (
-        clipped_mean_gradient,
-        sample_batches,
-        softmax_loss_accuracy,
-        softmax_per_record_gradients,
-    )
+    from dpdl.extensions.fdp.decor import sample_batches
 
     sigma = check_noise_std(sigma, unsafe_zero_noise)
 
     n = walk.shape[0]
     x_nodes = np.asarray(x_nodes, dtype=np.float64).reshape(n, x_nodes.shape[1], -1)
     mask = np.ones(y_nodes.shape, dtype=bool) if mask is None else mask
+    if model is None:
+        model = make_model("softmax", features=x_nodes.shape[2], classes=num_classes)
     rng = secret_rng(seed)
     path = sample_walk(walk, steps, rng)
-    theta = np.zeros((x_nodes.shape[2] + 1, num_classes))
+    theta = model.initial()
     contributions = np.zeros(n, dtype=np.int64)
     history = []
     for t, holder in enumerate(path):
@@ -249,13 +302,13 @@ def random_walk_dp_sgd(walk: np.ndarray, x_nodes: np.ndarray, y_nodes: np.ndarra
             noise = sigma * rng.standard_normal(theta.shape)
             if contributes:
                 batch = sample_batches(mask[holder:holder + 1], batch_size, rng)[0]
-                grads = softmax_per_record_gradients(theta[None], x_nodes[holder, batch][None],
-                                                     y_nodes[holder, batch][None])
-                theta = theta - lr * (clipped_mean_gradient(grads, clip)[0] + noise)
+                step = model.clipped_mean_gradient(theta, x_nodes[holder, batch],
+                                                   y_nodes[holder, batch], clip)
+                theta = theta - lr * (step + noise)
             else:
                 theta = theta - lr * noise
         if eval_data is not None and eval_every and ((t + 1) % eval_every == 0 or t + 1 == steps):
-            loss, accuracy = softmax_loss_accuracy(theta, *eval_data)
+            loss, accuracy = model.loss_accuracy(theta, *eval_data)
             history.append({"step": t + 1, "loss": loss, "accuracy": accuracy})
     return {"theta": theta, "history": history, "contributions": contributions}
 
@@ -286,14 +339,30 @@ def _load_nodes(cfg: FdpRandomWalkConfig) -> dict:
     data = load_dataset(cfg.data.dataset, data_dir=cfg.data.data_dir, seed=cfg.data.split_seed)
     require(data.task == "classification",
             f"dataset {cfg.data.dataset!r} is not a classification task")
+    x_train = data.x_train.reshape(len(data.x_train), -1).astype(np.float64)
+    x_test = data.x_test.reshape(len(data.x_test), -1).astype(np.float64)
+    if cfg.data.normalize_rows:  # the norm bound R = 1 the hop-map proof uses
+        x_train, x_test = _unit_rows(x_train), _unit_rows(x_test)
     parts = partition(data.y_train, cfg.data.nodes, scheme="iid", seed=cfg.data.split_seed)
-    x, y, mask = stack_node_data(data.x_train, data.y_train, parts)
+    x, y, mask = stack_node_data(x_train if cfg.data.normalize_rows else data.x_train,
+                                 data.y_train, parts)
     smallest = int(mask.sum(axis=1).min())
     require(cfg.train.batch_size <= smallest,
             f"train.batch_size={cfg.train.batch_size} exceeds the smallest node ({smallest})")
-    eval_data = (data.x_test.reshape(len(data.x_test), -1).astype(np.float64), data.y_test)
-    return {"name": data.name, "x": x, "y": y, "mask": mask, "eval": eval_data,
-            "num_classes": int(data.num_classes)}
+    num_classes = int(data.num_classes)
+    model = make_model(cfg.train.model, features=x_train.shape[1], classes=num_classes,
+                       hidden=cfg.train.hidden, init_seed=cfg.train.init_seed)
+    return {"name": data.name, "x": x, "y": y, "mask": mask, "eval": (x_test, data.y_test),
+            "num_classes": num_classes, "model": model}
+
+
+def _unit_rows(rows: np.ndarray) -> np.ndarray:
+    """Each record scaled to L2 norm 1 (zero records stay zero), then nudged inside the unit
+    ball, so no rounding leaves a norm above the R = 1 the proof assumes."""
+    from dpdl.data.preprocessing import l2_normalize_rows
+
+    rows = l2_normalize_rows(rows).astype(np.float64)
+    return rows / np.maximum(1.0, np.linalg.norm(rows, axis=1, keepdims=True))
 
 
 def run_experiment(config: dict, output_dir: Path, *, progress: bool = True,
@@ -305,6 +374,7 @@ def run_experiment(config: dict, output_dir: Path, *, progress: bool = True,
     from dpdl.topology import make_topology
 
     cfg = parse_config(config)
+    _warn_if_assumed(cfg)
     topology = make_topology(cfg.graph.topology, cfg.data.nodes, seed=cfg.data.split_seed,
                              **cfg.graph.params)
     walk = walk_matrix_of(topology)
@@ -322,6 +392,17 @@ def run_experiment(config: dict, output_dir: Path, *, progress: bool = True,
         table += _run_decor(cfg, topology, nodes, metric_rows, cfg.experiment.entropy, log)
     return _write_outputs(folder, cfg, topology, walk, nodes, cells, cap=cap,
                           sensitivity=sensitivity, metric_rows=metric_rows, table=table)
+
+
+def _warn_if_assumed(cfg: FdpRandomWalkConfig) -> None:
+    """One line on stderr when an accountant's epsilon rests on an assumed hop map."""
+    import sys
+
+    gap = hop_map_gap(cfg)
+    if gap is not None:
+        print(f"warning: privacy.assume_nonexpansive = true: {gap}, so the pn-fdp and "
+              "rdp-baseline epsilons are no guarantee (results mark them certified = false)",
+              file=sys.stderr)
 
 
 def resume_experiment(run_dir: str | Path, *, progress: bool = True) -> dict:
@@ -365,7 +446,8 @@ def _run_random_walk(cfg: FdpRandomWalkConfig, walk: np.ndarray, nodes: dict, ce
                 metric_rows.append({"algorithm": "random-walk", "accountant": accountant,
                                     "epsilon": epsilon, "sigma": sigma, "seed": seed, **h})
             finals.append(history[-1])
-        table.append(_table_row("random-walk", accountant, epsilon, sigma, finals, entropy))
+        table.append({**_table_row("random-walk", accountant, epsilon, sigma, finals, entropy),
+                      "certified": epsilon is None or certified(cfg, accountant)})
     return table
 
 
@@ -383,8 +465,8 @@ def _random_walk_history(cfg: FdpRandomWalkConfig, walk: np.ndarray, nodes: dict
         batch_size=cfg.train.batch_size, local_steps=privacy.local_steps,
         cap=cap if epsilon is not None else None,
         seed=numpy_secret_rng(seed, cfg.experiment.entropy,
-                              seeded_cell_name(cfg, cell, _GRID, _data(nodes))),
-        eval_every=cfg.train.eval_every, eval_data=nodes["eval"],
+                              seeded_cell_name(cfg, cell, _GRID, _data(nodes), _LATER)),
+        eval_every=cfg.train.eval_every, eval_data=nodes["eval"], model=nodes["model"],
         unsafe_zero_noise=epsilon is None)  # the non-private baseline
     return _plain(out["history"])
 
@@ -413,13 +495,17 @@ def _write_outputs(folder: RunFolder, cfg: FdpRandomWalkConfig, topology, walk: 
         "kind": KIND, "run_dir": str(folder.path), "dataset": nodes["name"],
         "topology": topology.name, "nodes": cfg.data.nodes, "steps": privacy.steps,
         "compositions": cap, "sensitivity": sensitivity, "delta": privacy.delta,
-        "noise_entropy": cfg.experiment.entropy, "table": table, "pairwise": report.summary(),
+        "noise_entropy": cfg.experiment.entropy, "model": cfg.train.model,
+        "hop_map": {"nonexpansive_gap": hop_map_gap(cfg),
+                    "assumed": cfg.privacy.assume_nonexpansive},
+        "table": table, "pairwise": report.summary(),
         "files": ["config.json", "metrics.csv", "results.json", "noise_accuracy.png",
                   "pairwise_epsilon.png", CellLog.FILE],
     }
     _plot_noise_accuracy(folder / "noise_accuracy.png", table, cfg)
     _plot_matrix(folder / "pairwise_epsilon.png", report.epsilon,
-                 f"PN-f-DP ε, {topology.name} n={cfg.data.nodes}, σ={report.sigma:.3g}")
+                 f"PN-f-DP ε, {topology.name} n={cfg.data.nodes}, σ={report.sigma:.3g}"
+                 + ("" if certified(cfg, "pn-fdp") else " (hop map assumed: no guarantee)"))
     folder.write_results(results)
     return results
 
@@ -478,8 +564,8 @@ def _decor_history(cfg: FdpRandomWalkConfig, W: np.ndarray, nodes: dict, cell: s
                     num_classes=nodes["num_classes"], steps=cfg.decor.steps, lr=cfg.decor.lr,
                     clip=cfg.privacy.clip, sigma=sigma, sigma_cor=sigma_cor,
                     batch_size=cfg.decor.batch_size,
-                    seed=numpy_secret_rng(seed, cfg.experiment.entropy,
-                                          seeded_cell_name(cfg, cell, _GRID, _data(nodes))),
+                    seed=numpy_secret_rng(seed, cfg.experiment.entropy, seeded_cell_name(
+                        cfg, cell, _GRID, _data(nodes), _LATER)),
                     eval_every=cfg.train.eval_every, eval_data=nodes["eval"])
     return _plain(out.history)
 
