@@ -90,19 +90,26 @@ def main(argv=None) -> int:
     if args.curves:
         plot_curves(args.run, *args.curves)
     cells = final_cells(args.run)
+    table = json.loads((args.run / "results.json").read_text())["table"]
+    # whether each row's epsilon is a guarantee (results.json since the hop-map gate; DECOR's
+    # and older runs' rows carry no mark: "")
+    marks = {(r["algorithm"], r["accountant"], str(r["epsilon"] or "")): r.get("certified", "")
+             for r in table}
+    for c in cells:
+        c["certified"] = marks.get((c["algorithm"], c["accountant"], c["epsilon"]), "")
     if args.csv:
         args.csv.parent.mkdir(parents=True, exist_ok=True)
         with open(args.csv, "w", newline="") as fh:
             writer = csv.DictWriter(fh, fieldnames=list(cells[0]))
             writer.writeheader()
             writer.writerows(cells)
-    table = json.loads((args.run / "results.json").read_text())["table"]
-    print("| algorithm | accountant | ε | σ | test accuracy (mean ± std over seeds) |")
-    print("|---|---|---|---|---|")
+    print("| algorithm | accountant | ε | σ | test accuracy (mean ± std over seeds) | certified |")
+    print("|---|---|---|---|---|---|")
     for r in table:
         std = "n=1" if r["accuracy_std"] is None else f"{r['accuracy_std']:.3f}"
         print(f"| {r['algorithm']} | {r['accountant']} | {r['epsilon'] or '—'} | "
-              f"{r['sigma']:.4g} | {r['accuracy_mean']:.3f} ± {std} |")
+              f"{r['sigma']:.4g} | {r['accuracy_mean']:.3f} ± {std} | "
+              f"{ {True: 'yes', False: 'NO'}.get(r.get('certified'), '') } |")
     print("\n| algorithm | ε | pair (first − second) | seeds | mean difference | 95 % interval |")
     print("|---|---|---|---|---|---|")
     for c in comparisons(cells):

@@ -34,7 +34,9 @@ from dpdl.errors import DPDLError, require
 
 HELP = "f-DP accounting: PN-f-DP pairwise matrices, DECOR's Sec-f-LDP."
 PAIRWISE_HELP = ("PN-f-DP of random-walk DP-SGD on a graph, pair by pair, beside two RDP "
-                 "baselines (Cyffers et al. 2024 and RDP with exact hitting times).")
+                 "baselines (Cyffers et al. 2024 and RDP with exact hitting times). All "
+                 "assume every hop's update is non-expansive (convex, smooth, a step <= 2/L, "
+                 "a clip that never acts: MATH.md §7); a neural network has local DP only.")
 DECOR_HELP = ("DECOR's Sec-LDP (RDP) and Sec-f-LDP ε for (σ, σ_cor), against an eavesdropper "
               "or with --curious nodes.")
 DEFAULT_GRAPH, DEFAULT_NODES = "hypercube", 32
