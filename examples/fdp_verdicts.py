@@ -93,8 +93,8 @@ def main(argv=None) -> int:
     table = json.loads((args.run / "results.json").read_text())["table"]
     # whether each row's epsilon is a guarantee (results.json since the hop-map gate; DECOR's
     # and older runs' rows carry no mark: "")
-    marks = {(r["algorithm"], r["accountant"], str(r["epsilon"] or "")): r.get("certified", "")
-             for r in table}
+    marks = {(r["algorithm"], r["accountant"], str(r["epsilon"] or "")):
+             r.get("certified", "") if r["epsilon"] else "" for r in table}  # non-private: ""
     for c in cells:
         c["certified"] = marks.get((c["algorithm"], c["accountant"], c["epsilon"]), "")
     if args.csv:
@@ -110,12 +110,16 @@ def main(argv=None) -> int:
         print(f"| {r['algorithm']} | {r['accountant']} | {r['epsilon'] or '—'} | "
               f"{r['sigma']:.4g} | {r['accuracy_mean']:.3f} ± {std} | "
               f"{ {True: 'yes', False: 'NO'}.get(r.get('certified'), '') } |")
-    print("\n| algorithm | ε | pair (first − second) | seeds | mean difference | 95 % interval |")
-    print("|---|---|---|---|---|---|")
+    print("\n| algorithm | ε | pair (first − second) | seeds | mean difference | 95 % interval "
+          "| both certified |")
+    print("|---|---|---|---|---|---|---|")
     for c in comparisons(cells):
+        both = [marks.get((c["algorithm"], a, str(c["epsilon"])), "") for a in
+                (c["first"], c["second"])]
+        mark = "NO" if False in both else ("yes" if both == [True, True] else "")
         print(f"| {c['algorithm']} | {c['epsilon']} | {c['first']} − {c['second']} | "
               f"{c['seeds']} | {100 * c['mean']:+.1f} pts | [{100 * c['low']:+.1f}, "
-              f"{100 * c['high']:+.1f}] |")
+              f"{100 * c['high']:+.1f}] | {mark} |")
     return 0
 
 

@@ -301,7 +301,7 @@ def heat_map_figure(report, baseline, name: str):
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    panels = [("PN-f-DP (certified)", report.epsilon)]
+    panels = [("PN-f-DP (certified for a non-expansive hop map)", report.epsilon)]
     if baseline is not None:
         panels.append(("RDP baseline", baseline.epsilon))
     vmax = max(float(np.nanmax(m)) for _, m in panels)

@@ -279,7 +279,9 @@ def random_walk_dp_sgd(walk: np.ndarray, x_nodes: np.ndarray, y_nodes: np.ndarra
     The walk, batches and noise are secret: ``seed`` is a Generator/SeedSequence (a cell's
     stream), None (OS entropy) or an int (reproducible).  ``sigma`` must be > 0; the
     noise-free baseline needs ``unsafe_zero_noise=True`` and is not private.  ``model`` is
-    one of :mod:`dpdl.extensions.fdp.models` (None: softmax regression)."""
+    one of :mod:`dpdl.extensions.fdp.models` (None: softmax regression).  This function does
+    not check the hop map: a pn-fdp or rdp-baseline σ covers it only where the step is
+    non-expansive (:func:`hop_map_gap`, which the experiment's config enforces)."""
     from dpdl.algorithms.randomness import check_noise_std
     from dpdl.extensions.fdp.decor import sample_batches
 
@@ -315,7 +317,8 @@ def random_walk_dp_sgd(walk: np.ndarray, x_nodes: np.ndarray, y_nodes: np.ndarra
 
 def calibrate_noise(accountant: str, walk: np.ndarray, *, epsilon: float, cfg: PrivacySection,
                     sensitivity: float) -> float:
-    """σ that makes the worst pair meet (ε, δ) under ``accountant``."""
+    """σ that makes the worst pair meet (ε, δ) under ``accountant`` (pn-fdp and rdp-baseline:
+    for a non-expansive hop map, which the caller must ensure: :func:`hop_map_gap`)."""
     from dpdl.accounting.gdp import mu_from_epsilon_delta
     from dpdl.extensions.fdp import accounting as fdp
 
@@ -447,7 +450,8 @@ def _run_random_walk(cfg: FdpRandomWalkConfig, walk: np.ndarray, nodes: dict, ce
                                     "epsilon": epsilon, "sigma": sigma, "seed": seed, **h})
             finals.append(history[-1])
         table.append({**_table_row("random-walk", accountant, epsilon, sigma, finals, entropy),
-                      "certified": epsilon is None or certified(cfg, accountant)})
+                      # the non-private baseline has no epsilon to certify
+                      "certified": None if epsilon is None else certified(cfg, accountant)})
     return table
 
 
@@ -498,6 +502,9 @@ def _write_outputs(folder: RunFolder, cfg: FdpRandomWalkConfig, topology, walk: 
         "noise_entropy": cfg.experiment.entropy, "model": cfg.train.model,
         "hop_map": {"nonexpansive_gap": hop_map_gap(cfg),
                     "assumed": cfg.privacy.assume_nonexpansive},
+        # pn-fdp and rdp-baseline bound what each node sees of the token at its visits; the
+        # evaluations of the token at other times are a simulation view (THREAT_MODEL)
+        "unaccounted_outputs": _unaccounted_outputs(cfg),
         "table": table, "pairwise": report.summary(),
         "files": ["config.json", "metrics.csv", "results.json", "noise_accuracy.png",
                   "pairwise_epsilon.png", CellLog.FILE],
@@ -508,6 +515,19 @@ def _write_outputs(folder: RunFolder, cfg: FdpRandomWalkConfig, topology, walk: 
                  + ("" if certified(cfg, "pn-fdp") else " (hop map assumed: no guarantee)"))
     folder.write_results(results)
     return results
+
+
+def _unaccounted_outputs(cfg: FdpRandomWalkConfig) -> list[str]:
+    """What this run writes that no accountant's epsilon covers."""
+    hidden = [a for a in cfg.privacy.accountants if a in HIDDEN_STATE_ACCOUNTANTS]
+    out = []
+    if hidden:
+        out.append(f"the {'/'.join(hidden)} epsilons cover each node's views of the token at "
+                   "its visits only: metrics.csv and the table's accuracies evaluate the "
+                   "token every train.eval_every steps and at the end")
+    if cfg.train.include_non_private:
+        out.append("the non-private baseline (no noise) and its evaluations")
+    return out
 
 
 def _table_row(algorithm: str, accountant: str, epsilon, sigma: float, finals: list,
@@ -583,7 +603,8 @@ def _plot_noise_accuracy(path: Path, table: list[dict], cfg: FdpRandomWalkConfig
                                                                                  accountant)),
                       key=lambda r: r["epsilon"])
         eps = [r["epsilon"] for r in rows]
-        label = f"{algorithm} / {accountant}"
+        label = f"{algorithm} / {accountant}" + (
+            "" if rows[0].get("certified", True) else " (assumed hop map: no guarantee)")
         ax_noise.plot(eps, [r["sigma"] for r in rows], marker="o", label=label)
         ax_acc.errorbar(eps, [r["accuracy_mean"] for r in rows],
                         # None (one seed) -> NaN: no error bar

@@ -63,11 +63,11 @@ class SoftmaxRegression:
                     "so no smoothness constant is known")
         lipschitz = math.sqrt(2 * (row_norm**2 + 1))
         smoothness = (row_norm**2 + 1) / 2
-        if clip < lipschitz * (1 - 1e-12):
+        if clip < lipschitz:  # the gradient norm is strictly below the bound: C = it is idle
             return (f"privacy.clip = {clip:g} is below the gradient bound "
                     f"sqrt(2(R^2+1)) = {lipschitz:.4g}: clipping the softmax gradient makes "
                     "the step expansive")
-        if lr > 2 / smoothness * (1 + 1e-12):
+        if lr > 2 / smoothness:
             return (f"train.lr = {lr:g} exceeds 2/L = {2 / smoothness:.4g} "
                     f"(L = (R^2+1)/2 = {smoothness:.4g}): the step is expansive")
         return None
