@@ -429,7 +429,13 @@ class Simulator:
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
-    def predict_average(self, inputs: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
+    def _records_per_forward(self, cuda: int, cpu: int) -> int:
+        # On a CPU, small batches keep a forward's activations in cache: the shallow CNN
+        # scores 10000 records in 2.3 s at 256 against 4.8 s at 4096 (same bits, one thread)
+        return cpu if self.device.type == "cpu" else cuda
+
+    def predict_average(self, inputs: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
+        chunk = chunk or self._records_per_forward(cuda=4096, cpu=256)
         params = self.average_params()
         with evaluation_mode(self.model):
             outs = [
@@ -439,8 +445,9 @@ class Simulator:
         return torch.cat(outs)
 
     @torch.no_grad()
-    def predict_nodes(self, inputs: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    def predict_nodes(self, inputs: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
         """Outputs of every hosted node's de-biased model on shared inputs: (m, N, ...)."""
+        chunk = chunk or self._records_per_forward(cuda=1024, cpu=64)  # x m models each
         params = self.debiased_params()
 
         def forward(p, x):
@@ -459,9 +466,10 @@ class Simulator:
         return self._gather_nodes(accuracy(self.predict_nodes(inputs), targets))
 
     @torch.no_grad()
-    def predict_own_inputs(self, inputs: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    def predict_own_inputs(self, inputs: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
         """Outputs of every hosted node's de-biased model on that node's own inputs:
         ``inputs`` (m, N, ...) -> (m, N, ...) (row i through node i's model only)."""
+        chunk = chunk or self._records_per_forward(cuda=1024, cpu=64)
         params = self.debiased_params()
 
         def forward(p, x):
