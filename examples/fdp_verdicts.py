@@ -52,8 +52,11 @@ def comparisons(cells: list[dict]) -> list[dict]:
                                       PAIRS[c["algorithm"]].index((c["first"], c["second"]))))
 
 
-def plot_curves(run: Path, algorithm: str, epsilon: str, path: str) -> None:
-    """Mean test loss (± one std over seeds) of the network model against the iterations."""
+def plot_curves(run: Path, algorithm: str, epsilon: str, path: str,
+                marks: dict | None = None) -> None:
+    """Mean test loss (± one std over seeds) of the model (DECOR: the network average; the
+    random walk: the token) against the iterations; accountants whose epsilon is not a
+    guarantee (``marks``) are labelled so."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -71,9 +74,11 @@ def plot_curves(run: Path, algorithm: str, epsilon: str, path: str) -> None:
         t = np.array(sorted(steps))
         mean = np.array([np.mean(steps[s]) for s in t])
         std = np.array([np.std(steps[s]) for s in t])
-        ax.plot(t, mean, label=accountant)
+        uncertified = (marks or {}).get((algorithm, accountant, epsilon)) is False
+        ax.plot(t, mean, label=accountant + (" (not certified)" if uncertified else ""))
         ax.fill_between(t, mean - std, mean + std, alpha=0.2)
-    ax.set(xlabel="iteration", ylabel="test loss of the network average",
+    ax.set(xlabel="iteration", ylabel="test loss of the " + (
+        "network average" if algorithm == "decor" else "token's model"),
            title=f"{algorithm}, ε = {epsilon} (band: ± one std over seeds)")
     ax.legend()
     fig.tight_layout()
@@ -87,8 +92,6 @@ def main(argv=None) -> int:
     parser.add_argument("--csv", type=Path, help="write one row per run here")
     parser.add_argument("--curves", nargs=3, metavar=("ALGORITHM", "EPSILON", "PNG"))
     args = parser.parse_args(argv)
-    if args.curves:
-        plot_curves(args.run, *args.curves)
     cells = final_cells(args.run)
     table = json.loads((args.run / "results.json").read_text())["table"]
     # whether each row's epsilon is a guarantee (results.json since the hop-map gate; DECOR's
@@ -97,6 +100,8 @@ def main(argv=None) -> int:
              r.get("certified", "") if r["epsilon"] else "" for r in table}  # non-private: ""
     for c in cells:
         c["certified"] = marks.get((c["algorithm"], c["accountant"], c["epsilon"]), "")
+    if args.curves:
+        plot_curves(args.run, *args.curves, marks=marks)
     if args.csv:
         args.csv.parent.mkdir(parents=True, exist_ok=True)
         with open(args.csv, "w", newline="") as fh:
