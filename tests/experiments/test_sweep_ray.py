@@ -198,6 +198,14 @@ def test_a_cell_whose_worker_dies_past_the_retries_is_failed(ray_cluster, tmp_pa
     assert len(_attempts(log, "start", 1)) == 1
 
 
+def _ctrl_c_as_in_a_terminal() -> None:
+    """The driver starts with SIGINT at its default, unblocked, as under a shell: an ignored
+    or blocked SIGINT is inherited across exec, and the test process's may have been changed
+    by whatever ran in it before (the full suite saw the driver finish all six cells)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def test_an_interrupted_driver_keeps_finished_cells_and_runs_the_rest(ray_cluster, tmp_path):
     log = tmp_path / "log"
     config = _sleepy(log, range(6), slow_seeds=[2, 3, 4, 5], slow_seconds=30.0)
@@ -217,6 +225,7 @@ def test_an_interrupted_driver_keeps_finished_cells_and_runs_the_rest(ray_cluste
          "--executor", "ray", "--ray-address", ray_cluster, "--no-progress"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
+        preexec_fn=_ctrl_c_as_in_a_terminal,
     )  # fmt: skip
     deadline = time.time() + 120
     while len(list(finished_cells(out) if (out / "cells").is_dir() else [])) < 2:
