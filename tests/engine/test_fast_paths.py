@@ -188,3 +188,16 @@ def test_a_forked_child_gets_its_own_noise_worker(monkeypatch):
     child = dyn._noise_worker()
     assert child is not parent
     assert child.submit(lambda: 7).result(timeout=10) == 7
+
+
+def test_evaluation_builds_no_autograd_graph_and_any_chunk_gives_the_same_scores(h):
+    n = 3
+    x, y, mask = h.tiny_data(n, [6] * n, seed=2)
+    sim = Simulator(h.tiny_model(), NodeData.from_arrays(x, y, mask), h.ExpGraph(n), lr=0.1, seed=0)
+    sim.step(private=True, clip=1.0, sigma=1.0)
+    x = torch.as_tensor(x).requires_grad_()  # even inputs that ask for a graph get none
+    for predict, inputs in ((sim.predict_average, x[0]), (sim.predict_nodes, x[0]),
+                            (sim.predict_own_inputs, x)):
+        default = predict(inputs)
+        assert not default.requires_grad and default.grad_fn is None
+        torch.testing.assert_close(predict(inputs, chunk=1), default)
