@@ -195,19 +195,23 @@ class FdpRandomWalkConfig(_Section):
                              f"{self.train.model!r}; set decor.enabled = false")
         gap = hop_map_gap(self)
         if gap is not None and not self.privacy.assume_nonexpansive:
-            used = [a for a in self.privacy.accountants if a in HIDDEN_STATE_ACCOUNTANTS]
             raise ValueError(
-                f"privacy.accountants {used} need a non-expansive hop map (amplification by "
-                f"iteration), not proven here: {gap}; use accountants = ['local'], or set "
-                "privacy.assume_nonexpansive = true to reproduce a paper's setting (its "
-                "epsilon is then no guarantee)")
+                f"privacy.accountants {hidden_state_accountants(self)} need a non-expansive "
+                f"hop map (amplification by iteration), not proven here: {gap}; use "
+                "accountants = ['local'], or set privacy.assume_nonexpansive = true to "
+                "reproduce a paper's setting (its epsilon is then no guarantee)")
         return self
+
+
+def hidden_state_accountants(cfg: FdpRandomWalkConfig) -> list[str]:
+    """The run's accountants that are amplification by iteration (HIDDEN_STATE_ACCOUNTANTS)."""
+    return [a for a in cfg.privacy.accountants if a in HIDDEN_STATE_ACCOUNTANTS]
 
 
 def hop_map_gap(cfg: FdpRandomWalkConfig) -> str | None:
     """Why the hop map that pn-fdp and rdp-baseline need is not proven non-expansive for
     this config (None: proven, or no such accountant is asked for)."""
-    if not any(a in HIDDEN_STATE_ACCOUNTANTS for a in cfg.privacy.accountants):
+    if not hidden_state_accountants(cfg):
         return None
     if cfg.privacy.contraction < 1:
         return (f"privacy.contraction = {cfg.privacy.contraction:g} < 1 needs a strongly "
@@ -347,6 +351,7 @@ def _load_nodes(cfg: FdpRandomWalkConfig) -> dict:
     if cfg.data.normalize_rows:  # the norm bound R = 1 the hop-map proof uses
         x_train, x_test = _unit_rows(x_train), _unit_rows(x_test)
     parts = partition(data.y_train, cfg.data.nodes, scheme="iid", seed=cfg.data.split_seed)
+    # unnormalised runs stack the loader's arrays as before: the seeded streams digest them
     x, y, mask = stack_node_data(x_train if cfg.data.normalize_rows else data.x_train,
                                  data.y_train, parts)
     smallest = int(mask.sum(axis=1).min())
@@ -519,7 +524,7 @@ def _write_outputs(folder: RunFolder, cfg: FdpRandomWalkConfig, topology, walk: 
 
 def _unaccounted_outputs(cfg: FdpRandomWalkConfig) -> list[str]:
     """What this run writes that no accountant's epsilon covers."""
-    hidden = [a for a in cfg.privacy.accountants if a in HIDDEN_STATE_ACCOUNTANTS]
+    hidden = hidden_state_accountants(cfg)
     out = []
     if hidden:
         out.append(f"the {'/'.join(hidden)} epsilons cover each node's views of the token at "
