@@ -63,7 +63,7 @@ class SoftmaxRegression:
                     "so no smoothness constant is known")
         lipschitz = math.sqrt(2 * (row_norm**2 + 1))
         smoothness = (row_norm**2 + 1) / 2
-        if clip < lipschitz:  # the gradient norm is strictly below the bound: C = it is idle
+        if clip < lipschitz:  # gradients are strictly below the bound: a clip at it never acts
             return (f"privacy.clip = {clip:g} is below the gradient bound "
                     f"sqrt(2(R^2+1)) = {lipschitz:.4g}: clipping the softmax gradient makes "
                     "the step expansive")
