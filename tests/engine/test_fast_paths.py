@@ -18,7 +18,7 @@ from dpdl.algorithms.dyn_d2p import (
     mean_batch_grads,
     sum_records,
 )
-from dpdl.algorithms.randomness import fill_normals
+from dpdl.algorithms.randomness import fill_normals, normal_rows
 from dpdl.engine import NodeData, Simulator, stack_params
 from dpdl.errors import DPDLError
 
@@ -166,10 +166,16 @@ def test_mean_batch_grads_is_the_autograd_gradient_of_each_nodes_mean_loss(h):
             torch.testing.assert_close(got[name][i], e, rtol=1e-5, atol=1e-6)
 
 
-def test_simulator_reuses_one_noise_buffer(h):
+def test_the_plain_private_step_keeps_no_block_of_normals_and_the_optimisers_reuses_one(h):
+    """Without momentum or weight decay the noise is added group of rows by group of rows (no
+    (n, d) buffer of normals); the optimiser's path draws into one buffer, kept across steps."""
     n = 4
     x, y, mask = h.tiny_data(n, [5] * n, seed=1)
-    sim = Simulator(h.tiny_model(), NodeData.from_arrays(x, y, mask), h.ExpGraph(n), lr=0.1, seed=0)
+    data = NodeData.from_arrays(x, y, mask)
+    plain = Simulator(h.tiny_model(), data, h.ExpGraph(n), lr=0.1, seed=0)
+    plain.step(private=True, clip=1.0, sigma=1.0)
+    assert plain._noise_buffer is None
+    sim = Simulator(h.tiny_model(), data, h.ExpGraph(n), lr=0.1, seed=0, momentum=0.5)
     sim.step(private=True, clip=1.0, sigma=1.0)
     buffer = sim._noise_buffer
     d = sum(p[0].numel() for p in sim.params.values())
@@ -177,6 +183,68 @@ def test_simulator_reuses_one_noise_buffer(h):
     sim.step(private=True, clip=1.0, sigma=1.0)
     assert sim._noise_buffer is buffer
     assert all(bool(p.isfinite().all()) for p in sim.params.values())
+
+
+def test_scaled_noise_is_each_nodes_draw_to_the_bit():
+    """x + s * xi from groups of rows is x + s * (the one (n, d) draw), bit for bit, and leaves
+    every stream where the one draw does (d spans several groups of rows and a short last
+    group: rows of the shallow CNN's size)."""
+    n, d = 7, 114_314  # three rows a group: groups of 3, 3 and 1
+    params = {"w": torch.randn(n, 38_104, 3), "b": torch.randn(n, 2)}
+    assert d == sum(p[0].numel() for p in params.values())
+    assert [hi - lo for lo, hi, _ in normal_rows(make_node_generators(n, 0), d)] == [3, 3, 1]
+    gens, ref = make_node_generators(n, 11), make_node_generators(n, 11)
+    got = dyn.add_scaled_noise(params, 0.37, gens, out={k: torch.empty_like(v)
+                                                         for k, v in params.items()})  # fmt: skip
+    noise = draw_node_noise(ref, d)
+    want = dyn.add_gaussian_noise({k: v.clone() for k, v in params.items()}, 0.37, ref,
+                                  noise=noise, in_place=True)  # fmt: skip
+    for name in params:
+        assert torch.equal(got[name], want[name])
+    assert torch.equal(torch.stack([g.get_state() for g in gens]),
+                       torch.stack([g.get_state() for g in ref]))  # fmt: skip
+
+
+@pytest.mark.parametrize("method", ["book-keeping", "per-record"])
+@pytest.mark.parametrize("rate", [0.4, 0.0])
+def test_fused_private_step_is_steps_three_to_five_one_after_the_other(h, method, rate):
+    """x - (lr/b)(sum of clipped gradients + sigma xi), as one pass over the models, equals
+    the composition of the step's transforms (clipped sums, the node's draw, the SGD step) up
+    to rounding, with the same draws (an empty batch too: rate 0 sends noise only)."""
+    model, params, weights, data = _local_update_args(h)
+    weights = torch.linspace(0.8, 1.2, 5, dtype=torch.float64)
+    lr, b, clip, sigma = 0.3, 2.0, 0.4, 0.8
+    gens = make_node_generators(5, 23)
+    fused = local_update(
+        model, params, weights, data.inputs, data.targets, data.mask, gens, step=0, lr=lr,
+        expected_batch_size=b, sample_rate=rate, private=True, clip=clip, sigma=sigma,
+        clip_method=method,
+    )  # fmt: skip
+    ref = make_node_generators(5, 23)
+    batch = dyn.poisson_sample(data.inputs, data.targets, data.mask, rate, ref)
+    at = dyn.debias(params, weights)
+    sums = dyn.clipped_record_sums(model, at, batch, clip, method=method)
+    noisy = dyn.add_gaussian_noise(sums, sigma, ref)
+    want = dyn.local_sgd_step(params, noisy, lr, b)
+    for name in params:
+        torch.testing.assert_close(fused.params[name], want[name], rtol=1e-6, atol=1e-7)
+    assert torch.equal(fused.batch_sizes, batch.counts)
+    assert torch.equal(torch.stack([g.get_state() for g in gens]),
+                       torch.stack([g.get_state() for g in ref]))  # fmt: skip
+
+
+def test_fused_sgp_step_is_the_mean_gradient_step(h):
+    model, params, weights, data = _local_update_args(h)
+    gens, ref = make_node_generators(5, 4), make_node_generators(5, 4)
+    fused = local_update(
+        model, params, weights, data.inputs, data.targets, data.mask, gens, step=0, lr=0.2,
+        expected_batch_size=2.0, sample_rate=0.5, private=False,
+    )  # fmt: skip
+    batch = dyn.poisson_sample(data.inputs, data.targets, data.mask, 0.5, ref)
+    want = dyn.local_sgd_step(params, mean_batch_grads(model, params, batch), 0.2)
+    for name in params:
+        torch.testing.assert_close(fused.params[name], want[name], rtol=1e-6, atol=1e-7)
+        assert not torch.equal(fused.params[name], params[name])
 
 
 def test_a_forked_child_gets_its_own_noise_worker(monkeypatch):

@@ -49,8 +49,8 @@ import numpy as np
 import torch
 from torch.func import functional_call, grad, vmap
 
-from dpdl.algorithms.per_sample import book_keeping_plan, clipped_sums_by_node, zeroed_like
-from dpdl.algorithms.randomness import SecretStream, derive_key, fill_normals
+from dpdl.algorithms.per_sample import Accumulator, book_keeping_plan, clipped_sums_by_node
+from dpdl.algorithms.randomness import SecretStream, derive_key, fill_normals, normal_rows
 from dpdl.errors import DPDLError, require
 
 Params = dict[str, torch.Tensor]
@@ -273,6 +273,7 @@ def mean_batch_grads(
     loss: str = "cross_entropy",
     buffers: Params | None = None,
     out: Params | None = None,
+    into: Accumulator | None = None,
 ) -> Params:
     """SGP's gradient: mean over node i's sampled batch (zero for an empty batch), (m, *shape).
 
@@ -281,19 +282,21 @@ def mean_batch_grads(
     :func:`~dpdl.algorithms.per_sample.clipped_sums_by_node` without clipping (the
     private step's path, without its clip factors and noise); otherwise the records'
     gradients with the vmap of :func:`per_record_grads`, summed with ``index_add_``.
-    ``out`` ({name: (m, *shape)}, overwritten) receives the gradients.
+    ``out`` ({name: (m, *shape)}, overwritten) receives the gradients; ``into`` (an
+    :class:`~dpdl.algorithms.per_sample.Accumulator`) adds them to its target instead.
     """
     loss_fn = _loss_fn(loss)
+    into = Accumulator.zeros(out, params) if into is None else into
     if batch.size == 0:
-        return zeroed_like(out, params)
+        return into.finish()
     first = next(iter(params.values()))
     weights = 1.0 / batch.counts.clamp_min(1).to(first.dtype)[batch.node]
     plan = book_keeping_plan(model, tuple(batch.inputs.shape[1:]), params)
     if not plan.problems:
         return clipped_sums_by_node(plan, model, params, batch, None, loss_fn=loss_fn,
-                                    buffers=buffers, out=out, weights=weights)  # fmt: skip
+                                    buffers=buffers, weights=weights, into=into)  # fmt: skip
     grads = per_record_grads(model, params, batch, loss=loss, buffers=buffers)
-    return sum_records(grads, batch, weights, in_place=True, out=out)
+    return sum_records(grads, batch, weights, in_place=True, into=into)
 
 
 def _record_norms(grads: Params) -> torch.Tensor:
@@ -322,24 +325,28 @@ def sum_records(
     *,
     in_place: bool = False,
     out: Params | None = None,
+    into: Accumulator | None = None,
 ) -> Params:
     """sum_{r in S_i} factor_r * g_r for every node i: (R, ...) -> (m, ...).
 
     ``factors`` (R,) folds the clipping into the sum.  ``in_place`` scales ``grads`` in place
     (a temporary the caller owns): one fewer gradient-sized allocation, which on CPU costs
     more than the arithmetic (fresh multi-megabyte blocks are page-faulted in every step).
-    ``out`` ({name: (m, ...)}, overwritten) receives the sums instead of fresh tensors.
+    ``out`` ({name: (m, ...)}, overwritten) receives the sums instead of fresh tensors;
+    ``into`` (an :class:`~dpdl.algorithms.per_sample.Accumulator`) adds them to its target.
     """
-    sums = {}
+    if into is None:
+        zeros = ({name: out[name].zero_() for name in grads} if out is not None else
+                 {name: g.new_zeros((batch.n_nodes, *g.shape[1:])) for name, g in grads.items()})
+        into = Accumulator(zeros)
+    scaled = {}
     for name, g in grads.items():
         if factors is not None:
             shaped = factors.reshape(-1, *([1] * (g.dim() - 1))).to(g.dtype)
             g = g.mul_(shaped) if in_place else g * shaped
-        target = out[name].zero_() if out is not None else torch.zeros(
-            (batch.n_nodes, *g.shape[1:]), dtype=g.dtype, device=g.device
-        )
-        sums[name] = target.index_add_(0, batch.node, g)
-    return sums
+        scaled[name] = g
+    into.add_at(batch.node, scaled)
+    return into.finish()
 
 
 CLIP_METHODS = ("auto", "per-record", "book-keeping")
@@ -355,6 +362,7 @@ def clipped_record_sums(
     buffers: Params | None = None,
     method: str = "auto",
     out: Params | None = None,
+    into: Accumulator | None = None,
 ) -> Params:
     """Steps 2-3 summed per node: sum_{r in S_i} g_r min(1, C_k / ||g_r||_2), (m, *shape).
 
@@ -364,15 +372,17 @@ def clipped_record_sums(
     gradients with the node's parameters shared by its records (:mod:`dpdl.algorithms.
     per_sample`; same numbers to rounding, no per-record copy of the weights); "auto" takes
     book-keeping where the model's layers allow it (Linear, Conv2d, GroupNorm, LayerNorm), the
-    per-record path otherwise.  ``out`` ({name: (m, *shape)}, overwritten) receives the sums.
+    per-record path otherwise.  ``out`` ({name: (m, *shape)}, overwritten) receives the sums;
+    ``into`` (an :class:`~dpdl.algorithms.per_sample.Accumulator`) adds them to its target.
     """
     require(method in CLIP_METHODS, f"unknown clipping method {method!r}; choose one of "
             f"{', '.join(CLIP_METHODS)}")  # fmt: skip
     require(isinstance(clip, int | float) and math.isfinite(clip) and clip > 0,
             f"clip bound C_k must be a positive number, got {clip!r}")  # fmt: skip
     loss_fn = _loss_fn(loss)
+    into = Accumulator.zeros(out, params) if into is None else into
     if batch.size == 0:
-        return zeroed_like(out, params)
+        return into.finish()
     if method != "per-record":
         plan = book_keeping_plan(model, tuple(batch.inputs.shape[1:]), params)
         require(
@@ -381,12 +391,12 @@ def clipped_record_sums(
         )
         if not plan.problems:
             return clipped_sums_by_node(
-                plan, model, params, batch, clip, loss_fn=loss_fn, buffers=buffers, out=out
+                plan, model, params, batch, clip, loss_fn=loss_fn, buffers=buffers, into=into
             )
-    return _per_record_clipped_sums(model, params, batch, clip, loss, buffers, out)
+    return _per_record_clipped_sums(model, params, batch, clip, loss, buffers, into)
 
 
-def _per_record_clipped_sums(model, params, batch, clip, loss, buffers, out=None) -> Params:
+def _per_record_clipped_sums(model, params, batch, clip, loss, buffers, into) -> Params:
     grads = per_record_grads(model, params, batch, loss=loss, buffers=buffers)
     norms = _record_norms(grads)
     factors = (clip / norms.clamp_min(1e-30)).clamp(max=1.0)
@@ -396,7 +406,7 @@ def _per_record_clipped_sums(model, params, batch, clip, loss, buffers, out=None
         factors = torch.where(keep, factors, torch.zeros_like(factors))
         for g in grads.values():
             g.nan_to_num_(0.0, 0.0, 0.0).mul_(keep.view(-1, *[1] * (g.dim() - 1)).to(g.dtype))
-    return sum_records(grads, batch, factors, in_place=True, out=out)
+    return sum_records(grads, batch, factors, in_place=True, into=into)
 
 
 def draw_node_noise(
@@ -615,42 +625,106 @@ def local_update(
     the result's parameters are these tensors (no fresh n x d allocations, whose page faults
     dominate large n on CPU).  ``weight_decay`` (lambda) and ``momentum`` (beta, with the
     nodes' ``momentum_buffer`` m, (m, *shape), updated in place) turn the update u into
-    m <- beta m + (u + lambda z) and x^{k+1/2} = x - lr m (MATH.md §4); at 0 and 0 the step
-    is Algorithm 1's, to the bit.
+    m <- beta m + (u + lambda z) and x^{k+1/2} = x - lr m (MATH.md §4).  Without them, steps
+    2-5 run as one pass over the models (:func:`_noisy_local_step`; SGP: x^k, then the mean
+    gradients added with weight -lr): the same numbers as steps 3-5 one after the other, up
+    to rounding.
     """
     if private:
         check_private_noise(sigma, unsafe_zero_noise)
+        _check_clip(clip)
     require(momentum == 0 or momentum_buffer is not None, "momentum needs a momentum_buffer")
     batch = poisson_sample(inputs, targets, record_mask, sample_rate, generators)
     at = debias(params, weights)
-    if private:
-        update = _noisy_clipped_sum(model, at, batch, generators, clip=clip, sigma=sigma,
-                                    loss=loss, buffers=buffers, clip_method=clip_method,
-                                    noise_buffer=noise_buffer, work=work)  # fmt: skip
-        scale = expected_batch_size
-    else:
-        update = mean_batch_grads(model, at, batch, loss=loss, buffers=buffers, out=work)
-        scale = 1.0
+    scale = expected_batch_size if private else 1.0
     if momentum or weight_decay:
+        if private:
+            update = _noisy_clipped_sum(model, at, batch, generators, clip=clip, sigma=sigma,
+                                        loss=loss, buffers=buffers, clip_method=clip_method,
+                                        noise_buffer=noise_buffer, work=work)  # fmt: skip
+        else:
+            update = mean_batch_grads(model, at, batch, loss=loss, buffers=buffers, out=work)
         # u_i^k itself (the /b folded into the step below otherwise: Algorithm 1's rounding)
         update = {name: u.div_(scale) for name, u in update.items()}
-        scale = 1.0
         if weight_decay:
             update = apply_weight_decay(update, at, weight_decay)
         if momentum:
             update = heavy_ball(momentum_buffer, update, momentum)
-    half = local_sgd_step(params, update, lr, scale, out=work)
+        half = local_sgd_step(params, update, lr, out=work)
+    elif private:
+        half = _noisy_local_step(model, params, at, batch, generators, clip=clip, sigma=sigma,
+                                 step_size=lr / scale, loss=loss, buffers=buffers,
+                                 clip_method=clip_method, work=work)  # fmt: skip
+    else:
+        start = _like(params, work)
+        for name, x in params.items():
+            start[name].copy_(x)
+        half = mean_batch_grads(model, at, batch, loss=loss, buffers=buffers,
+                                into=Accumulator(start, alpha=-lr))  # fmt: skip
     # Checked on x^{k+1/2}, the message itself: a private update is finite by construction
     # (finite clipped sums plus noise), so only released values overflowing can trip this.
     _check_finite(half, step, first_node)
     return LocalUpdateResult(half, batch.counts)
 
 
-def _noisy_clipped_sum(model, at, batch, generators, *, clip, sigma, loss, buffers,
-                       clip_method, noise_buffer, work) -> Params:  # fmt: skip
-    """Steps 2-4: sum_j clipped g_ij + N(0, sigma_k^2 I_d) per node, into ``work`` if given."""
+def _like(params: Params, work: Params | None) -> Params:
+    """``work`` (overwritten by the caller) or fresh tensors like ``params``."""
+    return work if work is not None else {name: torch.empty_like(p) for name, p in params.items()}
+
+
+def _check_clip(clip: float | None) -> None:
     require(clip is not None, "a private step needs a clip bound C_k")
     require(math.isfinite(clip) and clip > 0, f"clip bound C_k must be positive, got {clip}")
+
+
+def add_scaled_noise(params: Params, scale: float, generators: Sequence[SecretStream], *,
+                     out: Params) -> Params:  # fmt: skip
+    """out_i = x_i + scale * xi_i for every node, xi_i node i's d standard normals in parameter
+    order (row i of :func:`draw_node_noise`, to the bit), drawn row group by row group into
+    one small block: no (m, d) tensor of normals exists."""
+    first = next(iter(params.values()))
+    sizes = [p[0].numel() for p in params.values()]
+    groups = normal_rows(generators, sum(sizes), dtype=first.dtype, device=first.device)
+    for lo, hi, normals in groups:
+        for (name, x), chunk in zip(params.items(), normals.split(sizes, dim=1), strict=True):
+            torch.add(x[lo:hi], chunk.view(hi - lo, *x.shape[1:]), alpha=scale,
+                      out=out[name][lo:hi])  # fmt: skip
+    return out
+
+
+def _noisy_local_step(model, params, at, batch, generators, *, clip, sigma, step_size, loss,
+                      buffers, clip_method, work) -> Params:  # fmt: skip
+    """Steps 2-5 in one pass over the models: x_i^{k+1/2} = x_i^k - (lr / b)(sum_j clipped
+    g_ij + sigma_k xi_i), into ``work`` (or fresh tensors).
+
+    ``work`` first receives the noisy start x_i^k - (lr sigma_k / b) xi_i (:func:`add_scaled_
+    noise`); each chunk's clipped sums are then added into it with weight -lr / b.  The noise
+    depends only on the generators (already past this step's uniforms), not on the
+    gradients: on CPU a worker thread writes the noisy start while the gradients are
+    computed, and the first chunk waits for it (torch ops release the GIL).  The numbers are
+    those of steps 3-5 one after the other, up to rounding: the same terms, added in another
+    order."""
+    work = _like(params, work)
+    start = partial(add_scaled_noise, params, -step_size * sigma, generators, out=work)
+    on_cpu = next(iter(work.values())).device.type == "cpu"
+    pending = _noise_worker().submit(start) if on_cpu else None
+    if pending is None:
+        start()
+    into = Accumulator(work, alpha=-step_size, ready=None if pending is None else pending.result)
+    try:
+        return clipped_record_sums(model, at, batch, clip, loss=loss, buffers=buffers,
+                                   method=clip_method, into=into)  # fmt: skip
+    except BaseException:
+        if pending is not None:
+            futures_wait([pending])  # never leave a generator (or work) in use after we return
+        raise
+
+
+def _noisy_clipped_sum(model, at, batch, generators, *, clip, sigma, loss, buffers,
+                       clip_method, noise_buffer, work) -> Params:  # fmt: skip
+    """Steps 2-4 for the optimiser's path: sum_j clipped g_ij + N(0, sigma_k^2 I_d) per node,
+    into ``work`` if given (the noise drawn on a worker thread on CPU, as in
+    :func:`_noisy_local_step`)."""
     first = next(iter(at.values()))
     draw = partial(
         draw_node_noise,
@@ -660,9 +734,6 @@ def _noisy_clipped_sum(model, at, batch, generators, *, clip, sigma, loss, buffe
         device=first.device,
         out=noise_buffer,
     )
-    # The noise depends only on the generators (already past this step's uniforms), not on
-    # the gradients: on CPU a worker thread draws it while the gradients are computed.
-    # Same numbers either way; torch ops release the GIL.
     pending = _noise_worker().submit(draw) if first.device.type == "cpu" else None
     try:
         clipped_sum = clipped_record_sums(

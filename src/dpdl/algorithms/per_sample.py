@@ -292,12 +292,18 @@ def _weighted_sums(layer: LayerTerms, terms, factors: torch.Tensor, mask, regrou
         name = layer.weight if key == "weight" else layer.bias
         flat = per_record.reshape(m, B, -1)
         total = torch.bmm(factors.unsqueeze(1).to(flat.dtype), flat).squeeze(1)
-        if regroup is not None:
-            total = torch.zeros(
-                (regroup.n_nodes, total.shape[1]), dtype=total.dtype, device=total.device
-            ).index_add_(0, regroup.unit_node, total)
-        out[name] = total.reshape(-1, *per_record.shape[1:])
+        out[name] = _per_node(total, regroup).reshape(-1, *per_record.shape[1:])
     return out
+
+
+def _per_node(total: torch.Tensor, regroup) -> torch.Tensor:
+    """Per-unit sums (m, ...) as per-node sums: unchanged without ``regroup``, else the sums
+    of each node's units."""
+    if regroup is None:
+        return total
+    return total.new_zeros((regroup.n_nodes, *total.shape[1:])).index_add_(
+        0, regroup.unit_node, total
+    )
 
 
 def _rank_one_sums(layer: LayerTerms, terms: RankOne, factors, mask, regroup) -> Params:
@@ -345,6 +351,8 @@ def _chunk_clipped_sums(
         model, plan.layers, params, buffers, loss_fn, inputs, targets, mask.to(inputs.dtype)
     )
     with torch.no_grad():
+        if clip is None:
+            return _unclipped_sums(plan, acts, out_grads, record_weights, mask, regroup)
         sq, all_terms = _all_layer_terms(plan, acts, out_grads, m * B, mask.device)
         if clip is not None and not bool((sq.isfinite() & (sq >= 0)).all()):
             # A record whose gradient is not finite contributes nothing (a zero vector: norm
@@ -355,14 +363,25 @@ def _chunk_clipped_sums(
             out_grads = [g.flatten(0, 1).mul(keep.view(-1, *[1] * (g.dim() - 2))).view_as(g)
                          .nan_to_num_(0.0, 0.0, 0.0) for g in out_grads]  # fmt: skip
             sq, all_terms = _all_layer_terms(plan, acts, out_grads, m * B, mask.device)
-        if clip is None:
-            factors = record_weights.to(sq.dtype)
-        else:
-            factors = (clip / sq.sqrt().clamp_min(1e-30)).clamp(max=1.0).reshape(m, B)
-            factors = factors * mask
+        factors = (clip / sq.sqrt().clamp_min(1e-30)).clamp(max=1.0).reshape(m, B) * mask
         sums: Params = {}
         for layer, terms in zip(plan.layers, all_terms, strict=True):
             sums.update(_weighted_sums(layer, terms, factors, mask, regroup))
+    return sums
+
+
+def _unclipped_sums(plan, acts, out_grads, weights, mask, regroup) -> Params:
+    """sum_r weights[u, r] * (record r's gradient) per unit (per node with ``regroup``): no
+    norm is needed, so a layer that can sum its records' gradients directly (a convolution:
+    one grouped weight gradient per unit, not one per record) does."""
+    sums: Params = {}
+    for layer, a, g in zip(plan.layers, acts, out_grads, strict=True):
+        direct = layer.unit_sums(a, g, weights)
+        if direct is None:
+            _, terms = layer.terms(a.flatten(0, 1), g.flatten(0, 1))
+            sums.update(_weighted_sums(layer, terms, weights.to(g.dtype), mask, regroup))
+        else:
+            sums.update({name: _per_node(total, regroup) for name, total in direct.items()})
     return sums
 
 
@@ -539,18 +558,62 @@ def zeroed_like(out: Params | None, params: Params) -> Params:
     return {name: out[name].zero_() for name in params}
 
 
+class Accumulator:
+    """Where per-node sums go: ``target[i] += alpha * sum_i`` for the nodes each part covers.
+
+    The plain use collects sums in zeros (``alpha`` 1).  The fused local step (:mod:`dpdl.
+    algorithms.dyn_d2p`) adds the clipped sums, times -lr / b, straight into x^k - (lr sigma /
+    b) xi, which a worker thread may still be writing: ``ready`` (called once, before the first
+    write, and by :meth:`finish` if nothing was written) waits for it and re-raises its error.
+    """
+
+    def __init__(self, target: Params, alpha: float = 1.0,
+                 ready: Callable[[], object] | None = None):  # fmt: skip
+        self.target, self.alpha, self._ready = target, float(alpha), ready
+
+    @classmethod
+    def zeros(cls, out: Params | None, params: Params) -> Accumulator:
+        """Plain sums: ``out`` zeroed (or fresh zeros like ``params``), weight 1."""
+        return cls(zeroed_like(out, params))
+
+    def _wait(self) -> None:
+        if self._ready is not None:
+            ready, self._ready = self._ready, None
+            ready()
+
+    def add_rows(self, lo: int, hi: int, sums: Params) -> None:
+        """Nodes lo..hi-1 receive ``sums`` {name: (hi - lo, *shape)}."""
+        self._wait()
+        for name, total in sums.items():
+            self.target[name][lo:hi].add_(total, alpha=self.alpha)
+
+    def add_at(self, index: torch.Tensor, sums: Params) -> None:
+        """Node ``index[r]`` receives row r of ``sums`` {name: (len(index), *shape)}."""
+        self._wait()
+        for name, total in sums.items():
+            self.target[name].index_add_(0, index, total, alpha=self.alpha)
+
+    def finish(self) -> Params:
+        """The target, once everything (the worker's part included) is in it."""
+        self._wait()
+        return self.target
+
+
 def clipped_sums_by_node(
-    plan: _Plan, model, params, batch, clip, *, loss_fn, buffers=None, out=None, weights=None
-):
+    plan: _Plan, model, params, batch, clip, *, loss_fn, buffers=None, out=None, weights=None,
+    into: Accumulator | None = None,
+):  # fmt: skip
     """sum_{r in S_i} min(1, C / ||g_r||) g_r for every node i of ``batch`` (a
-    :class:`dpdl.algorithms.dyn_d2p.NodeBatch`), {name: (m, *shape)}, into ``out`` if given.
+    :class:`dpdl.algorithms.dyn_d2p.NodeBatch`), {name: (m, *shape)}, into ``out`` if given,
+    or added chunk by chunk through ``into`` (an :class:`Accumulator`; returns its target).
 
     ``clip=None`` with ``weights`` (R,) gives sum_{r in S_i} weights_r g_r instead, unclipped
-    (SGP's mean gradient with weights 1 / |S_i|): the same batched forward, input-gradient
-    backward and per-layer products as the private step, so the non-private step never costs
-    more than the private one."""
+    (SGP's mean gradient with weights 1 / |S_i|): the same batched forward and input-gradient
+    backward as the private step, without per-record terms (each unit's weighted sum
+    directly: no norm is needed), so the non-private step never costs more than the private
+    one."""
     buffers = buffers or {}
-    out = zeroed_like(out, params)
+    into = Accumulator.zeros(out, params) if into is None else into
     device = batch.node.device
     for part in _chunk_inputs(plan, params, batch):
         chunk, regroup = part.chunk, None
@@ -564,10 +627,9 @@ def clipped_sums_by_node(
             plan, model, part.params, buffers, loss_fn, batch.inputs[part.rows],
             batch.targets[part.rows], part.mask, clip, regroup, record_weights,
         )  # fmt: skip
-        for name, total in sums.items():
-            if chunk.view is not None:
-                out[name][chunk.view[0] : chunk.view[1]] += total
-            else:
-                out[name].index_add_(0, idx, total)
+        if chunk.view is not None:
+            into.add_rows(chunk.view[0], chunk.view[1], sums)
+        else:
+            into.add_at(idx, sums)
         del part, sums  # freed before the next chunk's copies and terms are made
-    return out
+    return into.finish()

@@ -41,7 +41,7 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
@@ -70,6 +70,7 @@ __all__ = [
     "derive_key",
     "fill_normals",
     "inclusion_threshold",
+    "normal_rows",
     "numpy_secret_rng",
     "secret_rng",
     "settings_digest",
@@ -264,7 +265,7 @@ def fill_normals(streams: Sequence[SecretStream], out: torch.Tensor) -> torch.Te
     pairs = -(-d // 2)
     # rows in groups: the keystream bytes (1.5x the normals' size) never exist for all rows
     # at once; each row's bytes and transform are the same whatever the grouping
-    rows = max(1, _BYTES_PER_GROUP // (12 * pairs))
+    rows = _rows_per_group(d, hardened=False)
     radius = np.empty((min(rows, m), 8 * pairs), dtype=np.uint8)
     angle = np.empty((min(rows, m), 4 * pairs), dtype=np.uint8)
     for lo in range(0, m, rows):
@@ -278,6 +279,34 @@ def fill_normals(streams: Sequence[SecretStream], out: torch.Tensor) -> torch.Te
             torch.from_numpy(angle[: len(group)]).view(torch.int32).to(out.device),
         )
     return out
+
+
+def normal_rows(streams: Sequence[SecretStream], d: int, *, dtype=None,
+                device=None) -> Iterator[tuple[int, int, torch.Tensor]]:  # fmt: skip
+    """``(lo, hi, normals)`` for consecutive groups of streams: row r of ``normals`` (hi - lo,
+    d) holds stream lo + r's next d standard normals, exactly what :func:`fill_normals` writes
+    into row lo + r.  One small block, reused: valid until the next group is drawn, so no
+    (m, d) tensor of normals ever exists (the caller consumes each group in turn)."""
+    import torch
+
+    m = len(streams)
+    hardened = {s.hardened for s in streams}
+    require(len(hardened) <= 1, "all streams of one draw must use the same sampler")
+    if m == 0:
+        return
+    rows = _rows_per_group(d, hardened=hardened == {True})
+    block = torch.empty((min(rows, m), d), dtype=dtype or torch.float32, device=device)
+    for lo in range(0, m, rows):
+        hi = min(lo + rows, m)
+        yield lo, hi, fill_normals(streams[lo:hi], block[: hi - lo])
+
+
+def _rows_per_group(d: int, *, hardened: bool) -> int:
+    """Rows of normals whose keystream bytes fit in ``_BYTES_PER_GROUP`` (at least one):
+    :func:`fill_normals` transforms the fast sampler's rows in these groups, so
+    :func:`normal_rows`, drawing the same groups, reproduces its bits."""
+    per_row = _HARDENED_BYTES * d if hardened else 12 * -(-d // 2)
+    return max(1, _BYTES_PER_GROUP // max(per_row, 1))
 
 
 _HARDENED_BYTES = 32  # four 53-bit uniforms per hardened normal

@@ -230,7 +230,7 @@ class Simulator:
         )  # fmt: skip
         self.iteration = 0
         self._mixing_cache: dict[int, tuple] = {}
-        self._noise_buffer: torch.Tensor | None = None  # (n, d) normals, reused every step
+        self._noise_buffer: torch.Tensor | None = None  # (n, d) normals (optimiser's path)
         self._work: Params | None = None  # the step's update, then x^{k+1/2}; never exposed
 
     @property
@@ -299,7 +299,9 @@ class Simulator:
         gossips with the graph of ``mixing_round`` (default: the iteration k).
         """
         k = self.iteration
-        if private and self._noise_buffer is None:
+        # only the optimiser's path keeps an (n, d) block of normals: the plain step adds each
+        # group of rows of noise as it is drawn
+        if private and self._noise_buffer is None and (self.momentum or self.weight_decay):
             first = next(iter(self.params.values()))
             d = sum(p[0].numel() for p in self.params.values())
             m = len(self.generators)

@@ -48,6 +48,25 @@ class Conv2dTerms(LayerTerms):
             sq = sq + bias.square().sum(1)
         return sq, terms
 
+    def unit_sums(self, a: torch.Tensor, g: torch.Tensor, weights: torch.Tensor):
+        """Each unit's weighted sum as the weight gradient of one grouped convolution with a
+        group per unit over its B records, (B, m C, H, W) -> (B, m O, H', W'): the records'
+        gradients are never formed one by one (SGP needs no norm)."""
+        conv = self.module
+        m, B = weights.shape
+        gw = g * weights.to(g.dtype).view(m, B, *[1] * (g.dim() - 2))
+        inputs = a.transpose(0, 1).reshape(B, m * conv.in_channels, *a.shape[3:])
+        grads = gw.transpose(0, 1).reshape(B, m * conv.out_channels, *g.shape[3:])
+        weight = a.new_empty((m * conv.out_channels, *conv.weight.shape[1:]))
+        _, grad_weight, _ = torch.ops.aten.convolution_backward(
+            grads, inputs, weight, None, conv.stride, conv_padding(conv), conv.dilation,
+            False, (0, 0), m * conv.groups, (False, True, False),
+        )  # fmt: skip
+        sums = {self.weight: grad_weight.reshape(m, *conv.weight.shape)}
+        if self.bias is not None:
+            sums[self.bias] = gw.sum(dim=(1, *range(3, gw.dim())))
+        return sums
+
     def _per_record_weight_grads(self, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         """(N, *weight shape): record r's weight gradient from its own input a_r and output
         gradient g_r alone.  The N records are the groups of one convolution over a batch of

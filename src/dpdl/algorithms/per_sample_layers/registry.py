@@ -47,6 +47,13 @@ class LayerTerms:
         that every layer keeps; for the chunk planner."""
         raise NotImplementedError
 
+    def unit_sums(self, a: torch.Tensor, g: torch.Tensor, weights: torch.Tensor):
+        """For an unclipped sum (SGP): {parameter name: (m, *parameter shape)}, unit u's
+        sum_r weights[u, r] * (record r's gradient), from ``a`` (m, B, *in_shape), ``g`` (m, B,
+        *out_shape); or None, and the sum is made from :meth:`terms` (what a type whose
+        per-record terms cost little does)."""
+        return None
+
     def terms(self, a: torch.Tensor, g: torch.Tensor):
         """From the layer inputs ``a`` (N, *in_shape) and output gradients ``g`` (N,
         *out_shape) of N records: their squared gradient norms (N,), and what the clipped sum
