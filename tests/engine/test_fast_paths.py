@@ -269,3 +269,29 @@ def test_evaluation_builds_no_autograd_graph_and_any_chunk_gives_the_same_scores
         default = predict(inputs)
         assert not default.requires_grad and default.grad_fn is None
         torch.testing.assert_close(predict(inputs, chunk=1), default)
+
+
+def test_accumulator_holds_parts_until_the_noisy_start_is_written_and_keeps_their_order():
+    """Parts that arrive while the worker still writes the target are held, then added in
+    arrival order (the same bits as adding them at once); the worker's error is raised."""
+    from dpdl.algorithms.per_sample import Accumulator
+
+    parts = [(slice(0, 2), {"w": torch.full((2, 3), 0.1)}),
+             (torch.tensor([1, 1, 0]), {"w": torch.tensor([[1e8] * 3, [-1e8] * 3, [0.3] * 3])})]
+    want = Accumulator({"w": torch.ones(2, 3)}, alpha=-0.7)
+    for where, sums in parts:
+        (want.add_rows(where.start, where.stop, sums) if isinstance(where, slice)
+         else want.add_at(where, sums))  # fmt: skip
+    pending = Future()
+    target = {"w": torch.zeros(2, 3)}
+    held = Accumulator(target, alpha=-0.7, pending=pending)
+    held.add_rows(0, 2, parts[0][1])
+    held.add_at(parts[1][0], parts[1][1])
+    assert torch.equal(target["w"], torch.zeros(2, 3))  # nothing written before the start
+    target["w"].fill_(1.0)  # the worker writes its start, then finishes
+    pending.set_result(None)
+    assert torch.equal(held.finish()["w"], want.finish()["w"])
+    failed = Future()
+    failed.set_exception(RuntimeError("noise draw failed"))
+    with pytest.raises(RuntimeError, match="noise draw failed"):
+        Accumulator({"w": torch.zeros(1)}, pending=failed).finish()

@@ -564,7 +564,8 @@ _NOISE_WORKERS: dict[int, ThreadPoolExecutor] = {}  # process id -> its worker
 
 
 def _noise_worker() -> ThreadPoolExecutor:
-    """One lazily started worker thread per process that draws a step's noise (local_update).
+    """One lazily started worker thread per process for a step's side work (local_update: the
+    noisy start, or SGP's copy of x^k), which needs no gradient.
 
     Keyed by process id: a forked child inherits the parent's executor but not its thread, and
     would wait forever on work submitted to it.
@@ -656,11 +657,8 @@ def local_update(
                                  step_size=lr / scale, loss=loss, buffers=buffers,
                                  clip_method=clip_method, work=work)  # fmt: skip
     else:
-        start = _like(params, work)
-        for name, x in params.items():
-            start[name].copy_(x)
-        half = mean_batch_grads(model, at, batch, loss=loss, buffers=buffers,
-                                into=Accumulator(start, alpha=-lr))  # fmt: skip
+        half = _sgp_local_step(model, params, at, batch, lr=lr, loss=loss, buffers=buffers,
+                               work=work)  # fmt: skip
     # Checked on x^{k+1/2}, the message itself: a private update is finite by construction
     # (finite clipped sums plus noise), so only released values overflowing can trip this.
     _check_finite(half, step, first_node)
@@ -701,16 +699,13 @@ def _noisy_local_step(model, params, at, batch, generators, *, clip, sigma, step
     noise`); each chunk's clipped sums are then added into it with weight -lr / b.  The noise
     depends only on the generators (already past this step's uniforms), not on the
     gradients: on CPU a worker thread writes the noisy start while the gradients are
-    computed, and the first chunk waits for it (torch ops release the GIL).  The numbers are
-    those of steps 3-5 one after the other, up to rounding: the same terms, added in another
-    order."""
+    computed (torch ops release the GIL); chunks done before it are held back until it is,
+    and added in chunk order all the same.  The numbers are those of steps 3-5 one after the
+    other, up to rounding: the same terms, added in another order."""
     work = _like(params, work)
     start = partial(add_scaled_noise, params, -step_size * sigma, generators, out=work)
-    on_cpu = next(iter(work.values())).device.type == "cpu"
-    pending = _noise_worker().submit(start) if on_cpu else None
-    if pending is None:
-        start()
-    into = Accumulator(work, alpha=-step_size, ready=None if pending is None else pending.result)
+    pending = _run_beside(start, work)
+    into = Accumulator(work, alpha=-step_size, pending=pending)
     try:
         return clipped_record_sums(model, at, batch, clip, loss=loss, buffers=buffers,
                                    method=clip_method, into=into)  # fmt: skip
@@ -718,6 +713,34 @@ def _noisy_local_step(model, params, at, batch, generators, *, clip, sigma, step
         if pending is not None:
             futures_wait([pending])  # never leave a generator (or work) in use after we return
         raise
+
+
+def _sgp_local_step(model, params, at, batch, *, lr, loss, buffers, work) -> Params:
+    """SGP's steps 2 and 5 in one pass: x_i^{k+1/2} = x_i^k - lr * (mean gradient of node i's
+    batch), into ``work``: a copy of x^k (on a worker thread on CPU, while the gradients are
+    computed), then each chunk's weighted sums added with weight -lr."""
+    work = _like(params, work)
+
+    def start():
+        for name, x in params.items():
+            work[name].copy_(x)
+
+    pending = _run_beside(start, work)
+    try:
+        return mean_batch_grads(model, at, batch, loss=loss, buffers=buffers,
+                                into=Accumulator(work, alpha=-lr, pending=pending))  # fmt: skip
+    except BaseException:
+        if pending is not None:
+            futures_wait([pending])  # never leave work being written after we return
+        raise
+
+
+def _run_beside(job: Callable[[], object], work: Params):
+    """``job`` on the worker thread on CPU (its future), or at once elsewhere (None)."""
+    if next(iter(work.values())).device.type == "cpu":
+        return _noise_worker().submit(job)
+    job()
+    return None
 
 
 def _noisy_clipped_sum(model, at, batch, generators, *, clip, sigma, loss, buffers,

@@ -47,6 +47,7 @@ import logging
 import math
 import weakref
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
@@ -563,39 +564,48 @@ class Accumulator:
 
     The plain use collects sums in zeros (``alpha`` 1).  The fused local step (:mod:`dpdl.
     algorithms.dyn_d2p`) adds the clipped sums, times -lr / b, straight into x^k - (lr sigma /
-    b) xi, which a worker thread may still be writing: ``ready`` (called once, before the first
-    write, and by :meth:`finish` if nothing was written) waits for it and re-raises its error.
+    b) xi, which a worker thread may still be writing: ``pending`` (a future of that write)
+    holds every part back until it is done, so the chunks keep running meanwhile;
+    :meth:`finish` waits for it, re-raising its error, and adds what was held.
     """
 
-    def __init__(self, target: Params, alpha: float = 1.0,
-                 ready: Callable[[], object] | None = None):  # fmt: skip
-        self.target, self.alpha, self._ready = target, float(alpha), ready
+    def __init__(self, target: Params, alpha: float = 1.0, pending: Future | None = None):
+        self.target, self.alpha, self._pending = target, float(alpha), pending
+        self._held: list[tuple[torch.Tensor | slice, Params]] = []
 
     @classmethod
     def zeros(cls, out: Params | None, params: Params) -> Accumulator:
         """Plain sums: ``out`` zeroed (or fresh zeros like ``params``), weight 1."""
         return cls(zeroed_like(out, params))
 
-    def _wait(self) -> None:
-        if self._ready is not None:
-            ready, self._ready = self._ready, None
-            ready()
-
     def add_rows(self, lo: int, hi: int, sums: Params) -> None:
         """Nodes lo..hi-1 receive ``sums`` {name: (hi - lo, *shape)}."""
-        self._wait()
-        for name, total in sums.items():
-            self.target[name][lo:hi].add_(total, alpha=self.alpha)
+        self._add(slice(lo, hi), sums)
 
     def add_at(self, index: torch.Tensor, sums: Params) -> None:
         """Node ``index[r]`` receives row r of ``sums`` {name: (len(index), *shape)}."""
-        self._wait()
-        for name, total in sums.items():
-            self.target[name].index_add_(0, index, total, alpha=self.alpha)
+        self._add(index, sums)
+
+    def _add(self, where: torch.Tensor | slice, sums: Params) -> None:
+        self._held.append((where, sums))
+        if self._pending is None or self._pending.done():
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._pending is not None:
+            self._pending.result()  # the target is complete (or its writer's error is raised)
+            self._pending = None
+        for where, sums in self._held:
+            for name, total in sums.items():
+                if isinstance(where, slice):
+                    self.target[name][where].add_(total, alpha=self.alpha)
+                else:
+                    self.target[name].index_add_(0, where, total, alpha=self.alpha)
+        self._held.clear()
 
     def finish(self) -> Params:
         """The target, once everything (the worker's part included) is in it."""
-        self._wait()
+        self._flush()
         return self.target
 
 
