@@ -380,3 +380,30 @@ def test_dropout_draws_a_mask_per_record_and_each_record_stays_clipped(method):
     without = clipped_record_sums(model.eval(), params, batch, clip, method=method)
     differs = [not torch.allclose(got[k], without[k]) for k in got]
     assert any(differs)  # the masks were drawn: dropout was on while training
+
+
+@pytest.mark.parametrize("batch", [1, 2, 4, 6])
+@pytest.mark.parametrize("conv", [nn.Conv2d(2, 4, 3, padding="same"),
+                                  nn.Conv2d(4, 6, 3, stride=2, padding=1, groups=2, bias=False),
+                                  nn.Conv2d(6, 5, (3, 2), dilation=(2, 1), padding=(2, 0))])
+def test_a_convolutions_unit_sums_are_its_records_gradients_summed(conv, batch):
+    """SGP's per-unit sums (one convolution per unit from B = 4, one grouped convolution
+    below) equal the sum of the records' own gradients, float64, every padding kind."""
+    from dpdl.algorithms.per_sample_layers import Conv2dTerms
+
+    torch.manual_seed(batch)
+    m = 3
+    a = torch.randn(m, batch, conv.in_channels, 7, 6, dtype=torch.float64)
+    out_shape = conv.double()(a[0]).shape[1:]
+    g = torch.randn(m, batch, *out_shape, dtype=torch.float64)
+    layer = Conv2dTerms(conv, "w", "b" if conv.bias is not None else None)
+    got = layer.unit_sums(a, g)
+    for u in range(m):
+        w = conv.weight.detach().clone().requires_grad_(True)
+        bias = None if conv.bias is None else conv.bias.detach().clone().requires_grad_(True)
+        y = torch.nn.functional.conv2d(a[u], w, bias, conv.stride, conv.padding, conv.dilation,
+                                       conv.groups)  # fmt: skip
+        wanted = torch.autograd.grad((y * g[u]).sum(), [w] + ([bias] if bias is not None else []))
+        torch.testing.assert_close(got["w"][u], wanted[0], rtol=1e-10, atol=1e-12)
+        if bias is not None:
+            torch.testing.assert_close(got["b"][u], wanted[1], rtol=1e-10, atol=1e-12)

@@ -373,16 +373,22 @@ def _chunk_clipped_sums(
 
 def _unclipped_sums(plan, acts, out_grads, weights, mask, regroup) -> Params:
     """sum_r weights[u, r] * (record r's gradient) per unit (per node with ``regroup``): no
-    norm is needed, so a layer that can sum its records' gradients directly (a convolution:
-    one grouped weight gradient per unit, not one per record) does."""
+    norm is needed, so where every real record of a unit has one weight (SGP's 1 / |S_i|), a
+    layer that can sum a unit's gradients directly (a convolution: one weight gradient per
+    unit, not one per record) does, and the sum is scaled after."""
+    m = weights.shape[0]
+    unit = weights[:, :1]  # a unit's first slot is a real record
+    uniform = bool((weights == unit * mask).all())
     sums: Params = {}
     for layer, a, g in zip(plan.layers, acts, out_grads, strict=True):
-        direct = layer.unit_sums(a, g, weights)
+        direct = layer.unit_sums(a, g) if uniform else None
         if direct is None:
             _, terms = layer.terms(a.flatten(0, 1), g.flatten(0, 1))
             sums.update(_weighted_sums(layer, terms, weights.to(g.dtype), mask, regroup))
-        else:
-            sums.update({name: _per_node(total, regroup) for name, total in direct.items()})
+            continue
+        for name, total in direct.items():
+            scale = unit.to(total.dtype).view(m, *[1] * (total.dim() - 1))
+            sums[name] = _per_node(total * scale, regroup)
     return sums
 
 

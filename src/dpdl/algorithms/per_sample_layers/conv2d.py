@@ -48,23 +48,28 @@ class Conv2dTerms(LayerTerms):
             sq = sq + bias.square().sum(1)
         return sq, terms
 
-    def unit_sums(self, a: torch.Tensor, g: torch.Tensor, weights: torch.Tensor):
-        """Each unit's weighted sum as the weight gradient of one grouped convolution with a
-        group per unit over its B records, (B, m C, H, W) -> (B, m O, H', W'): the records'
-        gradients are never formed one by one (SGP needs no norm)."""
-        conv = self.module
-        m, B = weights.shape
-        gw = g * weights.to(g.dtype).view(m, B, *[1] * (g.dim() - 2))
-        inputs = a.transpose(0, 1).reshape(B, m * conv.in_channels, *a.shape[3:])
-        grads = gw.transpose(0, 1).reshape(B, m * conv.out_channels, *g.shape[3:])
-        weight = a.new_empty((m * conv.out_channels, *conv.weight.shape[1:]))
-        _, grad_weight, _ = torch.ops.aten.convolution_backward(
-            grads, inputs, weight, None, conv.stride, conv_padding(conv), conv.dilation,
-            False, (0, 0), m * conv.groups, (False, True, False),
-        )  # fmt: skip
+    def unit_sums(self, a: torch.Tensor, g: torch.Tensor):
+        """Each unit's records' gradients summed, as the weight gradient of a convolution over
+        the unit's B records: one plain convolution per unit (B >= 4, where it is several
+        times faster than a grouped one on CPU), else one grouped convolution with a group per
+        unit, (B, m C, H, W) -> (B, m O, H', W').  No record's gradient is formed alone."""
+        conv, (m, B) = self.module, a.shape[:2]
+        args = (conv.stride, conv_padding(conv), conv.dilation, False, (0, 0))
+        if B >= 4:
+            weight = a.new_empty(conv.weight.shape)  # only its shape is read
+            per_unit = [torch.ops.aten.convolution_backward(
+                g[u], a[u], weight, None, *args, conv.groups, (False, True, False))[1]
+                for u in range(m)]  # fmt: skip
+            grad_weight = torch.stack(per_unit)
+        else:
+            inputs = a.transpose(0, 1).reshape(B, m * conv.in_channels, *a.shape[3:])
+            grads = g.transpose(0, 1).reshape(B, m * conv.out_channels, *g.shape[3:])
+            weight = a.new_empty((m * conv.out_channels, *conv.weight.shape[1:]))
+            grad_weight = torch.ops.aten.convolution_backward(
+                grads, inputs, weight, None, *args, m * conv.groups, (False, True, False))[1]
         sums = {self.weight: grad_weight.reshape(m, *conv.weight.shape)}
         if self.bias is not None:
-            sums[self.bias] = gw.sum(dim=(1, *range(3, gw.dim())))
+            sums[self.bias] = g.sum(dim=(1, *range(3, g.dim())))
         return sums
 
     def _per_record_weight_grads(self, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:

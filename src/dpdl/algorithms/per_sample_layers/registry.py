@@ -47,11 +47,11 @@ class LayerTerms:
         that every layer keeps; for the chunk planner."""
         raise NotImplementedError
 
-    def unit_sums(self, a: torch.Tensor, g: torch.Tensor, weights: torch.Tensor):
-        """For an unclipped sum (SGP): {parameter name: (m, *parameter shape)}, unit u's
-        sum_r weights[u, r] * (record r's gradient), from ``a`` (m, B, *in_shape), ``g`` (m, B,
-        *out_shape); or None, and the sum is made from :meth:`terms` (what a type whose
-        per-record terms cost little does)."""
+    def unit_sums(self, a: torch.Tensor, g: torch.Tensor):
+        """For an unclipped sum (SGP): {parameter name: (m, *parameter shape)}, each unit's
+        records' gradients summed, from ``a`` (m, B, *in_shape) and ``g`` (m, B, *out_shape)
+        (a padding record's g is zero); or None, and the sum is made from :meth:`terms` (what a
+        type whose per-record terms cost little does)."""
         return None
 
     def terms(self, a: torch.Tensor, g: torch.Tensor):
