@@ -7,13 +7,14 @@ import copy
 import csv
 import json
 import math
+import shutil
 
 import numpy as np
 import pytest
 
 from dpdl.errors import DPDLError
 from dpdl.experiments.sweep import finished_cells
-from dpdl.experiments.tune import candidate_points, pick, run_tuning, split_tune
+from dpdl.experiments.tune import candidate_points, pick, run_tuning, split_tune, write_report
 
 BASE = {
     "kind": "decentralized",
@@ -119,6 +120,20 @@ def test_tuning_runs_selection_picks_and_tests_and_resumes(tmp_path):
     # a rerun finds every cell finished and gives the same picks
     again = run_tuning(config(), tmp_path, progress=False)
     assert again["candidates"] == summary["candidates"]
+    # the report of what is on disk (dpdl tune --report) is the run's own summary ...
+    report = write_report(config(), tmp_path)
+    assert report["candidates"] == summary["candidates"] and report["tests"] == summary["tests"]
+    # ... and, of a tuning cut short, says what is missing and picks nothing it cannot
+    shutil.rmtree(tmp_path / "test")
+    shutil.rmtree(tmp_path / "select" / "const-lr-decay")
+    partial = write_report(config(), tmp_path)
+    assert partial["candidates"]["const"] == summary["candidates"]["const"]
+    for by in partial["candidates"]["const-lr-decay"]["by_epsilon"].values():
+        assert by["pick"] is None and not any(row["complete"] for row in by["table"])
+    assert partial["tests"] == []
+    assert "| nan |" in (tmp_path / "tune.md").read_text()
+    with pytest.raises(DPDLError, match="holds no tuning"):
+        write_report(config(), tmp_path / "nowhere")
 
 
 def test_lr_decay_is_the_clip_shaped_step_size():

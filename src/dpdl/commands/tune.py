@@ -17,13 +17,16 @@ def add_arguments(parser) -> None:
 
     add_noise_arguments(parser)
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--report", action="store_true",
+                        help="only write the report (tune.md, tune.json, CSVs) of what the "
+                             "output folder holds so far, e.g. of a tuning still running")
 
 
 def run(args) -> int:
     from dpdl.commands.run import apply_command_overrides, warn_if_reproducible
     from dpdl.errors import DPDLError
     from dpdl.experiments.registry import load_config_file
-    from dpdl.experiments.tune import run_tuning
+    from dpdl.experiments.tune import run_tuning, write_report
 
     if args.workers is not None and args.workers < 1:
         raise DPDLError(f"--workers must be >= 1, got {args.workers}")
@@ -36,7 +39,10 @@ def run(args) -> int:
     warn_if_reproducible(config)
     name = args.preset or Path(args.config).stem
     out = args.output or Path("runs") / "tune" / name
-    summary = run_tuning(config, out, workers=args.workers, progress=not args.no_progress)
+    if args.report:
+        summary = write_report(config, out)
+    else:
+        summary = run_tuning(config, out, workers=args.workers, progress=not args.no_progress)
     picks = {name: {eps: by["pick"] for eps, by in entry["by_epsilon"].items()}
              for name, entry in summary["candidates"].items()}  # fmt: skip
     print(json.dumps({"output": str(out), "picks": picks, "failed": summary["failed"]},

@@ -59,7 +59,8 @@ CANDIDATE_KEYS = {"algorithm", "grid", "zip", "set"}
 RULE = ("the largest mean {metric} over the selection seeds (a point with a failed or missing "
         "seed is never picked; ties: the first point in grid order)")  # fmt: skip
 
-__all__ = ["run_tuning", "split_tune", "candidate_points"]
+__all__ = ["run_tuning", "split_tune", "candidate_points", "sweep_runs", "tuning_summary",
+           "write_report"]
 
 
 # --------------------------------------------------------------------------- config
@@ -162,9 +163,12 @@ def _test_sweep(base: dict, tune: dict, algorithm: str, settings: dict, eps: flo
     return config
 
 
-def _runs(sweep_dir: Path, metric: str) -> list[dict]:
-    """One entry per (cell, run) of a sweep folder: its overrides, seed, ε and numbers."""
+def sweep_runs(sweep_dir: Path, metric: str) -> list[dict]:
+    """One entry per (cell, run) of a sweep folder: its overrides, seed, ε and numbers (none
+    for a folder not started yet)."""
     out = []
+    if not (Path(sweep_dir) / "cells").is_dir():
+        return out
     for _, record in finished_cells(sweep_dir):
         overrides = record["overrides"]
         for cell in record["results"].get("cells", []):
@@ -224,59 +228,98 @@ def run_tuning(config: dict, out: Path, *, workers: int | None = None,
 
 
 def _run_tuning(base, tune, out, metric, workers, progress, pool) -> dict[str, Any]:
-    epsilons = _epsilons(base)
-    summary: dict[str, Any] = {"rule": RULE.format(metric=metric), "metric": metric,
-                               "epsilons": epsilons, "candidates": {}, "baselines": {},
-                               "failed": {}}  # fmt: skip
+    failed: dict[str, Any] = {}
     for name, cand in tune["candidates"].items():  # 1. selection, every candidate first
         result = run_sweep(_selection_sweep(base, tune, cand), out / "select" / name,
                            workers=workers, progress=progress, runner=pool)  # fmt: skip
-        summary["failed"] |= {f"select/{name}/{k}": v for k, v in result["failed"].items()}
-    for name, cand in tune["candidates"].items():  # 2. picks
-        points = candidate_points(cand)
-        runs = _runs(out / "select" / name, metric)
-        entry = {"algorithm": cand["algorithm"], "fixed": cand.get("set", {}),
-                 "grid": cand.get("grid", {}), "zip": cand.get("zip", {}),
-                 "points": len(points), "by_epsilon": {}}  # fmt: skip
-        for eps in epsilons:
-            table, best = pick(points, runs, tune["selection_seeds"], eps, metric)
-            entry["by_epsilon"][f"{eps:g}"] = {
-                "table": table,
-                "pick": None if best is None else table[best]["point"],
-            }
-        summary["candidates"][name] = entry
-    tests = []  # 3. the picks and the baselines on the test seeds
-    for name, entry in summary["candidates"].items():
-        for eps in epsilons:
-            chosen = entry["by_epsilon"][f"{eps:g}"]["pick"]
-            if chosen is not None:
-                settings = {**entry["fixed"], **chosen}
-                tests.append((name, entry["algorithm"], settings, eps, "tuned"))
-    for name, base_line in tune["baselines"].items():
-        summary["baselines"][name] = {"algorithm": base_line["algorithm"],
-                                      "set": base_line.get("set", {})}  # fmt: skip
-        for eps in epsilons:
-            tests.append((name, base_line["algorithm"], base_line.get("set", {}), eps,
-                          "untuned"))  # fmt: skip
-    test_rows = []
-    for name, algorithm, settings, eps, kind in tests:
-        folder = out / "test" / f"{name}-eps{eps:g}"
+        failed |= {f"select/{name}/{k}": v for k, v in result["failed"].items()}
+    epsilons = _epsilons(base)
+    for name, algorithm, settings, eps, _ in _test_plan(
+        _candidates(tune, out, metric, epsilons), tune, epsilons
+    ):
+        folder = out / "test" / f"{name}-eps{eps:g}"  # 3. the picks and baselines, test seeds
         result = run_sweep(_test_sweep(base, tune, algorithm, settings, eps), folder,
                            workers=workers, progress=progress, runner=pool)  # fmt: skip
-        summary["failed"] |= {f"test/{folder.name}/{k}": v for k, v in result["failed"].items()}
-        for run in _runs(folder, metric):
+        failed |= {f"test/{folder.name}/{k}": v for k, v in result["failed"].items()}
+    summary = tuning_summary(base, tune, out)
+    summary["failed"] = failed
+    _write(out, summary, tune)  # 4.
+    return summary
+
+
+def tuning_summary(base: dict, tune: dict, out: Path) -> dict[str, Any]:
+    """What the folders under ``out`` hold so far: every candidate's grid points with their
+    validation numbers and picks (2.), and the finished test runs (3.); a point or a test
+    not run yet is reported as missing.  ``dpdl tune --report`` writes it for a running
+    tuning."""
+    metric = tune["metric"]
+    summary: dict[str, Any] = {"rule": RULE.format(metric=metric), "metric": metric,
+                               "epsilons": _epsilons(base), "failed": {},
+                               "candidates": _candidates(tune, out, metric, _epsilons(base)),
+                               "baselines": {name: {"algorithm": b["algorithm"],
+                                                    "set": b.get("set", {})}
+                                             for name, b in tune["baselines"].items()}}  # fmt: skip
+    test_rows = []
+    for name, algorithm, settings, eps, kind in _test_plan(summary["candidates"], tune,
+                                                            summary["epsilons"]):  # fmt: skip
+        folder = out / "test" / f"{name}-eps{eps:g}"
+        for run in sweep_runs(folder, metric):
             test_rows.append({"name": name, "kind": kind, "algorithm": algorithm,
                               "settings": json.dumps(settings, sort_keys=True), **{
                                   k: run[k] for k in ("seed", "epsilon", "status",
                                                       "test_accuracy", "epsilon_certified")}})
     summary["tests"] = test_rows
-    _write(out, summary, tune)  # 4.
     return summary
+
+
+def _candidates(tune: dict, out: Path, metric: str, epsilons=None) -> dict[str, Any]:
+    """2. Every candidate's points at every ε, with the pick (None until one is complete)."""
+    out_candidates = {}
+    for name, cand in tune["candidates"].items():
+        points = candidate_points(cand)
+        runs = sweep_runs(out / "select" / name, metric)
+        entry = {"algorithm": cand["algorithm"], "fixed": cand.get("set", {}),
+                 "grid": cand.get("grid", {}), "zip": cand.get("zip", {}),
+                 "points": len(points), "by_epsilon": {}}  # fmt: skip
+        for eps in epsilons or sorted({r["epsilon"] for r in runs}):
+            table, best = pick(points, runs, tune["selection_seeds"], eps, metric)
+            entry["by_epsilon"][f"{eps:g}"] = {
+                "table": table,
+                "pick": None if best is None else table[best]["point"],
+            }
+        out_candidates[name] = entry
+    return out_candidates
+
+
+def _test_plan(candidates: dict, tune: dict, epsilons=None) -> list[tuple]:
+    """(name, algorithm, settings, ε, "tuned" | "untuned") of every test sweep: each
+    candidate's pick at each ε (once it has one), and every baseline."""
+    plan = []
+    for name, entry in candidates.items():
+        for eps_text, by in entry["by_epsilon"].items():
+            if by["pick"] is not None:
+                plan.append((name, entry["algorithm"], {**entry["fixed"], **by["pick"]},
+                             float(eps_text), "tuned"))  # fmt: skip
+    every_eps = epsilons or sorted({float(e) for entry in candidates.values()
+                                    for e in entry["by_epsilon"]})  # fmt: skip
+    for name, base_line in tune["baselines"].items():
+        for eps in every_eps:
+            plan.append((name, base_line["algorithm"], base_line.get("set", {}), eps, "untuned"))
+    return plan
 
 
 # --------------------------------------------------------------------------- the write-up
 def _point_text(point: dict) -> str:
     return " ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in point.items()) or "(base)"
+
+
+def write_report(config: dict, out: Path) -> dict[str, Any]:
+    """The report of what ``out`` holds so far (see :func:`tuning_summary`), runs nothing."""
+    base, tune = split_tune(config)
+    require((Path(out) / "select").is_dir(), f"{out} holds no tuning (no select/ folder)")
+    summary = tuning_summary(base, tune, Path(out))
+    _write(Path(out), summary, tune)
+    return summary
 
 
 def _write(out: Path, summary: dict, tune: dict) -> None:
@@ -310,7 +353,7 @@ def _write(out: Path, summary: dict, tune: dict) -> None:
              f"Rule: {summary['rule']}. Every candidate got {_budget(summary)} grid points "
              f"(selection seeds {tune['selection_seeds']}, test seeds {tune['test_seeds']}). "
              "Choosing on the validation records is outside the per-run ε: they are declared "
-             "public (docs/THREAT_MODEL.md).", ""]  # fmt: skip
+             "public (docs/THREAT_MODEL.md).", "", _progress(summary, tune), ""]  # fmt: skip
     for name, entry in summary["candidates"].items():
         grid = "; ".join(f"{k} ∈ {v}" for k, v in {**entry["grid"], **entry["zip"]}.items())
         fixed = ", ".join(f"{k} = {v}" for k, v in entry["fixed"].items())
@@ -337,6 +380,25 @@ def _write(out: Path, summary: dict, tune: dict) -> None:
         lines += ["## Seed-paired comparisons (test accuracy, 95 % t-intervals)", "",
                   markdown_comparisons(comparisons), ""]  # fmt: skip
     (out / "tune.md").write_text("\n".join(lines) + "\n")
+
+
+def _progress(summary: dict, tune: dict) -> str:
+    """How much has run: selection runs per candidate and test runs, of all that will."""
+    seeds, eps = len(tune["selection_seeds"]), len(summary["epsilons"])
+    parts = []
+    for name, entry in summary["candidates"].items():
+        done = sum(v is not None for by in entry["by_epsilon"].values() for row in by["table"]
+                   for v in row["values"].values())  # fmt: skip
+        parts.append(f"{name} {done}/{entry['points'] * seeds * eps}")
+    planned = (sum(1 for entry in summary["candidates"].values()
+                   for by in entry["by_epsilon"].values() if by["pick"] is not None)
+               + len(summary["baselines"]) * eps) * len(tune["test_seeds"])  # fmt: skip
+    complete = all(row["complete"] for entry in summary["candidates"].values()
+                   for by in entry["by_epsilon"].values() for row in by["table"])  # fmt: skip
+    status = "" if complete else (" Selection is not finished: a pick is the best of the "
+                                  "points complete so far, and may change.")  # fmt: skip
+    return (f"Runs finished: selection {', '.join(parts)}; test {len(summary['tests'])} of "
+            f"{planned} planned so far.{status}")
 
 
 def _budget(summary: dict) -> int:
