@@ -18,8 +18,9 @@ graph.  One line per case, each the median over rounds of the per-round ratio to
     floor n=N b=B: dp R.RRx sgp R.RRx opacus R.RRx opacus-ghost R.RRx
 
 then ms/step of each (and of ``floor-chunked``: the floor in batches of 64 records, its
-cache-friendly form at large n·b), and the peak memory of each contender at n = 64, b = 16 (a fresh
-process each, the growth of VmHWM over the set-up).  Run on a quiet machine, one thread:
+cache-friendly form at large n·b), and the peak memory of each contender at n = 64, b = 16
+(the growth of VmHWM over the set-up of a fresh process; the median over three such
+processes).  Run on a quiet machine, one thread:
 
     .venv/bin/python benchmarks/bench_floor.py --threads 1 [--nodes 20 64]
         [--batches 1 4 16 64] [--rounds 3] [--seconds 0.5] [--memory] [--device cpu]
@@ -193,19 +194,27 @@ def measure_one(spec: dict) -> dict:
     return {"seconds": seconds, "peak_mb": (peak_kib - base_kib) / 1024 if reset else None}
 
 
-def memory(J: int, threads: int, device, who) -> None:
-    print(f"\npeak memory n=64 b=16 (fresh process each; load {os.getloadavg()[0]:.1f})")
+def memory(J: int, threads: int, device, who, repeats: int = 3) -> None:
+    """Peak memory growth of each contender at n = 64, b = 16: the median over ``repeats``
+    fresh processes, with the range (one process's figure moves with where the allocator's
+    arenas happen to lie)."""
+    print(f"\npeak memory n=64 b=16 (median [range] over {repeats} fresh processes each; "
+          f"load {os.getloadavg()[0]:.1f})")  # fmt: skip
     for name in who:
         spec = {"who": name, "n": 64, "b": 16, "J": J, "steps": 2, "threads": threads,
                 "device": str(device)}  # fmt: skip
-        out = subprocess.run(
-            [sys.executable, __file__, "--measure-one", json.dumps(spec)],
-            check=True, capture_output=True, text=True,
-        )  # fmt: skip
-        r = json.loads(out.stdout.strip().splitlines()[-1])
-        peak = "n/a" if r["peak_mb"] is None else f"{r['peak_mb']:.0f} MB"
-        print(f"memory {name:12s}: peak {peak} over the set-up, {r['seconds'] * 1e3:.0f} ms/step",
-              flush=True)  # fmt: skip
+        results = []
+        for _ in range(repeats):
+            out = subprocess.run(
+                [sys.executable, __file__, "--measure-one", json.dumps(spec)],
+                check=True, capture_output=True, text=True,
+            )  # fmt: skip
+            results.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        peaks = [r["peak_mb"] for r in results if r["peak_mb"] is not None]
+        peak = (f"{np.median(peaks):.0f} MB [{min(peaks):.0f}..{max(peaks):.0f}]"
+                if peaks else "n/a")  # fmt: skip
+        ms = np.median([r["seconds"] for r in results]) * 1e3
+        print(f"memory {name:12s}: peak {peak} over the set-up, {ms:.0f} ms/step", flush=True)
 
 
 def main() -> None:
@@ -220,6 +229,8 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", choices=CONTENDERS[1:], default=None,
                         help="contenders beside the floor (default: all)")  # fmt: skip
     parser.add_argument("--memory", action="store_true")
+    parser.add_argument("--memory-repeats", type=int, default=3,
+                        help="fresh processes per contender for the peak memory")
     parser.add_argument("--measure-one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure_one:
@@ -239,7 +250,7 @@ def main() -> None:
         for b in args.batches:
             report(n, b, case(n, b, args.records, args.rounds, args.seconds, device, who))
     if args.memory:
-        memory(args.records, args.threads, device, who)
+        memory(args.records, args.threads, device, who, args.memory_repeats)
 
 
 if __name__ == "__main__":
