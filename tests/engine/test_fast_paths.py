@@ -18,7 +18,7 @@ from dpdl.algorithms.dyn_d2p import (
     mean_batch_grads,
     sum_records,
 )
-from dpdl.algorithms.randomness import fill_normals, normal_rows
+from dpdl.algorithms.randomness import _normal_row_groups, fill_normals
 from dpdl.engine import NodeData, Simulator, stack_params
 from dpdl.errors import DPDLError
 
@@ -192,7 +192,7 @@ def test_scaled_noise_is_each_nodes_draw_to_the_bit():
     n, d = 7, 114_314  # three rows a group: groups of 3, 3 and 1
     params = {"w": torch.randn(n, 38_104, 3), "b": torch.randn(n, 2)}
     assert d == sum(p[0].numel() for p in params.values())
-    assert [hi - lo for lo, hi, _ in normal_rows(make_node_generators(n, 0), d)] == [3, 3, 1]
+    assert [hi - lo for lo, hi, _ in _normal_row_groups(make_node_generators(n, 0), d)] == [3, 3, 1]
     gens, ref = make_node_generators(n, 11), make_node_generators(n, 11)
     got = dyn.add_scaled_noise(params, 0.37, gens, out={k: torch.empty_like(v)
                                                          for k, v in params.items()})  # fmt: skip
@@ -295,3 +295,71 @@ def test_accumulator_holds_parts_until_the_noisy_start_is_written_and_keeps_thei
     failed.set_exception(RuntimeError("noise draw failed"))
     with pytest.raises(RuntimeError, match="noise draw failed"):
         Accumulator({"w": torch.zeros(1)}, pending=failed).finish()
+
+
+def test_a_node_without_its_own_stream_or_data_is_refused_before_anything_is_released(h):
+    """More model rows than streams or data rows: refused, never a row sent without noise."""
+    model, params, weights, data = _local_update_args(h)
+    extra = {k: torch.cat([v, v[:1]]) for k, v in params.items()}
+    kwargs = dict(step=0, lr=0.3, expected_batch_size=2.0, sample_rate=0.5, private=True,
+                  clip=0.4, sigma=0.8)  # fmt: skip
+    with pytest.raises(DPDLError, match="must hold the data's 5 nodes"):
+        local_update(model, extra, torch.ones(6, dtype=torch.float64), data.inputs,
+                     data.targets, data.mask, make_node_generators(5, 1), **kwargs)  # fmt: skip
+    with pytest.raises(DPDLError, match="one generator per node: 5 for 6"):
+        dyn.add_scaled_noise(extra, 0.1, make_node_generators(5, 1),
+                             out={k: torch.empty_like(v) for k, v in extra.items()})  # fmt: skip
+
+
+class _SlowWorker:
+    """Stands in for the step's worker thread: starts each job only after a delay, so the
+    gradients are done long before the noisy start (or SGP's copy of x) is written."""
+
+    def __init__(self, delay: float = 0.3):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.pool, self.delay = ThreadPoolExecutor(max_workers=1), delay
+
+    def submit(self, fn):
+        import time
+
+        return self.pool.submit(lambda: (time.sleep(self.delay), fn())[1])
+
+
+@pytest.mark.parametrize("private", [True, False])
+def test_nothing_is_returned_before_the_workers_part_is_written(private, monkeypatch):
+    """End to end, at a model size where the groups of rows take real time: a worker that
+    starts late changes no bit of x^{k+1/2} (the chunks wait for it), against the step's
+    transforms one after the other."""
+    n, counts = 6, [10, 9, 10, 8, 10, 10]
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Linear(784, 128), torch.nn.ReLU(),
+                                torch.nn.Linear(128, 10))  # d = 101,770: several row groups
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(n, 10, 784)).astype(np.float32)
+    y = rng.integers(0, 10, size=(n, 10))
+    data = NodeData.from_arrays(x, y, np.arange(10)[None, :] < np.asarray(counts)[:, None])
+    params = stack_params(model, n, torch.device("cpu"))
+    weights = torch.ones(n, dtype=torch.float64)
+    kwargs = dict(step=0, lr=0.2, expected_batch_size=3.0, sample_rate=0.3, private=private,
+                  clip=0.5, sigma=0.9)  # fmt: skip
+    results = []
+    for worker in (_SlowWorker(), _RunNow()):
+        monkeypatch.setattr(dyn, "_noise_worker", lambda w=worker: w)
+        work = {k: torch.full_like(v, 7.0) for k, v in params.items()}  # stale contents
+        results.append(local_update(model, params, weights, data.inputs, data.targets,
+                                    data.mask, make_node_generators(n, 9), work=work,
+                                    **kwargs))  # fmt: skip
+    ref = make_node_generators(n, 9)
+    batch = dyn.poisson_sample(data.inputs, data.targets, data.mask, 0.3, ref)
+    if private:
+        sums = dyn.clipped_record_sums(model, params, batch, 0.5)
+        want = dyn.local_sgd_step(params, dyn.add_gaussian_noise(sums, 0.9, ref), 0.2, 3.0)
+    else:
+        want = dyn.local_sgd_step(params, mean_batch_grads(model, params, batch), 0.2)
+    for name in params:
+        assert torch.equal(results[0].params[name], results[1].params[name])
+        torch.testing.assert_close(results[0].params[name], want[name], rtol=1e-5, atol=1e-6)
+    with pytest.raises(DPDLError, match="must not share memory"):
+        local_update(model, params, weights, data.inputs, data.targets, data.mask,
+                     make_node_generators(n, 9), work=params, **kwargs)  # fmt: skip

@@ -50,7 +50,7 @@ import torch
 from torch.func import functional_call, grad, vmap
 
 from dpdl.algorithms.per_sample import Accumulator, book_keeping_plan, clipped_sums_by_node
-from dpdl.algorithms.randomness import SecretStream, derive_key, fill_normals, normal_rows
+from dpdl.algorithms.randomness import SecretStream, _normal_row_groups, derive_key, fill_normals
 from dpdl.errors import DPDLError, require
 
 Params = dict[str, torch.Tensor]
@@ -635,6 +635,11 @@ def local_update(
         check_private_noise(sigma, unsafe_zero_noise)
         _check_clip(clip)
     require(momentum == 0 or momentum_buffer is not None, "momentum needs a momentum_buffer")
+    m = record_mask.shape[0]
+    require(all(p.shape[0] == m for p in params.values()) and weights.shape == (m,),
+            f"the models and push-sum weights must hold the data's {m} nodes, got rows "
+            f"{sorted({p.shape[0] for p in params.values()})}, weights "
+            f"{tuple(weights.shape)}")  # fmt: skip
     batch = poisson_sample(inputs, targets, record_mask, sample_rate, generators)
     at = debias(params, weights)
     scale = expected_batch_size if private else 1.0
@@ -666,8 +671,15 @@ def local_update(
 
 
 def _like(params: Params, work: Params | None) -> Params:
-    """``work`` (overwritten by the caller) or fresh tensors like ``params``."""
-    return work if work is not None else {name: torch.empty_like(p) for name, p in params.items()}
+    """``work`` (overwritten by the caller) or fresh tensors like ``params``.  ``work`` must not
+    share memory with the models: the worker thread writes it while the gradients are taken
+    at the models."""
+    if work is None:
+        return {name: torch.empty_like(p) for name, p in params.items()}
+    require(not any(work[name].untyped_storage().data_ptr() == p.untyped_storage().data_ptr()
+                    for name, p in params.items()),
+            "the work buffer must not share memory with the models")  # fmt: skip
+    return work
 
 
 def _check_clip(clip: float | None) -> None:
@@ -681,8 +693,13 @@ def add_scaled_noise(params: Params, scale: float, generators: Sequence[SecretSt
     order (row i of :func:`draw_node_noise`, to the bit), drawn row group by row group into
     one small block: no (m, d) tensor of normals exists."""
     first = next(iter(params.values()))
+    m = first.shape[0]
+    # fail closed: a row without its own stream would be released without noise
+    require(len(generators) == m, f"need one generator per node: {len(generators)} for {m}")
+    require(all(p.shape[0] == m and out[name].shape == p.shape for name, p in params.items()),
+            "the models and the work buffer must hold the same nodes and shapes")  # fmt: skip
     sizes = [p[0].numel() for p in params.values()]
-    groups = normal_rows(generators, sum(sizes), dtype=first.dtype, device=first.device)
+    groups = _normal_row_groups(generators, sum(sizes), dtype=first.dtype, device=first.device)
     for lo, hi, normals in groups:
         for (name, x), chunk in zip(params.items(), normals.split(sizes, dim=1), strict=True):
             torch.add(x[lo:hi], chunk.view(hi - lo, *x.shape[1:]), alpha=scale,

@@ -70,7 +70,6 @@ __all__ = [
     "derive_key",
     "fill_normals",
     "inclusion_threshold",
-    "normal_rows",
     "numpy_secret_rng",
     "secret_rng",
     "settings_digest",
@@ -281,12 +280,13 @@ def fill_normals(streams: Sequence[SecretStream], out: torch.Tensor) -> torch.Te
     return out
 
 
-def normal_rows(streams: Sequence[SecretStream], d: int, *, dtype=None,
-                device=None) -> Iterator[tuple[int, int, torch.Tensor]]:  # fmt: skip
+def _normal_row_groups(streams: Sequence[SecretStream], d: int, *, dtype=None,
+                       device=None) -> Iterator[tuple[int, int, torch.Tensor]]:  # fmt: skip
     """``(lo, hi, normals)`` for consecutive groups of streams: row r of ``normals`` (hi - lo,
     d) holds stream lo + r's next d standard normals, exactly what :func:`fill_normals` writes
-    into row lo + r.  One small block, reused: valid until the next group is drawn, so no
-    (m, d) tensor of normals ever exists (the caller consumes each group in turn)."""
+    into row lo + r.  One small block, **reused**: the next group overwrites it, so no (m, d)
+    tensor of normals ever exists.  Use each group before asking for the next (never collect
+    them: every collected block would be the last group's noise)."""
     import torch
 
     m = len(streams)
@@ -304,7 +304,7 @@ def normal_rows(streams: Sequence[SecretStream], d: int, *, dtype=None,
 def _rows_per_group(d: int, *, hardened: bool) -> int:
     """Rows of normals whose keystream bytes fit in ``_BYTES_PER_GROUP`` (at least one):
     :func:`fill_normals` transforms the fast sampler's rows in these groups, so
-    :func:`normal_rows`, drawing the same groups, reproduces its bits."""
+    :func:`_normal_row_groups`, drawing the same groups, reproduces its bits."""
     per_row = _HARDENED_BYTES * d if hardened else 12 * -(-d // 2)
     return max(1, _BYTES_PER_GROUP // max(per_row, 1))
 
