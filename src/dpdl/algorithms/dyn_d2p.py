@@ -20,7 +20,11 @@ u_i^k = (...) / b through :func:`apply_weight_decay` (u + lambda z_i^k) and :fun
 accounting is unchanged.
 
 Steps 1-5 are :func:`local_update` (acts on any block of nodes: the distributed runtime calls
-it on its rank's block), step 6 is the mixing; :func:`dyn_d2p_step` chains both.  Steps 2-3,
+it on its rank's block), step 6 is the mixing; :func:`dyn_d2p_step` chains both.  Without the
+optimiser options, :func:`local_update` runs steps 2-5 as one pass over the models
+(:func:`_noisy_local_step`): x^k - (gamma sigma_k / b) xi first (:func:`add_scaled_noise`),
+then the clipped sums added with weight -gamma / b; the same terms as 3-5 one after the
+other, in another order (equal up to rounding: tests compare the two).  Steps 2-3,
 summed per node, are :func:`clipped_record_sums`: book-keeping clipping
 (:mod:`dpdl.algorithms.per_sample`: no per-record gradient, no per-record weight copy) where
 the model allows it, else steps 2-3 literally as above.
@@ -30,9 +34,9 @@ Randomness is per node: one secret stream per node (ChaCha20 under a 256-bit key
 :mod:`dpdl.algorithms.randomness`) draws, in this order each step, the node's J_i sampling
 words and then (private algorithms only) its d noise normals, so a node draws the same numbers
 whichever process hosts it.  Reading the n streams is the one per-node loop of the step; all
-arithmetic is batched over nodes.  On CPU the noise draw (n x d normals, nothing to do with
-the gradients) runs on a worker thread while the gradients are computed, which hides it when
-a core is free; the numbers drawn are the same either way.
+arithmetic is batched over nodes.  On CPU the noisy start (n x d normals, nothing to do with
+the gradients) is written on a worker thread while the gradients are computed, which hides it
+when a core is free; the numbers are the same either way.
 """
 
 from __future__ import annotations
