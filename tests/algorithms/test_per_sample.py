@@ -170,6 +170,59 @@ def test_sgp_weight_shared_gradients_equal_each_nodes_mean_loss_gradient(case):
         assert torch.equal(got[name][1], torch.zeros_like(got[name][1]))
 
 
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_sgp_node_by_node_path_is_each_nodes_mean_loss_gradient(case, shuffled, monkeypatch):
+    """With batches large enough (>= 4 records per sampled node), SGP takes plain autograd
+    node by node: the same gradients as the definition, records in any order; the batched
+    path is not used."""
+    import dpdl.algorithms.dyn_d2p as dyn
+
+    build, shape, loss = CASES[case]
+    model = build()
+    n, counts = 4, [6, 0, 5, 4]
+    batch = _batch(n, counts, shape, float_targets=loss == "squared_error", seed=6)
+    if shuffled:
+        order = torch.randperm(batch.size, generator=torch.Generator().manual_seed(0))
+        batch = NodeBatch(batch.inputs[order], batch.targets[order], batch.node[order], n)
+    params = _nodes_params(model, n, seed=7)
+    monkeypatch.setattr(per_sample, "clipped_sums_by_node", None)  # would raise if called
+    monkeypatch.setattr(dyn, "clipped_sums_by_node", None)
+    want = reference_mean_grads(model, params, batch, loss)
+    got = mean_batch_grads(model, params, batch, loss=loss)
+    for name in want:
+        torch.testing.assert_close(got[name].double(), want[name], atol=1e-5, rtol=1e-4)
+        assert torch.equal(got[name][1], torch.zeros_like(got[name][1]))
+
+
+def test_sgp_keeps_records_apart_for_a_model_whose_layers_couple_them():
+    """A batch-norm layer makes a record's output depend on its batch: SGP then takes the
+    batched path (each record a batch of one) whatever the batch size, so its gradient does
+    not change with how many records a node sampled."""
+    import dpdl.algorithms.dyn_d2p as dyn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(2, 4, 3), nn.BatchNorm2d(4, affine=False,
+                                                             track_running_stats=False),
+                          nn.Flatten(), nn.Linear(4 * 4 * 3, 3))  # fmt: skip
+    assert dyn._couples_records(model) and not dyn._couples_records(ConvZoo())
+    n, counts = 3, [6, 5, 4]
+    batch = _batch(n, counts, (2, 6, 5), seed=8)
+    params = _nodes_params(model, n, seed=9)
+    got = mean_batch_grads(model, params, batch)
+    for i in range(n):  # each record alone through the model, then the mean
+        mine = (batch.node == i).nonzero().squeeze(1)
+        z = {name: p[i].double().requires_grad_(True) for name, p in params.items()}
+        total = sum(LOSSES["cross_entropy"](
+            torch.func.functional_call(model.double(), z, (batch.inputs[r:r + 1].double(),)),
+            batch.targets[r:r + 1]).sum() for r in mine.tolist())  # fmt: skip
+        wanted = torch.autograd.grad(total / len(mine), list(z.values()), allow_unused=True)
+        for name, w in zip(z, wanted, strict=True):
+            expect = torch.zeros_like(z[name]) if w is None else w
+            torch.testing.assert_close(got[name][i].double(), expect, atol=1e-5, rtol=1e-4)
+    model.float()
+
+
 @pytest.mark.parametrize("records_per_chunk", [2, 7, 1000])
 def test_sgp_chunks_change_no_number(records_per_chunk, monkeypatch):
     """Chunks of one unit or less (a node's records split over units, each unit's sum added
