@@ -148,10 +148,11 @@ def write_csvs(folder: Path, summary: dict, prefix: Path) -> None:
         for name, entry in summary["candidates"].items():
             for run in sweep_runs(folder / "select" / name, summary["metric"]):
                 by = entry["by_epsilon"].get(f"{run['epsilon']:g}", {})
+                final = all(row["complete"] for row in by.get("table", []))  # else no pick yet
                 writer.writerow([name, entry["algorithm"], json.dumps(run["overrides"],
                                  sort_keys=True), run["epsilon"], run["seed"], run["status"],
                                  run["value"], run["epsilon_certified"],
-                                 by.get("pick") == run["overrides"]])  # fmt: skip
+                                 final and by.get("pick") == run["overrides"]])  # fmt: skip
     with open(f"{prefix}-test.csv", "w", newline="") as fh:
         fields = ["algorithm", "settings", "epsilon_target", "seed", "status", "test_accuracy",
                   "epsilon_certified"]  # fmt: skip
