@@ -184,3 +184,24 @@ def test_the_tune_table2_preset_gives_every_algorithm_twelve_points():
         b, sweep = split_sweep(_test_sweep(base, tune, line["algorithm"], line["set"], 0.3))
         assert len(expand_grid(sweep)) == 5
         parse_config(cell_config(b, expand_grid(sweep)[0]))
+
+
+def test_baselines_test_first_then_each_candidate_tests_as_soon_as_it_is_selected(
+        tmp_path, monkeypatch):
+    import dpdl.experiments.tune as tune_module
+
+    folders, real_run_sweep = [], tune_module.run_sweep
+
+    def recording_run_sweep(config, folder, **kwargs):
+        folders.append(folder.relative_to(tmp_path).as_posix())
+        return real_run_sweep(config, folder, **kwargs)
+
+    monkeypatch.setattr(tune_module, "run_sweep", recording_run_sweep)
+    cheap = config(selection_seeds=[0], test_seeds=[5])
+    cheap["privacy"]["epsilon"] = 2.0
+    summary = run_tuning(cheap, tmp_path, progress=False)
+    assert folders == ["test/const-untuned-eps2", "select/const", "test/const-eps2",
+                       "select/const-lr-decay", "test/const-lr-decay-eps2"]
+    # every test cell is the run's own: the summary finds each, at the pick it was given
+    assert {(t["name"], t["seed"]) for t in summary["tests"]} == {
+        ("const-untuned", 5), ("const", 5), ("const-lr-decay", 5)}

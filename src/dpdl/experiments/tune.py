@@ -19,7 +19,7 @@ A tune config is a ``decentralized`` run config (with ``data.validation_records`
     algorithm = "const-d2p@pld"
     set = { "privacy.clip" = 1.0, "training.lr" = 0.03 }
 
-:func:`run_tuning` then
+:func:`run_tuning` then (baselines' test seeds first, then candidate by candidate, steps 1-3)
 
 1. runs, for every candidate, its grid over the selection seeds (one resumable sweep per
    candidate, ``OUT/select/<name>/``; every cell trains at every ``privacy.epsilon``);
@@ -228,19 +228,27 @@ def run_tuning(config: dict, out: Path, *, workers: int | None = None,
 
 
 def _run_tuning(base, tune, out, metric, workers, progress, pool) -> dict[str, Any]:
+    """The baselines' test seeds first (they need no selection), then each candidate's
+    selection followed at once by its picks' test seeds: the verdicts of a long tuning arrive
+    candidate by candidate.  The order changes no number (every run's noise comes from its
+    own settings and seed)."""
     failed: dict[str, Any] = {}
-    for name, cand in tune["candidates"].items():  # 1. selection, every candidate first
+    epsilons = _epsilons(base)
+
+    def run_tests(plan: list[tuple]) -> None:
+        for name, algorithm, settings, eps, _ in plan:
+            folder = out / "test" / f"{name}-eps{eps:g}"  # 3. picks and baselines, test seeds
+            result = run_sweep(_test_sweep(base, tune, algorithm, settings, eps), folder,
+                               workers=workers, progress=progress, runner=pool)  # fmt: skip
+            failed.update({f"test/{folder.name}/{k}": v for k, v in result["failed"].items()})
+
+    run_tests(_test_plan({}, tune, epsilons))
+    for name, cand in tune["candidates"].items():  # 1. selection, 2. its picks
         result = run_sweep(_selection_sweep(base, tune, cand), out / "select" / name,
                            workers=workers, progress=progress, runner=pool)  # fmt: skip
-        failed |= {f"select/{name}/{k}": v for k, v in result["failed"].items()}
-    epsilons = _epsilons(base)
-    for name, algorithm, settings, eps, _ in _test_plan(
-        _candidates(tune, out, metric, epsilons), tune, epsilons
-    ):
-        folder = out / "test" / f"{name}-eps{eps:g}"  # 3. the picks and baselines, test seeds
-        result = run_sweep(_test_sweep(base, tune, algorithm, settings, eps), folder,
-                           workers=workers, progress=progress, runner=pool)  # fmt: skip
-        failed |= {f"test/{folder.name}/{k}": v for k, v in result["failed"].items()}
+        failed.update({f"select/{name}/{k}": v for k, v in result["failed"].items()})
+        picks = _candidates({**tune, "candidates": {name: cand}}, out, metric, epsilons)
+        run_tests([row for row in _test_plan(picks, tune, epsilons) if row[4] == "tuned"])
     summary = tuning_summary(base, tune, out)
     summary["failed"] = failed
     _write(out, summary, tune)  # 4.
