@@ -242,13 +242,13 @@ def _run_tuning(base, tune, out, metric, workers, progress, pool) -> dict[str, A
                                workers=workers, progress=progress, runner=pool)  # fmt: skip
             failed.update({f"test/{folder.name}/{k}": v for k, v in result["failed"].items()})
 
-    run_tests(_test_plan({}, tune, epsilons))
+    run_tests(_baseline_tests(tune, epsilons))
     for name, cand in tune["candidates"].items():  # 1. selection, 2. its picks
         result = run_sweep(_selection_sweep(base, tune, cand), out / "select" / name,
                            workers=workers, progress=progress, runner=pool)  # fmt: skip
         failed.update({f"select/{name}/{k}": v for k, v in result["failed"].items()})
         picks = _candidates({**tune, "candidates": {name: cand}}, out, metric, epsilons)
-        run_tests([row for row in _test_plan(picks, tune, epsilons) if row[4] == "tuned"])
+        run_tests(_pick_tests(picks))
     summary = tuning_summary(base, tune, out)
     summary["failed"] = failed
     _write(out, summary, tune)  # 4.
@@ -302,18 +302,24 @@ def _candidates(tune: dict, out: Path, metric: str, epsilons=None) -> dict[str, 
 def _test_plan(candidates: dict, tune: dict, epsilons=None) -> list[tuple]:
     """(name, algorithm, settings, ε, "tuned" | "untuned") of every test sweep: each
     candidate's pick at each ε (once it has one), and every baseline."""
+    every_eps = epsilons or sorted({float(e) for entry in candidates.values()
+                                    for e in entry["by_epsilon"]})  # fmt: skip
+    return _pick_tests(candidates) + _baseline_tests(tune, every_eps)
+
+
+def _pick_tests(candidates: dict) -> list[tuple]:
     plan = []
     for name, entry in candidates.items():
         for eps_text, by in entry["by_epsilon"].items():
             if by["pick"] is not None:
                 plan.append((name, entry["algorithm"], {**entry["fixed"], **by["pick"]},
                              float(eps_text), "tuned"))  # fmt: skip
-    every_eps = epsilons or sorted({float(e) for entry in candidates.values()
-                                    for e in entry["by_epsilon"]})  # fmt: skip
-    for name, base_line in tune["baselines"].items():
-        for eps in every_eps:
-            plan.append((name, base_line["algorithm"], base_line.get("set", {}), eps, "untuned"))
     return plan
+
+
+def _baseline_tests(tune: dict, epsilons: list[float]) -> list[tuple]:
+    return [(name, base_line["algorithm"], base_line.get("set", {}), eps, "untuned")
+            for name, base_line in tune["baselines"].items() for eps in epsilons]  # fmt: skip
 
 
 # --------------------------------------------------------------------------- the write-up
