@@ -31,7 +31,10 @@ def _numbers_close(frozen: Path, now: Path) -> bool:
     if len(old) != len(new):
         return False
     for a_line, b_line in zip(old, new, strict=True):
-        for a, b in zip(a_line.split(","), b_line.split(","), strict=False):
+        a_fields, b_fields = a_line.split(","), b_line.split(",")
+        if len(a_fields) != len(b_fields):
+            return False  # a column added or lost is a change, not rounding
+        for a, b in zip(a_fields, b_fields, strict=True):
             if a == b:
                 continue
             try:
@@ -66,3 +69,6 @@ def test_the_rounding_fallback_tolerates_rounding_only(tmp_path):
     near.write_text("iteration,loss\n0,0.6940014700409009\n")  # one ulp
     far.write_text("iteration,loss\n0,0.6940214700409008\n")  # 3e-5 relative
     assert _numbers_close(frozen, near) and not _numbers_close(frozen, far)
+    wider = tmp_path / "d.csv"
+    wider.write_text("iteration,loss\n0,0.6940014700409008,1\n")  # a field more
+    assert not _numbers_close(frozen, wider)
