@@ -28,6 +28,7 @@ TUNED_PAIRS = [
     ("dyn", "dyn-mu", "Dyn-D2P > Dyn[μ]-D2P"),
     ("dyn-c", "const-lr-decay", "dynamic clipping beyond a clip-shaped step-size decay"),
     ("const-lr-decay", "const", "step-size decay alone against Const-D2P"),
+    ("dyn", "const-lr-decay", "Dyn-D2P beyond a clip-shaped step-size decay"),
 ]
 UNTUNED_PAIRS = [
     ("dyn", "const", "Dyn-D2P > Const-D2P, untuned (Table 2's settings)"),
@@ -38,6 +39,7 @@ MIXED_PAIRS = [
     (("const", "tuned"), ("const", "untuned"), "what tuning gives Const-D2P"),
     (("dyn", "tuned"), ("dyn", "untuned"), "what tuning gives Dyn-D2P"),
     (("dyn-c", "tuned"), ("dyn-c", "untuned"), "what tuning gives Dyn[C]-D2P"),
+    (("dyn-mu", "tuned"), ("dyn-mu", "untuned"), "what tuning gives Dyn[μ]-D2P"),
     (("dyn", "tuned"), ("const", "untuned"), "Dyn-D2P tuned against the untuned baseline"),
     (("dyn", "untuned"), ("const", "tuned"), "Table 2's Dyn-D2P against the tuned baseline"),
     (("dyn-c", "untuned"), ("const", "tuned"), "Table 2's Dyn[C]-D2P against the tuned baseline"),
