@@ -26,6 +26,7 @@ TUNED_PAIRS = [
     ("dyn-mu", "const", "Dyn[μ]-D2P > Const-D2P"),
     ("dyn", "dyn-c", "Dyn-D2P > Dyn[C]-D2P"),
     ("dyn", "dyn-mu", "Dyn-D2P > Dyn[μ]-D2P"),
+    ("dyn-c", "dyn-mu", "Dyn[C]-D2P > Dyn[μ]-D2P"),
     ("dyn-c", "const-lr-decay", "dynamic clipping beyond a clip-shaped step-size decay"),
     ("const-lr-decay", "const", "step-size decay alone against Const-D2P"),
     ("dyn", "const-lr-decay", "Dyn-D2P beyond a clip-shaped step-size decay"),
