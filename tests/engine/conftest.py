@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from tests.engine.noise_reference import assert_close_up_to_a_grid_step, reference_noisy_sum
 
 
 class TinyNet(torch.nn.Module):
@@ -81,4 +82,6 @@ def h():
         tiny_data=tiny_data,
         ExpGraph=ExpGraph,
         RandomColumnStochastic=RandomColumnStochastic,
+        reference_noisy_sum=reference_noisy_sum,
+        assert_close_up_to_a_grid_step=assert_close_up_to_a_grid_step,
     )

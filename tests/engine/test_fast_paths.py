@@ -1,4 +1,4 @@
-"""The simulator's speed paths (noise drawn on a worker thread into a reused buffer, in-place
+"""The simulator's speed paths (noise drawn on a worker thread into reused buffers, in-place
 clipping/noise, index_add sums) draw and compute exactly what the plain definitions do."""
 
 from __future__ import annotations
@@ -10,15 +10,15 @@ import pytest
 import torch
 
 import dpdl.algorithms.dyn_d2p as dyn
+from dpdl.algorithms import noise
 from dpdl.algorithms.dyn_d2p import (
     NodeBatch,
-    draw_node_noise,
+    add_gaussian_noise,
     local_update,
     make_node_generators,
     mean_batch_grads,
     sum_records,
 )
-from dpdl.algorithms.randomness import _normal_row_groups, fill_normals
 from dpdl.engine import NodeData, Simulator, stack_params
 from dpdl.errors import DPDLError
 
@@ -41,21 +41,28 @@ def _local_update_args(h, n=5, counts=(6, 8, 7, 6, 9), seed=2):
     return model, params, weights, data
 
 
-def test_draw_node_noise_is_each_generators_own_draw():
-    """Row i of one batched draw is what node i's stream draws alone: a node's noise does not
-    depend on which other nodes share the call (or the process)."""
-    n, d = 3, 1001
-    drawn = draw_node_noise(make_node_generators(n, 5), d)
+def test_each_nodes_noise_is_its_own_streams_draw():
+    """Row i of one batched release is what node i's stream gives alone: a node's noise does
+    not depend on which other nodes share the call (or the process); a reused draw's buffers
+    are refilled, not reallocated, and give the same numbers."""
+    n = 3
+    sums = {"w": torch.randn(n, 40, 25), "b": torch.randn(n, 1)}
+    drawn = add_gaussian_noise(sums, 0.8, make_node_generators(n, 5))
     for i, g in enumerate(make_node_generators(n, 5)):
-        alone = fill_normals([g], torch.empty(1, d))[0]
-        torch.testing.assert_close(drawn[i], alone, rtol=0, atol=0)
-    assert not torch.equal(drawn[0], drawn[1])
-    buffer = torch.full((n, d), float("nan"))
-    out = draw_node_noise(make_node_generators(n, 5), d, out=buffer)
-    assert out.data_ptr() == buffer.data_ptr()
-    torch.testing.assert_close(buffer, drawn, rtol=0, atol=0)
-    with pytest.raises(DPDLError, match=r"noise buffer has shape \(3, 1000\)"):
-        draw_node_noise(make_node_generators(n, 5), d, out=torch.empty(n, d - 1))
+        alone = add_gaussian_noise({k: v[i : i + 1] for k, v in sums.items()}, 0.8, [g])
+        for name in sums:
+            assert torch.equal(drawn[name][i], alone[name][0])
+    assert not torch.equal(drawn["w"][0] - sums["w"][0], drawn["w"][1] - sums["w"][1])
+    d = 1001
+    first = noise.draw(make_node_generators(n, 5), d, 0.8)
+    buffers = [first.steps.data_ptr(), first.limit.data_ptr(), first.words.ctypes.data]
+    want = first.steps.clone()
+    again = noise.draw(make_node_generators(n, 5), d, 0.8, reuse=first)
+    assert again is first
+    assert [again.steps.data_ptr(), again.limit.data_ptr(), again.words.ctypes.data] == buffers
+    assert torch.equal(again.steps, want)
+    other = noise.draw(make_node_generators(n, 5), d - 1, 0.8, reuse=first)  # another shape
+    assert other is not first and other.shape == (n, d - 1)
 
 
 @pytest.mark.parametrize("private", [True, False])
@@ -69,7 +76,7 @@ def test_worker_thread_and_buffer_change_no_number(h, private, monkeypatch):
     )  # fmt: skip
     d = sum(p[0].numel() for p in params.values())
     results, states = [], []
-    for worker, buffer in ((None, torch.empty(5, d)), (_RunNow(), None)):
+    for worker, buffer in ((None, noise.NoiseDraw.empty(5, d)), (_RunNow(), None)):
         if worker is not None:
             monkeypatch.setattr(dyn, "_noise_worker", lambda w=worker: w)
         gens = make_node_generators(5, 17)
@@ -88,7 +95,7 @@ def test_worker_thread_and_buffer_change_no_number(h, private, monkeypatch):
 
 def test_failed_gradient_leaves_no_draw_in_flight(h, monkeypatch):
     """If the gradients raise, local_update returns only after the noise draw has finished:
-    every generator stands after its uniforms and its d normals, never mid-draw."""
+    every generator stands after its uniforms and its d noise words, never mid-draw."""
     model, params, weights, data = _local_update_args(h)
 
     def broken(*args, **kwargs):
@@ -105,7 +112,7 @@ def test_failed_gradient_leaves_no_draw_in_flight(h, monkeypatch):
     d = sum(p[0].numel() for p in params.values())
     for g, ref, j_i in zip(gens, make_node_generators(5, 3), data.counts.tolist(), strict=True):
         ref.words(j_i)
-        fill_normals([ref], torch.empty(1, d))
+        ref.words(d)
         assert torch.equal(g.get_state(), ref.get_state())
 
 
@@ -166,41 +173,39 @@ def test_mean_batch_grads_is_the_autograd_gradient_of_each_nodes_mean_loss(h):
             torch.testing.assert_close(got[name][i], e, rtol=1e-5, atol=1e-6)
 
 
-def test_the_plain_private_step_keeps_no_block_of_normals_and_the_optimisers_reuses_one(h):
-    """Without momentum or weight decay the noise is added group of rows by group of rows (no
-    (n, d) buffer of normals); the optimiser's path draws into one buffer, kept across steps."""
+@pytest.mark.parametrize("momentum", [0.0, 0.5])
+def test_both_private_paths_refill_one_noise_buffer_across_steps(h, momentum):
+    """The plain and the optimiser's path draw into the simulator's one set of noise buffers,
+    allocated at the first private step and refilled after (no fresh (n, d) blocks a step)."""
     n = 4
     x, y, mask = h.tiny_data(n, [5] * n, seed=1)
     data = NodeData.from_arrays(x, y, mask)
-    plain = Simulator(h.tiny_model(), data, h.ExpGraph(n), lr=0.1, seed=0)
-    plain.step(private=True, clip=1.0, sigma=1.0)
-    assert plain._noise_buffer is None
-    sim = Simulator(h.tiny_model(), data, h.ExpGraph(n), lr=0.1, seed=0, momentum=0.5)
+    sim = Simulator(h.tiny_model(), data, h.ExpGraph(n), lr=0.1, seed=0, momentum=momentum)
+    sim.step(private=False)
+    assert sim._noise_buffer is None
     sim.step(private=True, clip=1.0, sigma=1.0)
     buffer = sim._noise_buffer
     d = sum(p[0].numel() for p in sim.params.values())
-    assert buffer is not None and tuple(buffer.shape) == (n, d)
+    assert buffer is not None and buffer.shape == (n, d)
+    pointer = buffer.steps.data_ptr()
     sim.step(private=True, clip=1.0, sigma=1.0)
-    assert sim._noise_buffer is buffer
+    assert sim._noise_buffer is buffer and buffer.steps.data_ptr() == pointer
     assert all(bool(p.isfinite().all()) for p in sim.params.values())
 
 
-def test_scaled_noise_is_each_nodes_draw_to_the_bit():
-    """x + s * xi from groups of rows is x + s * (the one (n, d) draw), bit for bit, and leaves
-    every stream where the one draw does (d spans several groups of rows and a short last
-    group: rows of the shallow CNN's size)."""
-    n, d = 7, 114_314  # three rows a group: groups of 3, 3 and 1
-    params = {"w": torch.randn(n, 38_104, 3), "b": torch.randn(n, 2)}
-    assert d == sum(p[0].numel() for p in params.values())
-    assert [hi - lo for lo, hi, _ in _normal_row_groups(make_node_generators(n, 0), d)] == [3, 3, 1]
+def test_a_release_by_parameter_blocks_is_the_release_of_the_flat_vector():
+    """The mechanism releases each parameter's (m, size) block against its columns of the
+    node's one draw: the same cells, bit for bit, as releasing the flat (m, d) sums at once,
+    and every stream ends where the one release leaves it."""
+    n = 3
+    sums = {"w": torch.randn(n, 380, 3) * 4, "b": torch.randn(n, 2)}
+    d = sum(p[0].numel() for p in sums.values())
     gens, ref = make_node_generators(n, 11), make_node_generators(n, 11)
-    got = dyn.add_scaled_noise(params, 0.37, gens, out={k: torch.empty_like(v)
-                                                         for k, v in params.items()})  # fmt: skip
-    noise = draw_node_noise(ref, d)
-    want = dyn.add_gaussian_noise({k: v.clone() for k, v in params.items()}, 0.37, ref,
-                                  noise=noise, in_place=True)  # fmt: skip
-    for name in params:
-        assert torch.equal(got[name], want[name])
+    got = add_gaussian_noise(sums, 0.37, gens)
+    flat = torch.cat([sums["w"].reshape(n, -1), sums["b"]], dim=1)
+    drawn = noise.draw(ref, d, 0.37)
+    want = (noise.release(drawn, flat) * drawn.grid).float()
+    assert torch.equal(torch.cat([got["w"].reshape(n, -1), got["b"]], dim=1), want)
     assert torch.equal(torch.stack([g.get_state() for g in gens]),
                        torch.stack([g.get_state() for g in ref]))  # fmt: skip
 
@@ -307,8 +312,7 @@ def test_a_node_without_its_own_stream_or_data_is_refused_before_anything_is_rel
         local_update(model, extra, torch.ones(6, dtype=torch.float64), data.inputs,
                      data.targets, data.mask, make_node_generators(5, 1), **kwargs)  # fmt: skip
     with pytest.raises(DPDLError, match="one generator per node: 5 for 6"):
-        dyn.add_scaled_noise(extra, 0.1, make_node_generators(5, 1),
-                             out={k: torch.empty_like(v) for k, v in extra.items()})  # fmt: skip
+        add_gaussian_noise(extra, 0.1, make_node_generators(5, 1))
 
 
 class _SlowWorker:

@@ -18,7 +18,7 @@ import torch
 from scipy import stats
 
 from dpdl.algorithms import randomness
-from dpdl.algorithms.dyn_d2p import draw_node_noise, local_update, make_node_generators
+from dpdl.algorithms.dyn_d2p import local_update, make_node_generators
 from dpdl.algorithms.randomness import SecretStream
 from dpdl.engine import checkpoint as checkpoints
 from dpdl.engine.simulator import Simulator
@@ -116,34 +116,25 @@ def test_a_private_step_needs_explicit_positive_noise():
     local_update(*args, sigma=0.0, unsafe_zero_noise=True, **kw)  # labelled, for tests only
 
 
-def test_secure_sampler_matches_sigma_and_is_used_when_asked(tmp_path):
-    g = SecretStream(hardened=True)
-    z = g.hardened_normals(200_000)
-    assert abs(z.mean()) < 5 / np.sqrt(len(z))
-    assert abs(z.std() - 1.0) < 0.01
-    assert stats.kstest(z, "norm").pvalue > 1e-4
+def test_streams_restore_exactly_and_the_removed_secure_noise_key_says_why(tmp_path):
+    g = SecretStream()
     u = g.doubles(100_000)
     assert 0 < u.min() and u.max() <= 1 and stats.kstest(u, "uniform").pvalue > 1e-4
     # The state restores the stream exactly; a fresh key draws other numbers.
     state = g.get_state()
-    ahead = g.hardened_normals(10)
-    g2 = SecretStream(hardened=True)
+    ahead = g.words(10)
+    g2 = SecretStream()
     g2.set_state(state)
-    assert np.array_equal(g2.hardened_normals(10), ahead)
-    assert not np.array_equal(SecretStream().hardened_normals(10), ahead)
-    noise = draw_node_noise([SecretStream(hardened=True), SecretStream(hardened=True)], 50_000)
-    assert abs(float(noise.std()) - 1.0) < 0.02
-    assert all(g.hardened for g in make_node_generators(3, None, secure=True))
-
+    assert np.array_equal(g2.words(10), ahead)
+    assert not np.array_equal(SecretStream().words(10), ahead)
     cfg = config()
-    cfg["privacy"]["secure_noise"] = True
     result = runner.run_experiment(cfg, tmp_path, progress=False, run_name="s")
-    assert result["cells"][0]["secure_noise"] is True
-    cfg["experiment"]["entropy"] = "seed"
-    with pytest.raises(DPDLError, match="secure_noise .* needs experiment.entropy"):
+    assert result["cells"][0]["noise_mechanism"] == "exact-gaussian-grid"
+    cfg["privacy"]["secure_noise"] = True
+    with pytest.raises(DPDLError, match="privacy.secure_noise: removed: every private step's "
+                       "noise is now exact") as err:  # fmt: skip
         parse_config(cfg)
-    with pytest.raises(DPDLError, match="cannot be seeded"):
-        make_node_generators(2, 0, secure=True)
+    assert "\n" not in str(err.value)
 
 
 def test_kill_9_then_resume_uses_the_checkpointed_streams(tmp_path, monkeypatch):

@@ -116,13 +116,11 @@ def test_seed_runs_repeat_and_every_cell_has_its_own_stream(kind, tmp_path, monk
 
 
 @pytest.mark.parametrize("kind", sorted(CONFIGS))
-def test_run_flags_set_the_entropy_and_refuse_secure_noise(kind):
+def test_run_flags_set_the_entropy(kind):
     module = experiment_module(kind)
     cfg = module.apply_overrides(CONFIGS[kind], entropy="seed")
     assert cfg["experiment"]["entropy"] == "seed"
     validate_experiment_config(cfg)
-    with pytest.raises(DPDLError, match="secure-noise"):
-        module.apply_overrides(CONFIGS[kind], secure_noise=True)
     bad = copy.deepcopy(CONFIGS[kind])
     bad["experiment"]["entropy"] = "time"
     with pytest.raises(DPDLError, match="experiment.entropy"):
@@ -141,15 +139,12 @@ def test_dpdl_run_warns_once_for_seed_entropy(tmp_path, capsys):
     assert err.count("warning: entropy = seed") == 1 and err.count("\n") == 1
     assert main(["run", str(toml), "--output", str(out), "--no-progress"]) == 0
     assert "warning" not in capsys.readouterr().err
-    assert main(["run", str(toml), "--output", str(out), "--secure-noise"]) == 2
-    err = capsys.readouterr().err
-    assert "--secure-noise is not supported by the linreg kind" in err and err.count("\n") == 1
 
 
 @pytest.mark.parametrize("kind", sorted(CONFIGS))
 def test_dpdl_sweep_takes_the_noise_flags_by_the_kinds_rules(kind, tmp_path, capsys):
-    # The sweep routes --entropy/--secure-noise through the kind's own apply_overrides, as
-    # `dpdl run` does: not a blind privacy.secure_noise key that only one kind knows.
+    # The sweep routes --entropy through the kind's own apply_overrides, as `dpdl run` does:
+    # not a blind key that only one kind knows.
     import json
 
     from dpdl.experiments.runner import to_toml
@@ -158,9 +153,6 @@ def test_dpdl_sweep_takes_the_noise_flags_by_the_kinds_rules(kind, tmp_path, cap
     path = tmp_path / "sweep.toml"
     path.write_text(to_toml(config))
     out = tmp_path / "s"
-    assert main(["sweep", str(path), "--output", str(out), "--secure-noise"]) == 2
-    err = capsys.readouterr().err
-    assert "secure-noise" in err and "unknown key" not in err and err.count("\n") == 1
     assert main(["sweep", str(path), "--output", str(out), "--entropy", "seed",
                  "--no-progress"]) == 0  # fmt: skip
     (cell,) = (out / "cells").iterdir()

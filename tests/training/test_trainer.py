@@ -255,7 +255,6 @@ def test_a_loss_that_is_not_per_record_is_refused(digits):
         ({"loss": "hinge"}, "unknown loss"),
         ({"eval_data": (np.zeros((3, 8)), np.zeros(3))}, "record shape"),
         ({"resume": True}, "resume needs output_dir"),
-        ({"secure_noise": True, "entropy": "seed"}, "needs entropy 'os'"),
     ],
 )
 def test_bad_settings_are_one_line_errors(digits, options, match):

@@ -10,8 +10,9 @@ One step, for every node i at once (the numbers are Algorithm 1's steps):
 1. :func:`poisson_sample`     -- Poisson(p) batch S_i^k (may be empty);
 2. :func:`per_record_grads`   -- g_ij = grad f_i(z_i^k; xi_j) at the de-biased z_i = x_i / w_i;
 3. :func:`clip_per_record`    -- g_ij * min(1, C_k / ||g_ij||);
-4. :func:`add_gaussian_noise` -- sum_j clipped g_ij + N(0, sigma_k^2 I), fresh per node and step;
-5. :func:`local_sgd_step`     -- x_i^{k+1/2} = x_i^k - gamma * (...) / b;
+4. :func:`add_gaussian_noise` -- G_i = sum_j clipped g_ij + N(0, sigma_k^2 I), fresh per node
+                                 and step, released exactly on a grid (MATH.md §10);
+5. :func:`local_sgd_step`     -- x_i^{k+1/2} = x_i^k - gamma * G_i / b;
 6. :func:`push_sum_mix`       -- x^{k+1} = P^k x^{k+1/2}, w^{k+1} = P^k w^k.
 
 With the optimiser options (MATH.md §4, off by default), step 5 takes the node's update
@@ -22,9 +23,9 @@ accounting is unchanged.
 Steps 1-5 are :func:`local_update` (acts on any block of nodes: the distributed runtime calls
 it on its rank's block), step 6 is the mixing; :func:`dyn_d2p_step` chains both.  Without the
 optimiser options, :func:`local_update` runs steps 2-5 as one pass over the models
-(:func:`_noisy_local_step`): x^k - (gamma sigma_k / b) xi first (:func:`add_scaled_noise`),
-then the clipped sums added with weight -gamma / b; the same terms as 3-5 one after the
-other, in another order (equal up to rounding: tests compare the two).  Steps 2-3,
+(:func:`_noisy_local_step`): the clipped sums accumulate in the work buffer, the noise
+mechanism releases G_i from them and writes x^k - (gamma / b) G_i over them; the same G_i as
+steps 3-5 one after the other (tests compare the two).  Steps 2-3,
 summed per node, are :func:`clipped_record_sums`: book-keeping clipping
 (:mod:`dpdl.algorithms.per_sample`: no per-record gradient, no per-record weight copy) where
 the model allows it, else steps 2-3 literally as above.
@@ -32,11 +33,13 @@ SGP (non-private) replaces 3-4 by the mean gradient over the sampled batch (zero
 
 Randomness is per node: one secret stream per node (ChaCha20 under a 256-bit key,
 :mod:`dpdl.algorithms.randomness`) draws, in this order each step, the node's J_i sampling
-words and then (private algorithms only) its d noise normals, so a node draws the same numbers
+words and then (private algorithms only) its d noise words, so a node draws the same numbers
 whichever process hosts it.  Reading the n streams is the one per-node loop of the step; all
-arithmetic is batched over nodes.  On CPU the noisy start (n x d normals, nothing to do with
-the gradients) is written on a worker thread while the gradients are computed, which hides it
-when a core is free; the numbers are the same either way.
+arithmetic is batched over nodes.  On CPU the data-free half of the noise (the words and
+their quantiles, nothing to do with the gradients) is computed on a worker thread while the
+gradients are computed, which hides it when a core is free; the numbers are the same either
+way.  The private step's noise is a pluggable :class:`NoiseMechanism`; the only certified one
+is :data:`GAUSSIAN_RELEASE` (the audit plugs in broken ones to show it can tell).
 """
 
 from __future__ import annotations
@@ -44,17 +47,19 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from functools import partial
+from typing import Protocol
 
 import numpy as np
 import torch
 from torch.func import functional_call, grad, vmap
 
+from dpdl.algorithms.noise import GaussianRelease, NoiseDraw
 from dpdl.algorithms.per_sample import Accumulator, book_keeping_plan, clipped_sums_by_node
-from dpdl.algorithms.randomness import SecretStream, _normal_row_groups, derive_key, fill_normals
+from dpdl.algorithms.randomness import SecretStream, derive_key
 from dpdl.errors import DPDLError, require
 
 Params = dict[str, torch.Tensor]
@@ -72,7 +77,8 @@ __all__ = [
     "clip_per_record",
     "clipped_record_sums",
     "sum_records",
-    "draw_node_noise",
+    "NoiseMechanism",
+    "GAUSSIAN_RELEASE",
     "add_gaussian_noise",
     "apply_weight_decay",
     "heavy_ball",
@@ -128,7 +134,6 @@ def make_node_generators(
     *,
     first_node: int = 0,
     count: int | None = None,
-    secure: bool = False,
     salts: Sequence[bytes] | None = None,
 ) -> list[SecretStream]:
     """One secret stream per node (:class:`~dpdl.algorithms.randomness.SecretStream`).
@@ -137,8 +142,7 @@ def make_node_generators(
     A root key (bytes, from :func:`dpdl.algorithms.randomness.stream_root`) or an int derives
     node i's key from the root, i and ``salts[i]`` (its data's fingerprint): reproducible
     noise, a research mode.  ``first_node``/``count`` return the streams of a contiguous block
-    of nodes only; node i gets the same stream whichever block it belongs to.  ``secure=True``
-    selects the hardened Gaussian sampler, whose keys come from the OS only.
+    of nodes only; node i gets the same stream whichever block it belongs to.
     """
     require(n_nodes >= 1, f"n_nodes must be >= 1, got {n_nodes}")
     count = n_nodes - first_node if count is None else count
@@ -149,11 +153,7 @@ def make_node_generators(
     salts = [b""] * count if salts is None else list(salts)
     require(len(salts) == count, f"need one salt per node of the block: {len(salts)} for {count}")
     if seed is None:
-        return [SecretStream(hardened=secure) for _ in range(count)]
-    if secure:
-        raise DPDLError(
-            "secure noise draws its keys from the OS and cannot be seeded: use entropy 'os'"
-        )
+        return [SecretStream() for _ in range(count)]
     if isinstance(seed, bytes):
         root = seed
     else:
@@ -457,28 +457,24 @@ def _per_record_clipped_sums(model, params, batch, clip, loss, buffers, into) ->
     return sum_records(grads, batch, factors, in_place=True, into=into)
 
 
-def draw_node_noise(
-    generators: Sequence[SecretStream],
-    dim: int,
-    *,
-    dtype: torch.dtype = torch.float32,
-    device: str | torch.device = "cpu",
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Standard normals, (m, dim): row i is node i's d draws from its own stream
-    (:func:`~dpdl.algorithms.randomness.fill_normals`).
+class NoiseMechanism(Protocol):
+    """What a private step's noise is (:class:`~dpdl.algorithms.noise.GaussianRelease`):
+    ``start`` draws it, data-free, ``noisy_sums`` turns clipped sums into the released noisy
+    sums G, ``noisy_step`` writes the message x - step_size·G."""
 
-    ``out`` (m, dim), contiguous, is filled in place: a buffer kept across steps saves the page
-    faults of a fresh multi-megabyte allocation every step.
-    """
-    m = len(generators)
-    if out is None:
-        out = torch.empty((m, dim), dtype=dtype, device=device)
-    require(
-        tuple(out.shape) == (m, dim) and out.is_contiguous(),
-        f"noise buffer has shape {tuple(out.shape)}, expected contiguous ({m}, {dim})",
-    )
-    return fill_normals(generators, out)
+    name: str
+    certified: bool
+
+    def start(self, generators, d: int, sigma: float, *, device=None, reuse=None): ...
+
+    def noisy_sums(self, noise, sums: Params) -> Params: ...
+
+    def noisy_step(self, noise, x: Params, sums: Params, step_size: float,
+                   out: Params) -> Params: ...  # fmt: skip
+
+
+#: The mechanism of every private step (MATH.md §10).
+GAUSSIAN_RELEASE = GaussianRelease()
 
 
 def add_gaussian_noise(
@@ -486,32 +482,24 @@ def add_gaussian_noise(
     sigma: float,
     generators: Sequence[SecretStream],
     *,
-    noise: torch.Tensor | None = None,
     in_place: bool = False,
+    mechanism: NoiseMechanism = GAUSSIAN_RELEASE,
 ) -> Params:
-    """Step 4: add N(0, sigma_k^2 I_d) to each node's summed gradient, a fresh draw per node.
+    """Step 4: node i's noisy sum G_i = round_g(sum_j clipped g_ij + sigma_k X_i), X_i ~
+    N(0, I_d) fresh per node and step, exactly in law (:mod:`dpdl.algorithms.noise`).
 
-    Node i draws its d normals in one call on its own generator, in parameter order
-    (:func:`draw_node_noise`); ``noise`` passes those standard normals in when they were drawn
-    ahead (e.g. while the gradients were being computed).  ``in_place`` adds into ``summed``
-    (a temporary the caller owns) instead of allocating the noisy sums.
+    Node i draws its d words in one call on its own stream, in parameter order.  ``in_place``
+    writes G into ``summed`` (a temporary the caller owns) instead of fresh tensors.
     """
-    require(math.isfinite(sigma) and sigma >= 0, f"noise std sigma_k must be >= 0, got {sigma}")
+    require(math.isfinite(sigma) and sigma > 0, f"noise std sigma_k must be > 0, got {sigma}")
     first = next(iter(summed.values()))
     m = first.shape[0]
     require(len(generators) == m, f"need one generator per node: {len(generators)} for {m}")
-    sizes = [t[0].numel() for t in summed.values()]
-    if noise is None:
-        noise = draw_node_noise(generators, sum(sizes), dtype=first.dtype, device=first.device)
-    require(
-        tuple(noise.shape) == (m, sum(sizes)),
-        f"noise has shape {tuple(noise.shape)}, expected ({m}, {sum(sizes)})",
-    )
-    add = torch.Tensor.add_ if in_place else torch.add
-    return {
-        name: add(s, chunk.view(s.shape), alpha=sigma)
-        for (name, s), chunk in zip(summed.items(), noise.split(sizes, dim=1), strict=True)
-    }
+    if not in_place:
+        summed = {name: s.clone() for name, s in summed.items()}
+    d = sum(t[0].numel() for t in summed.values())
+    noise = mechanism.start(generators, d, sigma, device=first.device)
+    return mechanism.noisy_sums(noise, summed)
 
 
 def apply_weight_decay(update: Params, at: Params, weight_decay: float) -> Params:
@@ -650,13 +638,14 @@ def local_update(
     loss: str = "cross_entropy",
     buffers: Params | None = None,
     first_node: int = 0,
-    noise_buffer: torch.Tensor | None = None,
+    noise_buffer: NoiseDraw | None = None,
     unsafe_zero_noise: bool = False,
     clip_method: str = "auto",
     work: Params | None = None,
     momentum: float = 0.0,
     weight_decay: float = 0.0,
     momentum_buffer: Params | None = None,
+    mechanism: NoiseMechanism = GAUSSIAN_RELEASE,
 ) -> LocalUpdateResult:
     """Steps 1-5 of Algorithm 1 for a contiguous block of nodes (first index ``first_node``).
 
@@ -665,11 +654,13 @@ def local_update(
     ``sigma`` = sigma_k); otherwise SGP's mean gradient.  Gradients are taken at the
     de-biased z_i = x_i / w_i and applied to x_i.  Raises DPDLError naming the node and step
     when a node's x^{k+1/2} is not finite (a record whose gradient is not finite contributes
-    nothing to a private step).  ``noise_buffer`` (m, d), optional, is reused for the
-    standard normals (see :func:`draw_node_noise`).  A private step needs ``sigma`` > 0: a
-    clipped step without noise is only taken with the explicit ``unsafe_zero_noise=True`` (for
-    tests of the clipping; it is not private).  ``clip_method`` picks how the clipped
-    sums are computed (:func:`clipped_record_sums`; the numbers agree to rounding).
+    nothing to a private step).  ``noise_buffer`` (a :class:`~dpdl.algorithms.noise.
+    NoiseDraw` of (m, d)), optional, is refilled with this step's noise instead of fresh
+    buffers.  ``mechanism`` is the noise (:data:`GAUSSIAN_RELEASE`, the only certified one).
+    A private step needs ``sigma`` > 0: a clipped step without noise is only taken with the
+    explicit ``unsafe_zero_noise=True`` (for tests of the clipping; it is not private).
+    ``clip_method`` picks how the clipped sums are computed (:func:`clipped_record_sums`;
+    the numbers agree to rounding).
     ``work`` ({name: (m, *shape)}, optional, overwritten) holds the update and then x^{k+1/2}:
     the result's parameters are these tensors (no fresh n x d allocations, whose page faults
     dominate large n on CPU).  ``weight_decay`` (lambda) and ``momentum`` (beta, with the
@@ -695,7 +686,7 @@ def local_update(
         if private:
             update = _noisy_clipped_sum(model, at, batch, generators, clip=clip, sigma=sigma,
                                         loss=loss, buffers=buffers, clip_method=clip_method,
-                                        noise_buffer=noise_buffer, work=work)  # fmt: skip
+                                        noise=(mechanism, noise_buffer), work=work)  # fmt: skip
         else:
             update = mean_batch_grads(model, at, batch, loss=loss, buffers=buffers, out=work)
         # u_i^k itself (the /b folded into the step below otherwise: Algorithm 1's rounding)
@@ -708,7 +699,8 @@ def local_update(
     elif private:
         half = _noisy_local_step(model, params, at, batch, generators, clip=clip, sigma=sigma,
                                  step_size=lr / scale, loss=loss, buffers=buffers,
-                                 clip_method=clip_method, work=work)  # fmt: skip
+                                 clip_method=clip_method, work=work,
+                                 noise=(mechanism, noise_buffer))  # fmt: skip
     else:
         half = _sgp_local_step(model, params, at, batch, lr=lr, loss=loss, buffers=buffers,
                                work=work)  # fmt: skip
@@ -735,49 +727,35 @@ def _check_clip(clip: float | None) -> None:
     require(math.isfinite(clip) and clip > 0, f"clip bound C_k must be positive, got {clip}")
 
 
-def add_scaled_noise(params: Params, scale: float, generators: Sequence[SecretStream], *,
-                     out: Params) -> Params:  # fmt: skip
-    """out_i = x_i + scale * xi_i for every node, xi_i node i's d standard normals in parameter
-    order (row i of :func:`draw_node_noise`, to the bit), drawn row group by row group into
-    one small block: no (m, d) tensor of normals exists."""
-    first = next(iter(params.values()))
-    m = first.shape[0]
-    # fail closed: a row without its own stream would be released without noise
-    require(len(generators) == m, f"need one generator per node: {len(generators)} for {m}")
-    require(all(p.shape[0] == m and out[name].shape == p.shape for name, p in params.items()),
-            "the models and the work buffer must hold the same nodes and shapes")  # fmt: skip
-    sizes = [p[0].numel() for p in params.values()]
-    groups = _normal_row_groups(generators, sum(sizes), dtype=first.dtype, device=first.device)
-    for lo, hi, normals in groups:
-        for (name, x), chunk in zip(params.items(), normals.split(sizes, dim=1), strict=True):
-            torch.add(x[lo:hi], chunk.view(hi - lo, *x.shape[1:]), alpha=scale,
-                      out=out[name][lo:hi])  # fmt: skip
-    return out
-
-
 def _noisy_local_step(model, params, at, batch, generators, *, clip, sigma, step_size, loss,
-                      buffers, clip_method, work) -> Params:  # fmt: skip
-    """Steps 2-5 in one pass over the models: x_i^{k+1/2} = x_i^k - (lr / b)(sum_j clipped
-    g_ij + sigma_k xi_i), into ``work`` (or fresh tensors).
+                      buffers, clip_method, work, noise) -> Params:  # fmt: skip
+    """Steps 2-5 in one pass over the models: x_i^{k+1/2} = x_i^k - (lr / b) G_i, G_i the
+    released noisy sum (:func:`add_gaussian_noise`), into ``work`` (or fresh tensors).
 
-    ``work`` first receives the noisy start x_i^k - (lr sigma_k / b) xi_i (:func:`add_scaled_
-    noise`); each chunk's clipped sums are then added into it with weight -lr / b.  The noise
-    depends only on the generators (already past this step's uniforms), not on the
-    gradients: on CPU a worker thread writes the noisy start while the gradients are
-    computed (torch ops release the GIL); chunks done before it are held back until it is,
-    and added in chunk order all the same.  The numbers are those of steps 3-5 one after the
-    other, up to rounding: the same terms, added in another order."""
+    The noise's draw depends only on the streams (already past this step's uniforms), not on
+    the gradients: on CPU a worker thread reads it, and zeroes ``work``, while the gradients
+    are computed (torch ops release the GIL); chunks done before it are held back until it is,
+    and added in chunk order all the same.  ``work`` then holds the clipped sums S_i, and the
+    mechanism turns them into the message in place (``noise``: (mechanism, reusable draw))."""
+    mechanism, reuse = _mechanism_for(sigma, noise)
     work = _like(params, work)
-    start = partial(add_scaled_noise, params, -step_size * sigma, generators, out=work)
+    first = next(iter(params.values()))
+    d = sum(p[0].numel() for p in params.values())
+
+    def start():
+        for tensor in work.values():
+            tensor.zero_()
+        return mechanism.start(generators, d, sigma, device=first.device, reuse=reuse)
+
     pending = _run_beside(start, work)
-    into = Accumulator(work, alpha=-step_size, pending=pending)
+    into = Accumulator(work, alpha=1.0, pending=pending)
     try:
-        return clipped_record_sums(model, at, batch, clip, loss=loss, buffers=buffers,
+        sums = clipped_record_sums(model, at, batch, clip, loss=loss, buffers=buffers,
                                    method=clip_method, into=into)  # fmt: skip
     except BaseException:
-        if pending is not None:
-            futures_wait([pending])  # never leave a generator (or work) in use after we return
+        futures_wait([pending])  # never leave a generator (or work) in use after we return
         raise
+    return mechanism.noisy_step(pending.result(), params, sums, step_size, out=sums)
 
 
 def _sgp_local_step(model, params, at, batch, *, lr, loss, buffers, work) -> Params:
@@ -800,39 +778,55 @@ def _sgp_local_step(model, params, at, batch, *, lr, loss, buffers, work) -> Par
         raise
 
 
-def _run_beside(job: Callable[[], object], work: Params):
-    """``job`` on the worker thread on CPU (its future), or at once elsewhere (None)."""
+def _run_beside(job: Callable[[], object], work: Params) -> Future:
+    """``job`` on the worker thread on CPU, or at once elsewhere: its future either way."""
     if next(iter(work.values())).device.type == "cpu":
         return _noise_worker().submit(job)
-    job()
-    return None
+    done: Future = Future()
+    done.set_result(job())
+    return done
 
 
 def _noisy_clipped_sum(model, at, batch, generators, *, clip, sigma, loss, buffers,
-                       clip_method, noise_buffer, work) -> Params:  # fmt: skip
-    """Steps 2-4 for the optimiser's path: sum_j clipped g_ij + N(0, sigma_k^2 I_d) per node,
-    into ``work`` if given (the noise drawn on a worker thread on CPU, as in
-    :func:`_noisy_local_step`)."""
+                       clip_method, noise, work) -> Params:  # fmt: skip
+    """Steps 2-4 for the optimiser's path: node i's released noisy sum G_i, into ``work`` if
+    given (the noise drawn on a worker thread on CPU, as in :func:`_noisy_local_step`)."""
+    mechanism, reuse = _mechanism_for(sigma, noise)
     first = next(iter(at.values()))
-    draw = partial(
-        draw_node_noise,
-        generators,
-        sum(p[0].numel() for p in at.values()),
-        dtype=first.dtype,
-        device=first.device,
-        out=noise_buffer,
-    )
-    pending = _noise_worker().submit(draw) if first.device.type == "cpu" else None
+    d = sum(p[0].numel() for p in at.values())
+    pending = _run_beside(partial(mechanism.start, generators, d, sigma, device=first.device,
+                                  reuse=reuse), at)  # fmt: skip
     try:
         clipped_sum = clipped_record_sums(
             model, at, batch, clip, loss=loss, buffers=buffers, method=clip_method, out=work,
         )  # fmt: skip
     except BaseException:
-        if pending is not None:
-            futures_wait([pending])  # never leave a generator in use after we return
+        futures_wait([pending])  # never leave a generator in use after we return
         raise
-    noise = pending.result() if pending is not None else draw()
-    return add_gaussian_noise(clipped_sum, sigma, generators, noise=noise, in_place=True)
+    return mechanism.noisy_sums(pending.result(), clipped_sum)
+
+
+class _Noiseless:
+    """sigma_k = 0, only with ``unsafe_zero_noise`` (tests of the clipping): not private."""
+
+    name, certified = "none", False
+
+    def start(self, generators, d, sigma, *, device=None, reuse=None):
+        return None
+
+    def noisy_sums(self, noise, sums: Params) -> Params:
+        return sums
+
+    def noisy_step(self, noise, x: Params, sums: Params, step_size: float,
+                   out: Params) -> Params:  # fmt: skip
+        return {name: torch.add(x[name], s, alpha=-step_size, out=out[name])
+                for name, s in sums.items()}  # fmt: skip
+
+
+def _mechanism_for(sigma: float, noise: tuple) -> tuple:
+    """(mechanism, reusable draw): the noiseless stand-in when sigma_k = 0 (allowed only with
+    ``unsafe_zero_noise``, checked by the caller)."""
+    return (_Noiseless(), None) if sigma == 0 else noise
 
 
 def check_private_noise(sigma: float | None, unsafe_zero_noise: bool = False) -> None:

@@ -16,23 +16,17 @@ ChaCha20 keystream (RFC 8439, OpenSSL through ``cryptography``) under a 256-bit 
   records as ``"noise_entropy": "seed"``.  Runs that differ in any training setting or in the
   data never share a stream (two released models with shared noise would cancel it).
 
-Samplers on a stream, all vectorised (bytes in bulk, transforms as torch ops on the device of
-the output):
+What a stream gives:
 
 * :meth:`SecretStream.bernoulli` -- Poisson inclusion: a 64-bit word ``w`` includes the record
   iff ``w < floor(p 2^64)``, so the inclusion probability is ``floor(p 2^64) / 2^64 <= p``
   exactly (a float comparison can exceed p).
-* :func:`fill_normals` -- the default Gaussian: Box-Muller with a 63-bit radius uniform and a
-  32-bit angle.  Its support reaches 9.42 sigma (a 24-bit uniform, as torch's CPU sampler
-  uses, stops at 5.8 sigma, which a canary aligned with one coordinate can detect): the mass
-  beyond is < 5e-21 per draw.  It is a floating-point sampler, not an exact real Gaussian.
-* the hardened Gaussian (``privacy.secure_noise``, ``SecretStream(hardened=True)``): each
-  normal the sum of four Box-Muller draws of variance sigma^2/4 from 53-bit uniforms in
-  float64, the construction of Opacus's secure mode (Holohan & Braghin 2021, against
-  Mironov's 2012 attack that reads the noise off the gaps of a textbook sampler's output).
-  It smooths the floating-point support; it does not make the output an exact Gaussian.
+* :meth:`SecretStream.words` -- uniform 64-bit words: the noise of every private release is
+  built from them by :mod:`dpdl.algorithms.noise` (exact in law: no floating-point sampler
+  touches a released value).
 * :func:`secret_rng` -- a ``numpy.random.Generator`` on the same cipher (randomgen's
-  ``ChaCha``, 20 rounds; its keystream is OpenSSL's, bit for bit) for the numpy algorithms.
+  ``ChaCha``, 20 rounds; its keystream is OpenSSL's, bit for bit) for the numpy algorithms'
+  walks and secrets; their noise too goes through :mod:`dpdl.algorithms.noise`.
 """
 
 from __future__ import annotations
@@ -41,7 +35,6 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
@@ -68,7 +61,6 @@ __all__ = [
     "array_digest",
     "check_entropy",
     "derive_key",
-    "fill_normals",
     "inclusion_threshold",
     "numpy_secret_rng",
     "secret_rng",
@@ -137,25 +129,23 @@ def _zeros(nbytes: int) -> memoryview:
 class SecretStream:
     """One secret stream: the ChaCha20 keystream under a 256-bit key, read in order.
 
-    ``key`` None draws 32 bytes from ``os.urandom``.  ``hardened`` selects the hardened
-    Gaussian sampler (see the module doc).  ``get_state()``/``set_state()`` mirror
+    ``key`` None draws 32 bytes from ``os.urandom``.  ``get_state()``/``set_state()`` mirror
     ``torch.Generator`` (a uint8 tensor: the key and the position in the keystream), so the
     engine checkpoints and restores a stream like a generator.  The state is the secret:
     never log or pickle it.
     """
 
-    __slots__ = ("_key", "_position", "_cipher", "_segment_end", "hardened")
+    __slots__ = ("_key", "_position", "_cipher", "_segment_end")
 
-    def __init__(self, key: bytes | None = None, *, hardened: bool = False):
+    def __init__(self, key: bytes | None = None):
         self._key = os.urandom(KEY_BYTES) if key is None else bytes(key)
         require(len(self._key) == KEY_BYTES, f"a secret stream needs a {KEY_BYTES}-byte key")
         self._position = 0  # bytes of keystream handed out so far
         self._cipher = None
         self._segment_end = 0  # where the current encryptor's 32-bit block counter wraps
-        self.hardened = bool(hardened)
 
     def __repr__(self) -> str:  # the key is secret
-        return f"SecretStream(position={self._position}, hardened={self.hardened})"
+        return f"SecretStream(position={self._position})"
 
     def __reduce__(self):
         raise TypeError("a SecretStream holds a secret key and is never pickled; "
@@ -209,14 +199,6 @@ class SecretStream:
         """``count`` uniforms on (0, 1], 53 random bits each: (k + 1) 2^-53."""
         return ((self.words(count) >> np.uint64(11)) + 1.0) * 2.0**-53
 
-    def hardened_normals(self, count: int) -> np.ndarray:
-        """Standard normals (float64), each the sum of four Box-Muller draws, halved (the
-        sampler of :func:`fill_normals` for a hardened stream)."""
-        import torch
-
-        words = torch.from_numpy(self.read(_HARDENED_BYTES * int(count))).view(torch.int64)
-        return _hardened_normals(words.view(1, -1), int(count))[0].numpy()
-
     def get_state(self) -> torch.Tensor:
         import torch
 
@@ -238,138 +220,6 @@ def inclusion_threshold(p: float) -> int:
     """floor(p 2^64), exact (p * 2^64 is exact in binary floating point)."""
     require(0.0 <= p <= 1.0, f"an inclusion probability must lie in [0, 1], got {p}")
     return math.floor(float(p) * 2.0**64)
-
-
-# --------------------------------------------------------------------------- normals
-def fill_normals(streams: Sequence[SecretStream], out: torch.Tensor) -> torch.Tensor:
-    """Fill ``out`` (m, d), row i from ``streams[i]``, with standard normals, in place.
-
-    Each row costs its stream 12 bytes per pair of normals (the fast sampler) or 32 bytes per
-    normal (hardened); the bytes of all rows are read first, then transformed at once.
-    """
-    import torch
-
-    m, d = out.shape
-    require(len(streams) == m, f"need one stream per row: {len(streams)} for {m}")
-    hardened = {s.hardened for s in streams}
-    require(len(hardened) <= 1, "all streams of one draw must use the same sampler")
-    if m == 0 or d == 0:
-        return out
-    if hardened == {True}:
-        words = np.empty((m, _HARDENED_BYTES * d), dtype=np.uint8)
-        for i, stream in enumerate(streams):
-            stream.read_into(words[i])
-        words = torch.from_numpy(words).view(torch.int64).to(out.device)
-        return out.copy_(_hardened_normals(words, d))
-    pairs = -(-d // 2)
-    # rows in groups: the keystream bytes (1.5x the normals' size) never exist for all rows
-    # at once; each row's bytes and transform are the same whatever the grouping
-    rows = _rows_per_group(d, hardened=False)
-    radius = np.empty((min(rows, m), 8 * pairs), dtype=np.uint8)
-    angle = np.empty((min(rows, m), 4 * pairs), dtype=np.uint8)
-    for lo in range(0, m, rows):
-        group = streams[lo : lo + rows]
-        for i, stream in enumerate(group):
-            stream.read_into(radius[i])
-            stream.read_into(angle[i])
-        _box_muller_(
-            out[lo : lo + len(group)],
-            torch.from_numpy(radius[: len(group)]).view(torch.int64).to(out.device),
-            torch.from_numpy(angle[: len(group)]).view(torch.int32).to(out.device),
-        )
-    return out
-
-
-def _normal_row_groups(streams: Sequence[SecretStream], d: int, *, dtype=None,
-                       device=None) -> Iterator[tuple[int, int, torch.Tensor]]:  # fmt: skip
-    """``(lo, hi, normals)`` for consecutive groups of streams: row r of ``normals`` (hi - lo,
-    d) holds stream lo + r's next d standard normals, exactly what :func:`fill_normals` writes
-    into row lo + r.  One small block, **reused**: the next group overwrites it, so no (m, d)
-    tensor of normals ever exists.  Use each group before asking for the next (never collect
-    them: every collected block would be the last group's noise)."""
-    import torch
-
-    m = len(streams)
-    hardened = {s.hardened for s in streams}
-    require(len(hardened) <= 1, "all streams of one draw must use the same sampler")
-    if m == 0:
-        return
-    rows = _rows_per_group(d, hardened=hardened == {True})
-    block = torch.empty((min(rows, m), d), dtype=dtype or torch.float32, device=device)
-    for lo in range(0, m, rows):
-        hi = min(lo + rows, m)
-        yield lo, hi, fill_normals(streams[lo:hi], block[: hi - lo])
-
-
-def _rows_per_group(d: int, *, hardened: bool) -> int:
-    """Rows of normals whose keystream bytes fit in ``_BYTES_PER_GROUP`` (at least one):
-    :func:`fill_normals` transforms the fast sampler's rows in these groups, so
-    :func:`_normal_row_groups`, drawing the same groups, reproduces its bits."""
-    per_row = _HARDENED_BYTES * d if hardened else 12 * -(-d // 2)
-    return max(1, _BYTES_PER_GROUP // max(per_row, 1))
-
-
-_HARDENED_BYTES = 32  # four 53-bit uniforms per hardened normal
-# Keystream bytes read for a group of rows of the fast sampler: small, since a private step
-# draws while its gradients are at their peak (2 MiB: 3 rows of the shallow CNN, the same
-# reads and about as many transform calls as 8 MiB, 6 MB less at that peak).
-_BYTES_PER_GROUP = 2 << 20
-_TWO_LN_2_POW_63 = 126.0 * math.log(2.0)
-# The transforms run over column blocks of about this many elements: temporaries small enough
-# to stay in cache and to be reused, instead of fresh multi-megabyte tensors whose page faults
-# cost more than the arithmetic.
-_BLOCK_ELEMENTS = 1 << 18
-
-
-def _column_blocks(rows: int, columns: int):
-    width = max(1, _BLOCK_ELEMENTS // max(rows, 1))
-    for lo in range(0, columns, width):
-        yield lo, min(lo + width, columns)
-
-
-def _hardened_normals(words: torch.Tensor, count: int) -> torch.Tensor:
-    """(m, count) float64 normals from (m, 4 count) words: per row, 4 count uniforms on
-    (0, 1] of 53 bits, (k + 1) 2^-53, give 2 count Box-Muller pairs (radii from the first
-    half, angles from the second); the 4 count normals are summed in fours and halved."""
-    import torch
-
-    m = len(words)
-    halves = words.view(m, 2, 2 * count)
-    out = torch.empty((m, count), dtype=torch.float64, device=words.device)
-    for lo, hi in _column_blocks(4 * m, count):
-        # the pairs feeding outputs lo..hi: 4 normals each, pairs j and j + count in a half
-        cols = torch.cat((torch.arange(lo, hi), torch.arange(count + lo, count + hi)))
-        cols = cols.to(words.device)
-        u = ((halves[:, :, cols] >> 11) & ((1 << 53) - 1)).add_(1).to(torch.float64)
-        u.mul_(2.0**-53)
-        radius = u[:, 0].log_().mul_(-2.0).sqrt_()
-        angle = u[:, 1].mul_(2.0 * math.pi)
-        cos, sin = torch.cos(angle).mul_(radius), angle.sin_().mul_(radius)
-        width = hi - lo  # draws r cos | r sin, each (2 count); output q sums draws q + k count
-        out[:, lo:hi] = (cos[:, :width] + cos[:, width:] + sin[:, :width] + sin[:, width:]) * 0.5
-    return out
-
-
-def _box_muller_(out: torch.Tensor, radius: torch.Tensor, angle: torch.Tensor) -> None:
-    """out[:, :P] = r cos(theta), out[:, P:] = r sin(theta) from signed words:
-    u = (|w| + 1/2) 2^-63 in (0, 1] (never 0: r <= 9.42), theta = w' pi 2^-31 in [-pi, pi)."""
-    import torch
-
-    (m, d), pairs = out.shape, radius.shape[1]
-    dtype = out.dtype if out.dtype in (torch.float32, torch.float64) else torch.float32
-    width = min(pairs, max(1, _BLOCK_ELEMENTS // max(m, 1)))
-    r_buf = torch.empty((m, width), dtype=dtype, device=out.device)
-    t_buf = torch.empty((m, width), dtype=dtype, device=out.device)
-    for lo, hi in _column_blocks(m, pairs):
-        r, theta = r_buf[:, : hi - lo], t_buf[:, : hi - lo]
-        # r^2 = -2 ln u = 126 ln 2 - 2 ln(|w| + 1/2)
-        r.copy_(radius[:, lo:hi]).abs_().add_(0.5).log_()
-        r.mul_(-2.0).add_(_TWO_LN_2_POW_63).clamp_min_(0.0).sqrt_()  # u <= 1 up to rounding
-        theta.copy_(angle[:, lo:hi]).mul_(math.pi * 2.0**-31)
-        out[:, lo:hi] = torch.cos(theta).mul_(r)
-        k = min(hi, d - pairs) - lo  # the sines fill columns pairs .. d - 1
-        if k > 0:
-            out[:, pairs + lo : pairs + lo + k] = torch.sin(theta[:, :k]).mul_(r[:, :k])
 
 
 # --------------------------------------------------------------------------- numpy

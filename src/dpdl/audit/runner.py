@@ -64,7 +64,7 @@ class AuditResult:
     claim_refuted: bool
     trials_per_second: float
     seeded: bool
-    secure_noise: bool
+    noise: str
     design: dict[str, Any] = field(default_factory=dict)
     # threat "observer", p = 1: the exact privacy of the observers' view (MATH.md §9)
     mu_view: float | None = None
@@ -135,7 +135,7 @@ def run_audit(
     confidence: float = 0.95,
     design: AuditDesign | None = None,
     seed: int | None = None,
-    secure_noise: bool = False,
+    noise: str = "exact",
     schedule_options: dict[str, Any] | None = None,
     chunk: int = DEFAULT_CHUNK,
     progress: bool = False,
@@ -143,8 +143,9 @@ def run_audit(
     """Audit ``algorithm`` calibrated to (ε, δ) over ``trials`` independent trainings.
 
     ``seed`` makes the audit itself reproducible (labelled ``seeded`` in the result); by
-    default every trial's noise and sampling come from OS entropy.  ``secure_noise`` audits
-    the hardened CSPRNG sampler instead (it cannot be seeded).  The claim checked is the
+    default every trial's noise and sampling come from OS entropy.  ``noise`` names the
+    mechanism audited (``"exact"``, the engine's; or an old sampler kept to be refuted:
+    :data:`~dpdl.audit.trials.NOISE_MECHANISMS`).  The claim checked is the
     calibrated ε (the target); ``noise_scale`` only changes the noise the engine adds.
     """
     design = design or AuditDesign()
@@ -169,7 +170,7 @@ def run_audit(
         block = members[first : first + chunk]
         scores[first : first + block.size] = run_trials(
             schedule, design, block, noise_scale=noise_scale, seed=seed,
-            secure_noise=secure_noise, first_trial=first, total_trials=trials,
+            noise=noise, first_trial=first, total_trials=trials,
             on_step=None if bar is None else (lambda size=block.size: bar.update(size)),
         )  # fmt: skip
     elapsed = time.perf_counter() - start
@@ -199,7 +200,7 @@ def run_audit(
         epsilon_clt=epsilon_clt, epsilon_certified=epsilon_certified, seed=seed,
         elapsed=elapsed, runs=trials, canary=design.canary, trials=trials,
         confidence=confidence, noise_scale=noise_scale, epsilon_lower=eps_lower,
-        epsilon_lower_gdp=eps_gdp, mu_lower_gdp=mu_gdp, secure_noise=secure_noise,
+        epsilon_lower_gdp=eps_gdp, mu_lower_gdp=mu_gdp, noise=noise,
         scores=scores, members=members, mu_view=mu_view, epsilon_view=eps_view,
     )  # fmt: skip
 
@@ -233,7 +234,7 @@ def run_one_run_audit(
     confidence: float = 0.95,
     design: AuditDesign | None = None,
     seed: int | None = None,
-    secure_noise: bool = False,
+    noise: str = "exact",
     schedule_options: dict[str, Any] | None = None,
     progress: bool = False,
 ) -> AuditResult:
@@ -265,7 +266,7 @@ def run_one_run_audit(
     start = time.perf_counter()
     scores = run_one_run(
         schedule, design, included, noise_scale=noise_scale, seed=seed,
-        secure_noise=secure_noise, on_step=None if bar is None else (lambda: bar.update(1)),
+        noise=noise, on_step=None if bar is None else (lambda: bar.update(1)),
     )  # fmt: skip
     elapsed = time.perf_counter() - start
     if bar is not None:
@@ -289,6 +290,6 @@ def run_one_run_audit(
         epsilon_clt=epsilon_clt, epsilon_certified=epsilon_certified, seed=seed,
         elapsed=elapsed, runs=1, canary="gradient", trials=1, confidence=confidence,
         noise_scale=noise_scale, epsilon_lower=eps_lower, epsilon_lower_gdp=None,
-        mu_lower_gdp=None, secure_noise=secure_noise, scores=scores, members=included,
+        mu_lower_gdp=None, noise=noise, scores=scores, members=included,
         one_run={"canaries": canaries, "guesses": guesses, "correct": correct},
     )  # fmt: skip

@@ -47,7 +47,13 @@ import numpy as np
 import torch
 
 from dpdl.accounting.schedules import PrivacySchedule
-from dpdl.algorithms.dyn_d2p import local_update, make_node_generators, push_sum_mix
+from dpdl.algorithms.dyn_d2p import (
+    GAUSSIAN_RELEASE,
+    local_update,
+    make_node_generators,
+    push_sum_mix,
+)
+from dpdl.audit.legacy_noise import LEGACY_MECHANISMS
 from dpdl.errors import DPDLError, require
 
 __all__ = [
@@ -164,6 +170,16 @@ def _log_likelihood_ratio(s: torch.Tensor, mu: float, sigma: float, p: float) ->
     return torch.logaddexp(torch.full_like(z, math.log1p(-p)), z + math.log(p))
 
 
+#: The mechanisms an audit can run: the engine's own, and the old samplers kept to be refuted.
+NOISE_MECHANISMS = {"exact": GAUSSIAN_RELEASE, **LEGACY_MECHANISMS}
+
+
+def noise_mechanism(name: str):
+    require(name in NOISE_MECHANISMS,
+            f"unknown noise {name!r}; choose one of {', '.join(NOISE_MECHANISMS)}")  # fmt: skip
+    return NOISE_MECHANISMS[name]
+
+
 def run_trials(
     schedule: PrivacySchedule,
     design: AuditDesign,
@@ -171,7 +187,7 @@ def run_trials(
     *,
     noise_scale: float = 1.0,
     seed: int | None = None,
-    secure_noise: bool = False,
+    noise: str = "exact",
     first_trial: int = 0,
     total_trials: int | None = None,
     on_step: Callable[[], None] | None = None,
@@ -183,7 +199,8 @@ def run_trials(
     little) while the scores use the claimed σ_k.  Each node of each trial draws from its own
     generator: ``make_node_generators`` over all ``total_trials · n`` nodes, this chunk's
     block starting at trial ``first_trial`` (``seed=None``: OS entropy, the default).
-    ``secure_noise`` audits the hardened CSPRNG sampler (``privacy.secure_noise``; unseeded).
+    ``noise`` names the mechanism audited (:data:`NOISE_MECHANISMS`: the engine's exact
+    release, or one of the old floating-point samplers kept to be refuted).
     """
     design.validate()
     require(schedule.private, f"algorithm {schedule.algorithm!r} is not private: nothing to audit")
@@ -213,9 +230,8 @@ def run_trials(
     model = _Model(d)
     params = {"linear.weight": torch.zeros((T * n, 1, d), dtype=torch.float32)}
     weights = torch.ones(T * n, dtype=torch.float64)
-    generators = make_node_generators(
-        total * n, seed, first_node=first_trial * n, count=T * n, secure=secure_noise
-    )
+    mechanism = noise_mechanism(noise)
+    generators = make_node_generators(total * n, seed, first_node=first_trial * n, count=T * n)
     p = schedule.sample_rate
     b = p * J  # expected batch size of an ordinary node (the canary node: one more record)
     canary_rows = torch.arange(T) * n + CANARY_NODE
@@ -228,7 +244,7 @@ def run_trials(
         half = local_update(
             model, params, weights, inputs, targets, mask, generators,
             step=k, lr=design.lr, expected_batch_size=b, sample_rate=p, private=True,
-            clip=clip, sigma=sigma * noise_scale, loss="squared_error",
+            clip=clip, sigma=sigma * noise_scale, loss="squared_error", mechanism=mechanism,
         )  # fmt: skip
         if design.threat == "messages":
             after = half.params["linear.weight"][canary_rows, 0, 0].double()
@@ -290,7 +306,7 @@ def run_one_run(
     *,
     noise_scale: float = 1.0,
     seed: int | None = None,
-    secure_noise: bool = False,
+    noise: str = "exact",
     on_step: Callable[[], None] | None = None,
 ) -> np.ndarray:
     """ONE training run with m gradient canaries on node 0; return one score per canary.
@@ -334,7 +350,8 @@ def run_one_run(
     model = _Model(d)
     params = {"linear.weight": torch.zeros((n, 1, d), dtype=torch.float32)}
     weights = torch.ones(n, dtype=torch.float64)
-    generators = make_node_generators(n, seed, secure=secure_noise)
+    generators = make_node_generators(n, seed)
+    mechanism = noise_mechanism(noise)
     p = schedule.sample_rate
     b = p * J
     score = torch.zeros(m, dtype=torch.float64)
@@ -344,7 +361,7 @@ def run_one_run(
         half = local_update(
             model, params, weights, inputs, targets, mask, generators,
             step=k, lr=design.lr, expected_batch_size=b, sample_rate=p, private=True,
-            clip=clip, sigma=sigma * noise_scale, loss="squared_error",
+            clip=clip, sigma=sigma * noise_scale, loss="squared_error", mechanism=mechanism,
         )  # fmt: skip
         if design.threat == "messages":
             after = half.params["linear.weight"][CANARY_NODE, 0, :m].double()

@@ -77,9 +77,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "default: OS entropy",
     )
     parser.add_argument(
-        "--secure-noise",
-        action="store_true",
-        help="audit the hardened CSPRNG noise sampler (privacy.secure_noise); cannot be seeded",
+        "--noise",
+        default="exact",
+        help="the noise mechanism audited: exact (the engine's, default), or one of the old "
+        "floating-point samplers kept to be refuted: legacy-box-muller, legacy-hardened",
     )
     parser.add_argument("--plot", default="audit.png", help="PNG of scores and ROC (audit.png)")
     parser.add_argument("--no-plot", action="store_true", help="write no PNG")
@@ -160,8 +161,9 @@ def _validate(args) -> None:
         raise DPDLError(f"--noise-scale must be positive, got {args.noise_scale}")
     if not 0 < args.confidence < 1:
         raise DPDLError(f"--confidence must lie in (0, 1), got {args.confidence}")
-    if args.secure_noise and args.seed is not None:
-        raise DPDLError("--secure-noise draws its keys from the OS and cannot be seeded")
+    from dpdl.audit.trials import noise_mechanism
+
+    noise_mechanism(args.noise)
     if args.threads < 1:
         raise DPDLError(f"--threads must be >= 1, got {args.threads}")
 
@@ -183,7 +185,7 @@ def _fmt(value) -> str:
 def _print(result, plot_path) -> None:
     r = result
     seeded = ", seeded (reproducible)" if r.seeded else ""
-    seeded += ", secure noise sampler" if r.secure_noise else ""
+    seeded += f", noise {r.noise}" if r.noise != "exact" else ""
     print(f"audit of {r.algorithm} calibrated with {r.calibrated_with} to epsilon "
           f"{r.epsilon_claimed:g} at delta {r.delta:g}: K = {r.steps}, p = {r.sample_rate:g}, "
           f"noise scale {r.noise_scale:g}")  # fmt: skip
@@ -247,7 +249,7 @@ def run(args) -> int:
         "epsilon": s["epsilon"], "delta": s["delta"], "steps": s["steps"],
         "sample_rate": s["sample_rate"], "calibrate": s["calibrate"],
         "noise_scale": args.noise_scale, "confidence": args.confidence, "design": design,
-        "seed": args.seed, "secure_noise": args.secure_noise, "schedule_options": options,
+        "seed": args.seed, "noise": args.noise, "schedule_options": options,
         "progress": not (args.no_progress or args.json),
     }  # fmt: skip
     if args.one_run is not None:

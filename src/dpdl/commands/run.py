@@ -50,18 +50,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_noise_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--entropy`` and ``--secure-noise``, shared by ``dpdl run`` and ``dpdl sweep``."""
+    """``--entropy``, shared by ``dpdl run``, ``dpdl sweep`` and ``dpdl tune``."""
     parser.add_argument(
         "--entropy",
         choices=("os", "seed"),
         help="where the secret sampling and noise streams come from: os (secret, the default) or "
         "seed (reproducible noise for research: anyone who knows the seed can remove it)",
-    )
-    parser.add_argument(
-        "--secure-noise",
-        action="store_true",
-        default=None,
-        help="hardened Gaussian noise: CSPRNG streams and a sum-of-four sampler (slower)",
     )
 
 
@@ -84,7 +78,7 @@ def main_process() -> bool:
 
 
 def apply_command_overrides(config: dict, overrides: dict) -> dict:
-    """Command-line flags (``--seed``, ``--entropy``, ``--secure-noise``, ...) on a config, by
+    """Command-line flags (``--seed``, ``--entropy``, ...) on a config, by
     the rules of its experiment kind: each kind's ``apply_overrides`` knows where a flag goes
     and refuses, in one line, a flag it cannot honour. A sweep's ``[sweep]`` table is kept."""
     from dpdl.experiments.registry import experiment_module
@@ -120,7 +114,6 @@ def _overrides(args) -> dict:
         "device": args.device,
         "runtime": args.runtime,
         "entropy": args.entropy,
-        "secure_noise": args.secure_noise,
     }
     if args.steps is not None and args.steps < 1:
         raise DPDLError(f"--steps must be a positive integer, got {args.steps}")
@@ -219,8 +212,6 @@ def _launch_local(args) -> int:
             argv += [f"--{flag}", str(value)]
     if args.no_progress:
         argv.append("--no-progress")
-    if args.secure_noise:
-        argv.append("--secure-noise")
     return launch_local(argv, args.procs)
 
 
@@ -273,7 +264,7 @@ def _resume(args) -> int:
         return 0
     results = resume_run(
         args.resume, progress=not args.no_progress, runtime=args.runtime, device=args.device,
-        seed=args.seed, steps=args.steps, entropy=args.entropy, secure_noise=args.secure_noise,
+        seed=args.seed, steps=args.steps, entropy=args.entropy,
     )  # fmt: skip
     if main_process():
         print_summary(results)

@@ -87,7 +87,7 @@ def run(args) -> int:
         set_dotted(config, *parse_override(item))
     from dpdl.commands.run import apply_command_overrides, warn_if_reproducible
 
-    noise = {"entropy": args.entropy, "secure_noise": args.secure_noise}
+    noise = {"entropy": args.entropy}
     config = apply_command_overrides(config, {k: v for k, v in noise.items() if v is not None})
 
     warn_if_reproducible(config)

@@ -31,7 +31,7 @@ def run(args) -> int:
     if args.workers is not None and args.workers < 1:
         raise DPDLError(f"--workers must be >= 1, got {args.workers}")
     config = load_config_file(args.config, preset=args.preset)
-    noise = {"entropy": args.entropy, "secure_noise": args.secure_noise}
+    noise = {"entropy": args.entropy}
     tune = config.pop("tune", None)
     config = apply_command_overrides(config, {k: v for k, v in noise.items() if v is not None})
     if tune is not None:

@@ -30,7 +30,6 @@ import time
 import torch
 import torch.distributed as dist
 
-from dpdl.algorithms.dyn_d2p import local_update
 from dpdl.engine.comm import PointToPointMixer, block_bounds
 from dpdl.engine.simulator import NodeData, Simulator
 from dpdl.errors import DPDLError
@@ -139,15 +138,8 @@ class DistributedSimulator(Simulator):
         sends nothing, and the momentum buffers are the block's own rows."""
         k = self.iteration
         _maybe_inject_fault(self.rank, k)
-        half = local_update(
-            self.model, self.params, self.weights,
-            self.data.inputs, self.data.targets, self.data.mask, self.generators,
-            step=k, lr=self.lr if lr is None else lr, expected_batch_size=self.expected_batch_size,
-            sample_rate=self.hosted_sample_rates, private=private, clip=clip, sigma=sigma,
-            loss=self.loss, buffers=self.buffers, first_node=self.lo,
-            unsafe_zero_noise=unsafe_zero_noise, clip_method=self.clip_method,
-            **self._optimiser(),
-        )  # fmt: skip
+        half = self._local_update(k, private=private, clip=clip, sigma=sigma,
+                                  unsafe_zero_noise=unsafe_zero_noise, lr=lr)  # fmt: skip
         if mix:
             round_k = k if mixing_round is None else mixing_round
             self.params, self.weights = self.mixer.mix(half.params, self.weights, round_k, step=k)

@@ -21,7 +21,9 @@ from torch.func import functional_call, vmap
 
 from dpdl.algorithms.dyn_d2p import (
     CLIP_METHODS,
+    GAUSSIAN_RELEASE,
     LOSSES,
+    NoiseMechanism,
     Params,
     debias,
     local_update,
@@ -29,6 +31,7 @@ from dpdl.algorithms.dyn_d2p import (
     node_sample_rates,
     push_sum_mix,
 )
+from dpdl.algorithms.noise import NoiseDraw
 from dpdl.errors import DPDLError, require
 
 __all__ = ["NodeData", "Simulator", "stack_params", "resolve_device"]
@@ -137,8 +140,9 @@ class Simulator:
     streams are secret: ``seed=None`` (the default) keys them from OS entropy; a root key
     (bytes, :func:`dpdl.algorithms.randomness.stream_root`) or an int derives them, with each
     node's data fingerprint, reproducibly (a research choice, see
-    :mod:`dpdl.algorithms.randomness`).  ``secure_noise`` uses the hardened Gaussian sampler
-    (OS entropy only).
+    :mod:`dpdl.algorithms.randomness`).  Every private step's noise is released exactly
+    (:data:`~dpdl.algorithms.dyn_d2p.GAUSSIAN_RELEASE`, MATH.md §10); ``noise_mechanism``
+    replaces it only for the audit's deliberately broken samplers.
     ``clip_method`` chooses how per-record clipped sums are computed (``"auto"``,
     ``"book-keeping"``, ``"per-record"``; see :func:`dpdl.algorithms.dyn_d2p.
     clipped_record_sums`): the numbers agree to rounding.
@@ -160,7 +164,7 @@ class Simulator:
         seed: int | bytes | None = None,
         device: str | torch.device = "cpu",
         loss: str | Callable = "cross_entropy",
-        secure_noise: bool = False,
+        noise_mechanism: NoiseMechanism = GAUSSIAN_RELEASE,
         clip_method: str = "auto",
         momentum: float = 0.0,
         weight_decay: float = 0.0,
@@ -221,16 +225,16 @@ class Simulator:
         self.momentum_buffer: Params | None = (
             {name: torch.zeros_like(p) for name, p in self.params.items()} if momentum else None
         )
-        self.secure_noise = bool(secure_noise)
+        self.noise_mechanism = noise_mechanism
         self._fingerprints: list[bytes] | None = None
         # Seeded streams are keyed with the node's data too: other data, other noise.
         self.generators = make_node_generators(
-            self.n, seed, first_node=first, count=count, secure=self.secure_noise,
+            self.n, seed, first_node=first, count=count,
             salts=None if seed is None else self.data_fingerprints,
         )  # fmt: skip
         self.iteration = 0
         self._mixing_cache: dict[int, tuple] = {}
-        self._noise_buffer: torch.Tensor | None = None  # (n, d) normals (optimiser's path)
+        self._noise_buffer: NoiseDraw | None = None  # the noise's buffers, refilled each step
         self._work: Params | None = None  # the step's update, then x^{k+1/2}; never exposed
 
     @property
@@ -299,24 +303,8 @@ class Simulator:
         gossips with the graph of ``mixing_round`` (default: the iteration k).
         """
         k = self.iteration
-        # only the optimiser's path keeps an (n, d) block of normals: the plain step adds each
-        # group of rows of noise as it is drawn
-        if private and self._noise_buffer is None and (self.momentum or self.weight_decay):
-            first = next(iter(self.params.values()))
-            d = sum(p[0].numel() for p in self.params.values())
-            m = len(self.generators)
-            self._noise_buffer = torch.empty((m, d), dtype=first.dtype, device=self.device)
-        if self._work is None:
-            self._work = {name: torch.empty_like(p) for name, p in self.params.items()}
-        half = local_update(
-            self.model, self.params, self.weights,
-            self.data.inputs, self.data.targets, self.data.mask, self.generators,
-            step=k, lr=self.lr if lr is None else lr, expected_batch_size=self.expected_batch_size,
-            sample_rate=self.hosted_sample_rates, private=private, clip=clip, sigma=sigma,
-            loss=self.loss, buffers=self.buffers, noise_buffer=self._noise_buffer,
-            unsafe_zero_noise=unsafe_zero_noise,
-            clip_method=self.clip_method, work=self._work, **self._optimiser(),
-        )  # fmt: skip
+        half = self._local_update(k, private=private, clip=clip, sigma=sigma,
+                                  unsafe_zero_noise=unsafe_zero_noise, lr=lr)  # fmt: skip
         if mix:
             P, circ = self._mixing(k if mixing_round is None else mixing_round)
             # x^k is not needed once x^{k+1/2} is in the work buffer: x^{k+1} overwrites it
@@ -327,6 +315,25 @@ class Simulator:
             self._keep_local(half.params)
         self.iteration += 1
         return half.batch_sizes
+
+    def _local_update(self, k: int, *, private, clip, sigma, unsafe_zero_noise, lr):
+        """Steps 1-5 for the hosted nodes (:func:`~dpdl.algorithms.dyn_d2p.local_update`), with
+        this engine's buffers: the noise's, refilled every step, and the work buffer."""
+        if private and self._noise_buffer is None:
+            d = sum(p[0].numel() for p in self.params.values())
+            self._noise_buffer = NoiseDraw.empty(len(self.generators), d, self.device)
+        if self._work is None:
+            self._work = {name: torch.empty_like(p) for name, p in self.params.items()}
+        return local_update(
+            self.model, self.params, self.weights,
+            self.data.inputs, self.data.targets, self.data.mask, self.generators,
+            step=k, lr=self.lr if lr is None else lr, expected_batch_size=self.expected_batch_size,
+            sample_rate=self.hosted_sample_rates, private=private, clip=clip, sigma=sigma,
+            loss=self.loss, buffers=self.buffers, first_node=self.node_block[0],
+            noise_buffer=self._noise_buffer, unsafe_zero_noise=unsafe_zero_noise,
+            mechanism=self.noise_mechanism, clip_method=self.clip_method, work=self._work,
+            **self._optimiser(),
+        )  # fmt: skip
 
     def _optimiser(self) -> dict:
         """local_update's momentum and weight-decay arguments (none at the defaults)."""

@@ -148,15 +148,6 @@ class RunConfig(_Section):
     training: TrainingSection = Field(default_factory=lambda: TrainingSection(steps=200))
     privacy: PrivacySection = Field(default_factory=PrivacySection)
 
-    @model_validator(mode="after")
-    def _secure_noise_is_secret(self) -> RunConfig:
-        if self.privacy.secure_noise and self.experiment.entropy != "os":
-            raise ValueError(
-                "privacy.secure_noise draws its keys from the OS: it needs experiment.entropy "
-                f"= 'os', got {self.experiment.entropy!r}"
-            )
-        return self
-
 
 def parse_config(config: dict[str, Any] | RunConfig) -> RunConfig:
     """Validate a ``decentralized`` config; raises DPDLError naming every offending key."""

@@ -348,7 +348,6 @@ def apply_overrides(
     device: str | None = None,
     runtime: str | None = None,
     entropy: str | None = None,
-    secure_noise: bool | None = None,
 ) -> dict[str, Any]:
     """Command-line overrides (``dpdl run --seed/--steps/--device/...``) on a config dict."""
     out = json.loads(json.dumps(config))
@@ -361,8 +360,6 @@ def apply_overrides(
         exp["runtime"] = runtime
     if entropy is not None:
         exp["entropy"] = entropy
-    if secure_noise is not None:
-        out.setdefault("privacy", {})["secure_noise"] = secure_noise
     if steps is not None:
         training = out.setdefault("training", {})
         training.pop("epochs", None)

@@ -43,7 +43,8 @@ class RunRecord:
     "per-node", ``sample_rates`` every node's Poisson rate; ``epsilon_per_node`` every node's
     certified epsilon of the steps spent at its own rate (the largest is the run's epsilon, of
     the node at the schedule's rate; None for a non-private run), ``epsilon_per_node_method``
-    how.
+    how.  ``noise_mechanism`` names the noise of the private steps (the exact release of
+    MATH.md §10); None for a non-private run.
     """
 
     algorithm: str
@@ -53,7 +54,7 @@ class RunRecord:
     delta: float | None
     calibrated_with: str | None
     noise_entropy: str | None
-    secure_noise: bool | None
+    noise_mechanism: str | None
     private: bool | None
     status: str | None
     message: str | None

@@ -215,8 +215,6 @@ class PrivacySection(_Section):
     # Blocks of a blocked PLD/RDP calibration and ledger; None (default): the accountant's own
     # choice, i.e. exact or, for many distinct multipliers, the binned PLD bound.
     calibration_blocks: int | None = Field(None, ge=1)
-    # Hardened Gaussian noise: CSPRNG streams and the sum-of-four sampler (needs entropy "os").
-    secure_noise: bool = False
 
     @field_validator("epsilon")
     @classmethod
@@ -231,11 +229,20 @@ class PrivacySection(_Section):
         return self.epsilon if isinstance(self.epsilon, list) else [self.epsilon]
 
 
+# Keys that once existed: a config that still sets one is told what became of it.
+REMOVED_KEYS = {
+    "secure_noise": "removed: every private step's noise is now exact in law, a stronger "
+                    "guarantee than the hardened sampler gave (docs/MATH.md §10); delete the key",
+}
+
+
 def _describe(err: ValidationError) -> str:
     parts = []
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "config"
-        if e["type"] == "extra_forbidden":
+        if e["type"] == "extra_forbidden" and e["loc"] and e["loc"][-1] in REMOVED_KEYS:
+            parts.append(f"{key}: {REMOVED_KEYS[e['loc'][-1]]}")
+        elif e["type"] == "extra_forbidden":
             parts.append(f"{key}: unknown key")
         else:
             msg = e["msg"].removeprefix("Value error, ")

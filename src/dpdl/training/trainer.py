@@ -42,7 +42,7 @@ from torch import nn
 
 from dpdl.accounting.ledger import PrivacyLedger
 from dpdl.accounting.schedules import PrivacySchedule
-from dpdl.algorithms.dyn_d2p import node_sample_rates
+from dpdl.algorithms.dyn_d2p import GAUSSIAN_RELEASE, node_sample_rates
 from dpdl.algorithms.randomness import DEFAULT_ENTROPY, ENTROPY_MODES, settings_digest
 from dpdl.engine import checkpoint as checkpoints
 from dpdl.engine.simulator import NodeData, Simulator, resolve_device
@@ -190,8 +190,7 @@ class DecentralizedTrainer:
       ``"name@clt|pld|rdp"``) and ``epsilon``, its target (default 1.0).
     * ``privacy``: a :class:`PrivacySection` or a dict of one (a config's [privacy] table, but
       its target epsilon, which is ``epsilon``): ``delta``, ``calibrate``, ``clip``,
-      ``clip0``, ``rho_c``, ``rho_mu``, ``secure_noise`` (CSPRNG streams and the hardened
-      Gaussian sampler; entropy "os"); accounting: ``certified_accountant``,
+      ``clip0``, ``rho_c``, ``rho_mu``; accounting: ``certified_accountant``,
       ``eval_blocks``, ``final_mode``, ``final_blocks``, ``calibration_blocks``.
     * ``training``: a :class:`TrainingSection` or a dict of one (a config's [training]):
       ``batch_size`` (expected b), ``sampling`` ("uniform": every node at b / J_min;
@@ -331,10 +330,6 @@ class DecentralizedTrainer:
         require(
             entropy in ENTROPY_MODES,
             f"unknown entropy {entropy!r}; use 'os' (secret, default) or 'seed'",
-        )
-        require(
-            not (self.privacy.secure_noise and entropy != "os"),
-            f"secure_noise draws its keys from the OS: it needs entropy 'os', got {entropy!r}",
         )
         require(runtime in RUNTIMES, f"runtime must be one of {RUNTIMES}, got {runtime!r}")
         require(
@@ -499,13 +494,12 @@ class DecentralizedTrainer:
 
             distributed.init_from_environment(self.device)
             main_process = distributed.is_main_process()
-        secure = self.privacy.secure_noise
         # The sampling and noise streams are secret and the run's own (dpdl.algorithms.randomness).
         root = noise_root(self.entropy, self.seed, self.stream_settings())
         sim = self._factory()(
             self.model, self.node_data, self.topology, lr=self.training.lr,
             expected_batch_size=self.training.batch_size, seed=root, device=self.device,
-            loss=self.loss, secure_noise=secure, momentum=self.training.momentum,
+            loss=self.loss, momentum=self.training.momentum,
             weight_decay=self.training.weight_decay, sampling=self.training.sampling,
         )  # fmt: skip
         del root  # the generators hold the secret now; nothing else should
@@ -743,7 +737,8 @@ class DecentralizedTrainer:
             algorithm=self.spec.label, base_algorithm=self.spec.name, seed=self.seed,
             epsilon_target=self.epsilon, delta=self.privacy.delta if private else None,
             calibrated_with=schedule.calibrated_with, noise_entropy=self.entropy,
-            secure_noise=self.privacy.secure_noise, private=private, status=status,
+            noise_mechanism=GAUSSIAN_RELEASE.name if private else None, private=private,
+            status=status,
             message=message, steps=self.steps, steps_done=state.engine.iteration,
             sample_rate=self.sample_rate, train_seconds=seconds,
             final={k: _json_number(v) for k, v in final_row.items()

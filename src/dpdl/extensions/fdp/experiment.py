@@ -233,8 +233,7 @@ def parse_config(config: dict[str, Any] | FdpRandomWalkConfig) -> FdpRandomWalkC
 
 def apply_overrides(config: dict, **overrides) -> dict:
     """``dpdl run`` flags: --seed replaces the seeds, --steps the walk length T, --entropy
-    the source of the secret randomness; others (--secure-noise among them: its hardened
-    sampler serves the torch engine) are refused."""
+    the source of the secret randomness; others (--device, --runtime) are refused."""
     config = json.loads(json.dumps(config))
     unsupported = sorted(k for k, v in overrides.items()
                          if v is not None and k not in ("seed", "steps", "entropy"))

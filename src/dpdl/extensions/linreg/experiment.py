@@ -180,19 +180,15 @@ def parse_linreg_config(config: dict[str, Any] | LinRegConfig) -> LinRegConfig:
 
 def apply_overrides(config: dict[str, Any], *, seed: int | None = None,
                     steps: int | None = None, device: str | None = None,
-                    runtime: str | None = None, entropy: str | None = None,
-                    secure_noise: bool | None = None) -> dict[str, Any]:
+                    runtime: str | None = None,
+                    entropy: str | None = None) -> dict[str, Any]:
     """``dpdl run`` flags: ``--seed`` (one seed), ``--steps`` (T) and ``--entropy``. The run is
     numpy on the CPU in one process, so ``--device`` other than cpu and ``--runtime`` other
-    than simulator are refused, and so is ``--secure-noise`` (its sampler is Gaussian; this
-    kind's noise is Laplace)."""
+    than simulator are refused."""
     if device not in (None, "cpu", "auto"):
         raise DPDLError(f"--device {device!r}: the linreg kind runs on the CPU (numpy)")
     if runtime not in (None, "simulator"):
         raise DPDLError(f"--runtime {runtime!r}: the linreg kind has no distributed runtime")
-    if secure_noise:
-        raise DPDLError("--secure-noise is not supported by the linreg kind: its hardened "
-                        "sampler is Gaussian and linreg's noise is Laplace")
     out = json.loads(json.dumps(config))
     if entropy is not None:
         out.setdefault("experiment", {})["entropy"] = entropy

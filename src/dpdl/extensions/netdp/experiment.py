@@ -573,8 +573,7 @@ def _summary(results: list[dict]) -> list[dict]:
 
 def apply_overrides(config: dict[str, Any], **overrides) -> dict[str, Any]:
     """``dpdl run`` flags: ``seed`` (a single seed), ``steps`` (T) and ``entropy``; others
-    (``--secure-noise`` among them: its hardened sampler serves the torch engine) are
-    refused."""
+    (``--device``, ``--runtime``) are refused."""
     import copy
 
     unsupported = sorted(k for k, v in overrides.items()

@@ -1,0 +1,431 @@
+"""Noise whose released values have exactly the law they are accounted for (MATH.md §10).
+
+A private step releases a noisy sum G = S + scale·X (X a standard Gaussian, or a standard
+Laplace for pure ε-DP): the accounting is that of a real-valued X.  What a node sends is a
+float32 message computed from G, so what matters is the law of the bits: a floating-point
+sampler whose outputs lie on a lattice, or leave gaps, lets a neighbour read X off the message
+and recover S exactly (Mironov 2012; ``../shared/attacks``).  Here G is released **on a grid
+g·Z** with g = 2^(floor(log2 scale) - GRID_BITS) (a power of two, about a thousandth of the
+noise's scale), and its law is *exactly* the law of round_g(S + scale·X) with X a real
+Gaussian: the rounding of a Gaussian mechanism's output, i.e. post-processing, so the
+Gaussian accounting holds as it is and every later float operation (the step, momentum,
+mixing, the float32 cast) is post-processing too.  No δ is added: the noise's support is
+every grid point.
+
+How (interval refining, Haney et al. 2022, with a certified fast path):
+
+1. Every coordinate takes one 64-bit word of its node's secret stream, the first 64 bits of a
+   uniform P in (0, 1); X = F^{-1}(P), F the law's CDF.
+2. Fast path, vectorised in float64 on the device: X̂ = F^{-1}(P̂) at P's midpoint, then
+   v = (S + scale·X̂) / g and j = round(v).  A bound on |X̂ - X| over the whole 64-bit interval
+   of P (the interval's width, the float64 conversion, the quantile function's error with 4096
+   times the margin measured against mpmath) and on the float64 arithmetic certifies that every
+   P of the interval lands in cell j: then j is exact.
+3. Otherwise (about one coordinate in 10^6: |v - j| near 1/2, or P in the last 2^-20 of a
+   tail) the exact path decides the cell in exact rational and mpmath arithmetic, comparing P
+   with F at the cell's boundaries and drawing 64 more bits of P from the stream while P's
+   interval straddles one (so the tails are exact too).
+
+Which coordinates take the exact path depends on the device; the cell and the stream's use do
+not (more bits are drawn only when P's interval truly straddles a boundary), so a seeded run
+gives the same G on every machine that computes the same S.
+
+The laws are a small registry (:data:`LAWS`): a law gives its quantile function in torch
+float64 with the error model above, and its tail and quantile in mpmath.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from dpdl.errors import require
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "GRID_BITS",
+    "LAWS",
+    "NoiseDraw",
+    "NoiseLaw",
+    "draw",
+    "exact_cell",
+    "grid_step",
+    "release",
+    "release_numpy",
+]
+
+#: The grid is 2^-GRID_BITS of the noise scale (to a factor of 2): rounding adds a variance of
+#: at most (2 scale 2^-GRID_BITS)^2 / 12, about 4e-7 of the noise's own.
+GRID_BITS = 10
+#: Error model of the float64 quantile functions (with the P interval and the conversion):
+#: |X̂ - F^{-1}(P)| <= _A / T + _B |X̂|, T = min(P, 1 - P).  Measured against mpmath at
+#: 200 bits: torch's erfinv stays below 2^-52 / T and 2^-52 |X|; 2^-40 leaves 4096 times that.
+_A = 2.0**-40
+_B = 2.0**-40
+#: P within this of 0 or 1 always takes the exact path (|X| > 4.9 for the Gaussian).
+_TAIL = 2.0**-20
+_HALF_WORD = 1 << 63
+
+
+class NoiseLaw(Protocol):
+    """A symmetric continuous law of scale 1 (the noise X before scaling)."""
+
+    name: str
+
+    def quantile(self, u: torch.Tensor) -> torch.Tensor:
+        """F^{-1}((1 + u) / 2) for u in (-1, 1), float64, within the module's error model."""
+        ...
+
+    def upper_tail(self, b):
+        """P(X > b) for an mpmath b >= 0, at the current mpmath precision."""
+        ...
+
+    def quantile_mp(self, p):
+        """F^{-1}(p) for an mpmath p in (0, 1), at the current mpmath precision."""
+        ...
+
+
+class _Gaussian:
+    name = "gaussian"
+
+    def quantile(self, u):
+        import torch
+
+        return torch.special.erfinv(u).mul_(math.sqrt(2.0))
+
+    def upper_tail(self, b):
+        import mpmath
+
+        return mpmath.erfc(b / mpmath.sqrt(2)) / 2
+
+    def quantile_mp(self, p):
+        import mpmath
+
+        return mpmath.sqrt(2) * mpmath.erfinv(2 * p - 1)
+
+
+class _Laplace:
+    name = "laplace"
+
+    def quantile(self, u):
+        import torch
+
+        # X = sign(u) (-log(1 - |u|)): log1p keeps the relative precision of small |u|
+        return torch.log1p(-u.abs()).neg_().mul_(torch.sign(u))
+
+    def upper_tail(self, b):
+        import mpmath
+
+        return mpmath.exp(-b) / 2
+
+    def quantile_mp(self, p):
+        import mpmath
+
+        return mpmath.log(2 * p) if p < 0.5 else -mpmath.log(2 * (1 - p))
+
+
+LAWS: dict[str, NoiseLaw] = {law.name: law for law in (_Gaussian(), _Laplace())}
+
+
+def _law(law: str | NoiseLaw) -> NoiseLaw:
+    if isinstance(law, str):
+        require(law in LAWS, f"unknown noise law {law!r}; choose one of {', '.join(LAWS)}")
+        return LAWS[law]
+    return law
+
+
+def grid_step(scale: float) -> float:
+    """g = 2^(floor(log2 scale) - GRID_BITS): exact, and between 2^-11 and 2^-10 of scale."""
+    require(math.isfinite(scale) and scale > 0, f"a noise scale must be positive, got {scale}")
+    _, exponent = math.frexp(scale)  # scale = m 2^e, m in [1/2, 1)
+    return math.ldexp(1.0, exponent - 1 - GRID_BITS)
+
+
+# --------------------------------------------------------------------------- bit sources
+class BitSource(Protocol):
+    """Where uniform 64-bit words come from: a :class:`~dpdl.algorithms.randomness.
+    SecretStream`, or :class:`GeneratorBits` around a numpy Generator."""
+
+    def words(self, count: int) -> np.ndarray: ...
+
+
+@dataclass
+class GeneratorBits:
+    """The raw 64-bit output of a numpy Generator's bit generator (ChaCha20 for secret ones)."""
+
+    rng: np.random.Generator
+
+    def words(self, count: int) -> np.ndarray:
+        return np.asarray(self.rng.bit_generator.random_raw(int(count)), dtype=np.uint64)
+
+
+# --------------------------------------------------------------------------- phase 1
+@dataclass
+class NoiseDraw:
+    """The data-free half of a release: every coordinate's word, X̂ and certified slack.
+
+    ``words`` (m, d) uint64 (numpy, on the host: the raw words); ``steps`` (m, d) float64 =
+    X̂·scale/g, the noise in grid units; ``limit`` (m, d) float64: the largest |v - j| (grid
+    units) the fast path certifies, -1 where it certifies nothing; ``work`` (m, d) float64,
+    phase 2's scratch; ``scale``, ``grid``; ``sources``: row i's bit source (the exact path's
+    further bits).  Pass a draw back to :func:`draw` as ``reuse``: its buffers are refilled
+    (fresh multi-megabyte tensors cost page faults every step, more than the arithmetic).
+    """
+
+    words: np.ndarray
+    steps: torch.Tensor
+    limit: torch.Tensor
+    work: torch.Tensor
+    scale: float = 1.0
+    grid: float = 1.0
+    law: NoiseLaw | None = None
+    sources: Sequence[BitSource] = ()
+
+    @classmethod
+    def empty(cls, m: int, d: int, device=None) -> NoiseDraw:
+        import torch
+
+        def buffer():
+            return torch.empty((m, d), dtype=torch.float64, device=device)
+
+        return cls(np.empty((m, d), dtype=np.uint64), buffer(), buffer(), buffer())
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.words.shape)
+
+    def columns(self, lo: int, hi: int) -> NoiseDraw:
+        """The draw's columns lo..hi-1 (views: one parameter's block of a flat draw)."""
+        return NoiseDraw(self.words[:, lo:hi], self.steps[:, lo:hi], self.limit[:, lo:hi],
+                         self.work[:, lo:hi], self.scale, self.grid, self.law, self.sources)
+
+
+# The fast path's certificate also covers the float64 sum of phase 2, whose rounding is at
+# most 2^-53 |v|: for |v| <= 2^22 grid steps (|S| up to ~2000 noise scales) this constant does;
+# beyond it release() widens the certificate by the real bound.
+_SUM_SLACK = 2.0**-30
+_SUM_RANGE = 2.0**22
+
+
+def draw(sources: Sequence[BitSource], d: int, scale: float, law: str | NoiseLaw = "gaussian",
+         *, device=None, reuse: NoiseDraw | None = None) -> NoiseDraw:  # fmt: skip
+    """Read d words from each source (row i from ``sources[i]``) and compute X̂ and the slack
+    the fast path may certify.  Nothing here depends on the data: it may run ahead, on another
+    thread, while the sums are computed.  ``reuse``: a draw of the same shape to refill."""
+    import torch
+
+    law = _law(law)
+    g = grid_step(scale)
+    m = len(sources)
+    out = reuse if reuse is not None and reuse.shape == (m, int(d)) else None
+    out = out or NoiseDraw.empty(m, int(d), device)
+    for row, source in zip(out.words, sources, strict=True):
+        if hasattr(source, "read_into"):  # a SecretStream: straight into the buffer
+            source.read_into(row.view(np.uint8))
+        else:
+            row[:] = source.words(d)
+    w = torch.from_numpy(out.words.view(np.int64)).to(out.steps.device)
+    # u = 2P - 1 at the bottom of P's interval (the error model covers the whole interval)
+    u = out.work.copy_(w).mul_(2.0**-63)
+    out.steps.copy_(law.quantile(u)).mul_(scale / g)
+    r = u.abs_().neg_().add_(1.0)  # 1 - |u| = 2T, T = min(P, 1 - P), to 2^-54
+    tail = r < 2.0 * _TAIL
+    # |X̂ - X| <= A / T + B |X̂| (and the rounding of scale·X̂, 2^-53 |X̂|), in grid units
+    margin = torch.reciprocal(r, out=out.limit).mul_(2.0 * _A * scale / g)
+    margin.add_(torch.abs(out.steps, out=out.work), alpha=_B + 2.0**-52)
+    limit = margin.neg_().add_(0.5 - _SUM_SLACK).masked_fill_(tail, -1.0)
+    out.scale, out.grid, out.law, out.sources = float(scale), g, law, list(sources)
+    out.limit = limit
+    return out
+
+
+# --------------------------------------------------------------------------- phase 2
+def release(noise: NoiseDraw, centre: torch.Tensor, out: torch.Tensor | None = None):
+    """j with j·g = round_g(centre + scale·X), exactly in law (integer-valued float64, (m, d)).
+
+    ``centre`` (m, d), any float dtype (a node's clipped sum S: float32 widens exactly).  The
+    fast path's j where its certificate holds; the exact path for the rest.  ``out``: (m, d)
+    float64 for j (may be ``noise.steps``: the draw is spent once released).
+    """
+    import torch
+
+    require(tuple(centre.shape) == noise.shape,
+            f"centre has shape {tuple(centre.shape)}, the noise {noise.shape}")  # fmt: skip
+    v = noise.work.copy_(centre).mul_(1.0 / noise.grid).add_(noise.steps)  # g = 2^e: exact
+    j = torch.round(v, out=out)
+    lo, hi = torch.aminmax(centre) if centre.numel() else (torch.zeros(()), torch.zeros(()))
+    span = max(-float(lo), float(hi)) / noise.grid + 2.0 ** (GRID_BITS + 4)
+    # v - j - limit > 0 where the certificate fails (widened when y's rounding may exceed it)
+    excess = v.sub_(j).abs_().sub_(noise.limit)
+    if span > _SUM_RANGE:
+        excess.add_(2.0**-52 * span - _SUM_SLACK)
+    if v.numel() and float(excess.max()) > 0:
+        _exact_rows(noise, centre, j, excess > 0)
+    return j
+
+
+def _exact_rows(noise: NoiseDraw, centre, j, uncertain) -> None:
+    """The exact path for every uncertain coordinate, row by row (each row's own stream
+    supplies any further bits, in coordinate order)."""
+    rows, cols = (t.tolist() for t in uncertain.nonzero(as_tuple=True))
+    words = noise.words[rows, cols].tolist()
+    centres = centre[uncertain].double().cpu().tolist()
+    exact = [
+        exact_cell(c, noise.scale, noise.grid, noise.law, w, noise.sources[r].words)
+        for r, c, w in zip(rows, centres, words, strict=True)
+    ]  # fmt: skip
+    j[uncertain] = j.new_tensor(exact)
+
+
+# --------------------------------------------------------------------------- exact path
+def exact_cell(centre: float, scale: float, grid: float, law: str | NoiseLaw, word: int,
+               more: Callable[[int], np.ndarray]) -> int:  # fmt: skip
+    """The cell j with j·g = round_g(centre + scale·X), X = F^{-1}(P), decided exactly.
+
+    P's first 64 bits are ``word`` with its top bit flipped (P in [K/2^64, (K+1)/2^64), K the
+    word read as unsigned and xor 2^63, the fast path's (1 + u) / 2); ``more(1)`` supplies 64
+    further bits whenever P's interval straddles a cell boundary.  Boundaries are compared in
+    mpmath at a precision well above P's bits, twice (at p and p + 64 bits) to check that the
+    tail probability is resolved; ties of measure zero (P on a boundary) go up.
+    """
+    import mpmath
+
+    law = _law(law)
+    numerator, bits = (int(word) ^ _HALF_WORD), 64
+    c, s, g = mpmath.mpf(centre), mpmath.mpf(scale), mpmath.mpf(grid)
+    j = None
+    while True:
+        prec = 2 * bits + 128
+        with mpmath.workprec(prec):
+            if j is None:
+                p_mid = (mpmath.mpf(numerator) + mpmath.mpf(0.5)) / mpmath.mpf(2) ** bits
+                j = int(mpmath.nint((c + s * law.quantile_mp(p_mid)) / g))
+            side = _side_of_cell(law, c, s, g, j, numerator, bits, prec)
+        if side == 0:
+            return j
+        if side is None:  # P's interval straddles a boundary: 64 more bits of P
+            numerator = (numerator << 64) | int(more(1)[0])
+            bits += 64
+        else:
+            j += side
+
+
+def _side_of_cell(law, c, s, g, j, numerator, bits, prec):
+    """0 if all of P's interval maps into cell j, -1 / +1 if all of it maps below / above
+    cell j's lower / upper boundary, None if it straddles one of them."""
+    below = _compare(law, ((j - 0.5) * g - c) / s, numerator, bits, prec)
+    if below == -1:
+        return -1
+    above = _compare(law, ((j + 0.5) * g - c) / s, numerator, bits, prec)
+    if above == 1:
+        return 1
+    if below == 1 and above == -1:
+        return 0
+    return None
+
+
+def _compare(law, b, numerator, bits, prec) -> int | None:
+    """-1 if P < F(b) on all of [N/2^L, (N+1)/2^L), +1 if P >= F(b) on all of it, None if
+    F(b) may lie inside (or within the precision of) the interval."""
+    import mpmath
+
+    low, high = numerator, numerator + 1  # the interval, in units of 2^-bits
+    if b == 0:
+        half = 1 << (bits - 1)  # F(0) = 1/2 exactly
+        return -1 if high <= half else 1 if low >= half else None
+    tail, tol = _tail(law, abs(b), prec)
+    scale = mpmath.mpf(2) ** bits
+    if b < 0:  # F(b) = P(X > -b): compare P itself with the tail
+        if high <= tail * (1 - tol) * scale:
+            return -1
+        return 1 if low >= tail * (1 + tol) * scale else None
+    # b > 0: F(b) = 1 - tail; compare 1 - P, in (2^L - high, 2^L - low] units, with the tail
+    whole = 1 << bits
+    if whole - high >= tail * (1 + tol) * scale:
+        return -1
+    return 1 if whole - low <= tail * (1 - tol) * scale else None
+
+
+def _tail(law, b, prec):
+    """P(X > b) at ``prec`` bits with a relative tolerance that covers its error: computed at
+    prec and prec + 64 bits, the tolerance is 2^-(prec/2) when they agree to it."""
+    import mpmath
+
+    with mpmath.workprec(prec + 64):
+        finer = law.upper_tail(b)
+    with mpmath.workprec(prec):
+        value = law.upper_tail(b)
+        tol = mpmath.mpf(2) ** (-(prec // 2))
+        require(value > 0 and abs(finer - value) <= tol * value / 4,
+                "the exact noise path could not resolve a tail probability")  # fmt: skip
+        return value, tol
+
+
+# --------------------------------------------------------------------------- numpy
+def release_numpy(centre: np.ndarray, scale: float, rng: np.random.Generator | BitSource,
+                  law: str | NoiseLaw = "gaussian") -> np.ndarray:  # fmt: skip
+    """round_g(centre + scale·X) for the numpy algorithms: float64, the grid values j·g,
+    exactly in law, one word of ``rng`` per value (a numpy Generator's raw bits, or a bit
+    source), in C order."""
+    import torch
+
+    centre = np.asarray(centre, dtype=np.float64)
+    source = GeneratorBits(rng) if isinstance(rng, np.random.Generator) else rng
+    flat = centre.reshape(1, -1)
+    noise = draw([source], flat.shape[1], scale, law)
+    cells = release(noise, torch.from_numpy(flat), out=noise.steps)
+    return (cells.numpy() * noise.grid).reshape(centre.shape)
+
+
+# --------------------------------------------------------------------------- the mechanism
+Params = dict  # {name: (m, *shape) tensor}: stacked parameters of m nodes
+
+
+class GaussianRelease:
+    """The noise mechanism of every private step: node i's noisy sum released as
+    round_g(S_i + sigma X_i), exactly in law (this module's doc).
+
+    ``start`` (data-free: it may run on a worker thread while the sums are computed) draws the
+    d words of every node, in parameter order, from its stream; ``noisy_sums`` replaces sums
+    by the released G (rounded to the sums' dtype: post-processing); ``noisy_step`` writes
+    x - step_size·G, the message, computed from G alone.  Any mechanism with these three
+    methods can stand in (the audit's deliberately broken ones, :mod:`dpdl.audit.legacy_noise`).
+    """
+
+    name = "exact-gaussian-grid"
+    certified = True
+    law = "gaussian"
+
+    def start(self, generators, d: int, sigma: float, *, device=None,
+              reuse: NoiseDraw | None = None) -> NoiseDraw:  # fmt: skip
+        return draw(generators, d, sigma, self.law, device=device, reuse=reuse)
+
+    def noisy_sums(self, noise: NoiseDraw, sums: Params) -> Params:
+        for block, flat in _blocks(noise, sums):
+            flat.copy_(release(block, flat, out=block.steps).mul_(noise.grid))
+        return sums
+
+    def noisy_step(self, noise: NoiseDraw, x: Params, sums: Params, step_size: float,
+                   out: Params) -> Params:  # fmt: skip
+        """out = x - step_size·G; ``out`` may be ``sums`` (each block is read before written)."""
+        for (block, flat), name in zip(_blocks(noise, sums), sums, strict=True):
+            step = release(block, flat, out=block.steps).mul_(-step_size * noise.grid)
+            target = out[name].view(flat.shape)
+            target.copy_(step).add_(x[name].reshape(flat.shape))
+        return out
+
+
+def _blocks(noise: NoiseDraw, sums: Params):
+    """(the draw's columns of one parameter, that parameter's (m, size) view) in order."""
+    lo = 0
+    for tensor in sums.values():
+        flat = tensor.view(tensor.shape[0], -1)
+        yield noise.columns(lo, lo + flat.shape[1]), flat
+        lo += flat.shape[1]
+    require(lo == noise.shape[1], f"the noise has {noise.shape[1]} columns, the sums {lo}")
