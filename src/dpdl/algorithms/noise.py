@@ -58,6 +58,7 @@ __all__ = [
     "grid_step",
     "release",
     "release_numpy",
+    "secret_normals",
 ]
 
 #: The grid is 2^-GRID_BITS of the noise scale (to a factor of 2): rounding adds a variance of
@@ -368,19 +369,43 @@ def _tail(law, b, prec):
 
 
 # --------------------------------------------------------------------------- numpy
-def release_numpy(centre: np.ndarray, scale: float, rng: np.random.Generator | BitSource,
+def release_numpy(centre, scale: float, rng: np.random.Generator | BitSource,
                   law: str | NoiseLaw = "gaussian") -> np.ndarray:  # fmt: skip
     """round_g(centre + scale·X) for the numpy algorithms: float64, the grid values j·g,
     exactly in law, one word of ``rng`` per value (a numpy Generator's raw bits, or a bit
-    source), in C order."""
+    source) in C order.  ``scale`` 0 (a noise-free baseline, allowed by the caller only with
+    ``unsafe_zero_noise``) returns the centre as it is."""
     import torch
 
     centre = np.asarray(centre, dtype=np.float64)
+    if scale == 0:
+        return centre.copy()
     source = GeneratorBits(rng) if isinstance(rng, np.random.Generator) else rng
-    flat = centre.reshape(1, -1)
+    flat = np.ascontiguousarray(centre).reshape(1, -1)
     noise = draw([source], flat.shape[1], scale, law)
     cells = release(noise, torch.from_numpy(flat), out=noise.steps)
     return (cells.numpy() * noise.grid).reshape(centre.shape)
+
+
+def secret_normals(rng: np.random.Generator | BitSource, shape, scale: float) -> np.ndarray:
+    """scale·X, X standard normals that are never released themselves (DECOR's pairwise
+    secrets, which cancel in the network's sum and enter a release only inside its centre):
+    X = F^{-1}(P) in float64 from a 64-bit P, within 2^-40 (1 / min(P, 1 - P) + |X|) of the
+    real quantile (the error model above; MATH.md §10 bounds what that changes), computed in
+    mpmath where P is within 2^-20 of 0 or 1."""
+    import mpmath
+    import torch
+
+    source = GeneratorBits(rng) if isinstance(rng, np.random.Generator) else rng
+    count = int(np.prod(shape))
+    words = source.words(count)
+    u = torch.from_numpy(words.view(np.int64).copy()).to(torch.float64).mul_(2.0**-63)
+    values = LAWS["gaussian"].quantile(u).numpy()
+    for k in np.flatnonzero(1.0 - np.abs(u.numpy()) < 2.0 * _TAIL):
+        with mpmath.workprec(128):
+            p = (mpmath.mpf(int(words[k]) ^ _HALF_WORD) + mpmath.mpf(0.5)) / mpmath.mpf(2) ** 64
+            values[k] = float(LAWS["gaussian"].quantile_mp(p))
+    return scale * values.reshape(shape)
 
 
 # --------------------------------------------------------------------------- the mechanism

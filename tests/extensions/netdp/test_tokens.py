@@ -3,6 +3,7 @@
 import math
 
 import numpy as np
+import torch
 import pytest
 from scipy import stats
 
@@ -116,8 +117,15 @@ def test_random_walk_sgd_cap_clipping_and_noise_only_steps():
     assert np.linalg.norm(res.weights) == pytest.approx(0.1 * mask.sum())
     net = tk.random_walk_sgd(lambda w, u: np.zeros(d), np.zeros(d), walk, lr=1.0, sigma=1.0,
                              clip=1.0, n=n, contributes=mask, model="network", seed=3)
-    noise = secret_rng(3).normal(0.0, 1.0, size=(T, d))  # the stream an int seed names
-    np.testing.assert_allclose(net.weights, -noise.sum(axis=0))  # noise on every step
+    # noise on every step: the stream an int seed names, d words a step, each released as
+    # round_g(0 + X) (X from first principles in mpmath)
+    from dpdl.algorithms.noise import GeneratorBits
+    from tests.engine.noise_reference import reference_noisy_sum
+
+    bits = GeneratorBits(secret_rng(3))
+    zeros = [torch.zeros(d, dtype=torch.float64)]
+    noise = sum(reference_noisy_sum(bits, zeros, 1.0)[0] for _ in range(T))
+    np.testing.assert_allclose(net.weights, -noise.numpy(), rtol=0, atol=1e-12)
 
 
 def test_random_walk_sgd_converges_without_noise_and_projects():

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import ArrayLike
 
+from dpdl.algorithms.noise import release_numpy, secret_normals
 from dpdl.algorithms.randomness import Randomness, check_noise_std, secret_rng
 from dpdl.errors import require
 
@@ -56,12 +57,14 @@ def edge_list(mixing: ArrayLike) -> np.ndarray:
 def pairwise_secrets(edges: np.ndarray, n: int, dim: int, sigma_cor: float,
                      rng: np.random.Generator) -> np.ndarray:
     """Σ_{j∈N(i)} v_ij for every node, shape (n, dim): v ~ N(0, σ_cor² I) drawn per edge,
-    added with + at its first end and − at its second, so the columns sum to exactly 0."""
+    added with + at its first end and − at its second, so the columns sum to 0 (to the
+    rounding of float64 sums).  The secrets are never released on their own: they enter each
+    node's exact release as part of its centre (:func:`run_decor`, MATH.md §10)."""
     require(sigma_cor >= 0, f"sigma_cor must be >= 0, got {sigma_cor!r}")
     out = np.zeros((n, dim))
     if sigma_cor == 0 or len(edges) == 0:
         return out
-    secrets = rng.normal(0.0, sigma_cor, size=(len(edges), dim))
+    secrets = secret_normals(rng, (len(edges), dim), sigma_cor)
     np.add.at(out, edges[:, 0], secrets)
     np.add.at(out, edges[:, 1], -secrets)
     return out
@@ -174,8 +177,8 @@ def run_decor(mixing: ArrayLike, x_nodes: np.ndarray, y_nodes: np.ndarray, *,
         g = clipped_mean_gradient(grads, clip).reshape(n, flat)
         secrets = pairwise_secrets(edges, n, flat, sigma_cor, rng)
         result.secret_sum_max = max(result.secret_sum_max, float(np.abs(secrets.sum(0)).max()))
-        shared = theta.reshape(n, flat) - lr * (g + sigma * rng.standard_normal((n, flat))
-                                                + secrets)
+        # each node's noisy update released exactly: round_g(g + secrets + σN) (MATH.md §10)
+        shared = theta.reshape(n, flat) - lr * release_numpy(g + secrets, sigma, rng)
         theta = (W @ shared).reshape(theta.shape)
         if eval_data is not None and eval_every and ((step + 1) % eval_every == 0
                                                      or step + 1 == steps):

@@ -285,6 +285,7 @@ def random_walk_dp_sgd(walk: np.ndarray, x_nodes: np.ndarray, y_nodes: np.ndarra
     one of :mod:`dpdl.extensions.fdp.models` (None: softmax regression).  This function does
     not check the hop map: a pn-fdp or rdp-baseline σ covers it only where the step is
     non-expansive (:func:`hop_map_gap`, which the experiment's config enforces)."""
+    from dpdl.algorithms.noise import release_numpy
     from dpdl.algorithms.randomness import check_noise_std
     from dpdl.extensions.fdp.decor import sample_batches
 
@@ -304,14 +305,14 @@ def random_walk_dp_sgd(walk: np.ndarray, x_nodes: np.ndarray, y_nodes: np.ndarra
         contributes = cap is None or contributions[holder] < cap
         contributions[holder] += int(contributes)
         for _ in range(local_steps):
-            noise = sigma * rng.standard_normal(theta.shape)
+            # the noisy gradient released exactly, round_g(gradient + σN) (MATH.md §10)
             if contributes:
                 batch = sample_batches(mask[holder:holder + 1], batch_size, rng)[0]
                 step = model.clipped_mean_gradient(theta, x_nodes[holder, batch],
                                                    y_nodes[holder, batch], clip)
-                theta = theta - lr * (step + noise)
             else:
-                theta = theta - lr * noise
+                step = np.zeros_like(theta)
+            theta = theta - lr * release_numpy(step, sigma, rng)
         if eval_data is not None and eval_every and ((t + 1) % eval_every == 0 or t + 1 == steps):
             loss, accuracy = model.loss_accuracy(theta, *eval_data)
             history.append({"step": t + 1, "loss": loss, "accuracy": accuracy})

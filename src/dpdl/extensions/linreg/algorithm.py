@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.sparse.csgraph import connected_components
 
+from dpdl.algorithms.noise import release_numpy
 from dpdl.algorithms.randomness import Randomness, secret_rng
 from dpdl.errors import DPDLError, require
 from dpdl.extensions.linreg.accounting import (
@@ -343,11 +344,6 @@ class LinRegResult:
     trajectory: np.ndarray | None = None  # (len(steps), k, m) when requested
 
 
-# Laplace draws are made per replica in blocks of this many steps (fewer Python calls); a
-# block of (B, k, m) standard draws is the same stream as B successive (k, m) draws.
-_NOISE_BLOCK = 256
-
-
 def run_linreg(
     problems: LocalProblems,
     mixing: np.ndarray,
@@ -508,19 +504,17 @@ def _iterate(problems: LocalProblems, w: np.ndarray, beta: np.ndarray, step_size
              recorder: _Recorder) -> np.ndarray:
     """The T noisy, projected gossip-and-gradient steps on the (k, R, m) state; returns β(T).
 
-    Each private replica's Laplace draws come from its own stream, in blocks of
-    ``_NOISE_BLOCK`` steps."""
+    Each private replica's shares come from its own stream: released exactly in law as
+    round_g(β + v(t) L), L standard Laplace (:func:`dpdl.algorithms.noise.release_numpy`:
+    the Laplace mechanism's output on a grid, no floating-point sampler in it)."""
     k, replicas, m = beta.shape
     steps = len(step_sizes)
-    unit_noise = np.zeros((_NOISE_BLOCK, k, replicas, m))
     project_all = domain is not None and private.all()
     with np.errstate(over="ignore", invalid="ignore"):  # divergence is reported below
         for t in range(steps):
-            if t % _NOISE_BLOCK == 0:
-                block = min(_NOISE_BLOCK, steps - t)
-                for r in np.flatnonzero(private):
-                    unit_noise[:block, :, r] = rngs[r].laplace(0.0, 1.0, (block, k, m))
-            shared = beta + scales[:, t, None] * unit_noise[t % _NOISE_BLOCK]
+            shared = beta.copy()
+            for r in np.flatnonzero(private):
+                shared[:, r] = release_numpy(beta[:, r], float(scales[r, t]), rngs[r], "laplace")
             if project_all:
                 projected = domain.project(shared)
             elif domain is not None and private.any():
@@ -543,8 +537,8 @@ def _release(state: np.ndarray, final_scales: np.ndarray, rngs: list, private: n
     beta = state.transpose(1, 0, 2)
     released = beta.copy()
     for r in np.flatnonzero(private):
-        final_noise = rngs[r].laplace(0.0, final_scales[r], beta.shape[1:])
-        released[r] = domain.project(beta[r] + final_noise)
+        released[r] = domain.project(release_numpy(beta[r], float(final_scales[r]), rngs[r],
+                                                   "laplace"))  # fmt: skip
     return beta, released
 
 

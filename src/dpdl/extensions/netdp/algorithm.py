@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import ArrayLike
 
+from dpdl.algorithms.noise import release_numpy
 from dpdl.algorithms.randomness import Randomness, check_noise_std, secret_rng
 from dpdl.errors import DPDLError, require
 from dpdl.extensions.netdp.accounting import contribution_mask, visit_ranks
@@ -169,24 +170,30 @@ def ring_summation(values: ArrayLike, sigma: float, *, seed: Randomness = None,
                    unsafe_zero_noise: bool = False) -> SumResult:
     """A1: the token visits users 0..n−1 for K rounds, each adds x_u^k; Gaussian noise σ is
     added once every n − 1 hops (and once more for a non-empty tail, so the released sum is
-    covered too): ⌈Kn/(n − 1)⌉ draws, std √⌈Kn/(n − 1)⌉ σ. ``values`` has shape (K, n)."""
+    covered too): ⌈Kn/(n − 1)⌉ draws, std √⌈Kn/(n − 1)⌉ σ. ``values`` has shape (K, n).
+
+    Each noisy hop releases the token exactly as round_g(token + segment + σN) (MATH.md §10):
+    the token stays on the grid, so that is the token plus round_g(segment + σN), one exact
+    release per segment."""
     x = _check_values(values)
     sigma = check_noise_std(sigma, unsafe_zero_noise)
     K, n = x.shape
     draws = math.ceil(K * n / (n - 1))
-    noise = secret_rng(seed).normal(0.0, sigma, size=draws)
-    return SumResult(estimate=float(x.sum() + noise.sum()), truth=float(x.sum()),
+    segments = np.add.reduceat(x.reshape(-1), np.arange(0, K * n, n - 1))
+    released = release_numpy(segments, sigma, secret_rng(seed))
+    return SumResult(estimate=float(released.sum()), truth=float(x.sum()),
                      std=math.sqrt(draws) * sigma, noise_draws=draws,
                      contributions=np.full(n, K))
 
 
 def local_summation(values: ArrayLike, sigma: float, *, seed: Randomness = None,
                     unsafe_zero_noise: bool = False) -> SumResult:
-    """The local DP baseline: every one of the Kn contributions is perturbed; std √(Kn) σ."""
+    """The local DP baseline: every one of the Kn contributions is released with its own
+    noise (exactly, MATH.md §10); std √(Kn) σ."""
     x = _check_values(values)
     sigma = check_noise_std(sigma, unsafe_zero_noise)
-    noise = secret_rng(seed).normal(0.0, sigma, size=x.shape)
-    return SumResult(estimate=float((x + noise).sum()), truth=float(x.sum()),
+    released = release_numpy(x, sigma, secret_rng(seed))
+    return SumResult(estimate=float(released.sum()), truth=float(x.sum()),
                      std=math.sqrt(x.size) * sigma, noise_draws=x.size,
                      contributions=np.full(x.shape[1], x.shape[0]))
 
@@ -290,8 +297,9 @@ def random_walk_summation(
     contrib = np.where(carries, contrib, 0.0)
     noisy = np.ones(T, dtype=bool) if model == "network" else carries
     draws = int(noisy.sum())
-    noise = rng.normal(0.0, sigma, size=draws)
-    return SumResult(estimate=float(contrib.sum() + noise.sum()), truth=float(contrib.sum()),
+    # every noisy hop releases the token (on the grid) plus round_g(contribution + σN)
+    released = release_numpy(contrib[noisy], sigma, rng)
+    return SumResult(estimate=float(released.sum()), truth=float(contrib.sum()),
                      std=math.sqrt(draws) * sigma, noise_draws=draws,
                      contributions=np.bincount(walk[carries], minlength=n), walk=walk)
 
@@ -331,8 +339,9 @@ def random_walk_sgd(
 
     The gradient is clipped to norm ``clip`` *before* the noise is added. Where
     ``contributes`` is False (the user is past its cap ⌈cT/n⌉) the holder adds only noise under
-    network DP and forwards the token untouched under local DP. The noise is drawn in one
-    block up front; the steps themselves are sequential by nature. ``sigma`` must be > 0:
+    network DP and forwards the token untouched under local DP. The noisy gradient is
+    released exactly, round_g(clip(∇f) + σN) (MATH.md §10), then the step taken from it.
+    ``sigma`` must be > 0:
     the noise-free run (``sigma=0``) needs ``unsafe_zero_noise=True`` and is not private.
     """
     require(isinstance(lr, int | float) and lr > 0, f"lr must be > 0, got {lr!r}")
@@ -344,16 +353,15 @@ def random_walk_sgd(
             else np.asarray(contributes, dtype=bool))
     require(mask.shape == (T,), "contributes must have the walk's shape")
     w = np.array(w0, dtype=float)
-    noise = secret_rng(seed).normal(0.0, sigma, size=(T, w.size)).reshape(
-        (T,) + w.shape)
+    rng = secret_rng(seed)
     history: list[dict] = []
     if evaluate is not None:
         history.append({"step": 0, **evaluate(w)})
     for t in range(T):
         if mask[t]:
-            step = clip_by_norm(gradient(w, int(walk[t])), clip) + noise[t]
+            step = release_numpy(clip_by_norm(gradient(w, int(walk[t])), clip), sigma, rng)
         elif model == "network":
-            step = noise[t]
+            step = release_numpy(np.zeros_like(w), sigma, rng)
         else:
             step = None
         if step is not None:
