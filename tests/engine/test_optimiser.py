@@ -48,7 +48,8 @@ def _reference(model, data, topology, mixes, *, lr, b, p, clip, sigma, private, 
             u = [torch.zeros_like(xs[i][name]) for name in names]
             if private:
                 for gs in grads:
-                    factor = min(1.0, clip / float(torch.sqrt(sum((g**2).sum() for g in gs))))
+                    norm = float(torch.sqrt(sum((g**2).sum() for g in gs)))
+                    factor = min(1.0, clip * (1 - 2.0**-12) / norm)  # the sensitivity margin
                     u = [t + factor * g for t, g in zip(u, gs, strict=True)]
                 u = [t / b for t in reference_noisy_sum(gens[i], u, sigma)]
             elif grads:

@@ -58,7 +58,12 @@ import torch
 from torch.func import functional_call, grad, vmap
 
 from dpdl.algorithms.noise import GaussianRelease, NoiseDraw
-from dpdl.algorithms.per_sample import Accumulator, book_keeping_plan, clipped_sums_by_node
+from dpdl.algorithms.per_sample import (
+    SENSITIVITY_MARGIN,
+    Accumulator,
+    book_keeping_plan,
+    clipped_sums_by_node,
+)
 from dpdl.algorithms.randomness import SecretStream, derive_key
 from dpdl.errors import DPDLError, require
 
@@ -355,9 +360,10 @@ def _record_norms(grads: Params) -> torch.Tensor:
 
 
 def clip_factors(grads: Params, clip: float) -> torch.Tensor:
-    """min(1, C_k / ||g_r||_2) for every record, shape (R,)."""
+    """min(1, C_k (1 - 2^-12) / ||g_r||_2) for every record, shape (R,): the margin keeps the
+    rounded contributions within C_k (``per_sample.SENSITIVITY_MARGIN``)."""
     require(math.isfinite(clip) and clip > 0, f"clip bound C_k must be positive, got {clip}")
-    return (clip / _record_norms(grads).clamp_min(1e-30)).clamp(max=1.0)
+    return (clip * SENSITIVITY_MARGIN / _record_norms(grads).clamp_min(1e-30)).clamp(max=1.0)
 
 
 def clip_per_record(grads: Params, clip: float) -> Params:
@@ -447,7 +453,7 @@ def clipped_record_sums(
 def _per_record_clipped_sums(model, params, batch, clip, loss, buffers, into) -> Params:
     grads = per_record_grads(model, params, batch, loss=loss, buffers=buffers)
     norms = _record_norms(grads)
-    factors = (clip / norms.clamp_min(1e-30)).clamp(max=1.0)
+    factors = (clip * SENSITIVITY_MARGIN / norms.clamp_min(1e-30)).clamp(max=1.0)
     if not bool(norms.isfinite().all()):
         # A record whose gradient is not finite contributes nothing (norm 0 <= C).
         keep = norms.isfinite()

@@ -62,6 +62,13 @@ Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 log = logging.getLogger(__name__)
 
+# Clip bounds are applied at C (1 - 2^-12): the float32 arithmetic that forms a record's norm,
+# scales its terms and sums them with the others' may move a sum by a few 2^-24 relative more
+# than the exact C; this margin keeps the sensitivity at most C for node batches up to ~45
+# records in the worst case of the rounding bounds, and far beyond in practice (MATH.md §10.4;
+# `dpdl audit --threat implementation` measures it).
+SENSITIVITY_MARGIN = 1.0 - 2.0**-12
+
 # Working memory one chunk of records may use, as the plan estimates it (each layer's input,
 # output, probe and output gradient, and per-record gradients): bounds the peak whatever n and
 # b are.  What the forward saves between layers (activations, pooling indices) is not
@@ -373,7 +380,8 @@ def _chunk_clipped_sums(
             out_grads = [g.flatten(0, 1).mul(keep.view(-1, *[1] * (g.dim() - 2))).view_as(g)
                          .nan_to_num_(0.0, 0.0, 0.0) for g in out_grads]  # fmt: skip
             sq, all_terms = _all_layer_terms(plan, acts, out_grads, m * B, mask.device)
-        factors = (clip / sq.sqrt().clamp_min(1e-30)).clamp(max=1.0).reshape(m, B) * mask
+        factors = (clip * SENSITIVITY_MARGIN / sq.sqrt().clamp_min(1e-30)).clamp(max=1.0)
+        factors = factors.reshape(m, B) * mask
         sums: Params = {}
         for layer, terms in zip(plan.layers, all_terms, strict=True):
             sums.update(_weighted_sums(layer, terms, factors, mask, regroup))

@@ -34,12 +34,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rho-mu", type=float, help="budget growth ρ_μ > 1 (default 2)")
     parser.add_argument(
         "--threat",
-        choices=("messages", "final", "observer", "reconstruct"),
+        choices=("messages", "final", "observer", "reconstruct", "implementation"),
         default="messages",
         help="messages: a curious out-neighbour sees every message of the canary's node "
         "(white-box); final: only the final network-average model (default messages); "
         "observer: only what --observer nodes receive; "
-        "reconstruct: a coalition reconstructs other nodes' data (see below)",
+        "reconstruct: a coalition reconstructs other nodes' data (see below); "
+        "implementation: bit-level attacks on the released float32 messages and a "
+        "record-play check of the sensitivity (--noise picks the mechanism attacked)",
     )
     parser.add_argument(
         "--canary",
@@ -221,6 +223,8 @@ def _print(result, plot_path) -> None:
 def run(args) -> int:
     if args.threat == "reconstruct":
         return audit_reconstruct.run(args)
+    if args.threat == "implementation":
+        return _run_implementation(args)
     args.nodes = 2 if args.nodes_given is None else args.nodes_given
     args.topology = args.topology or "exp"
     require(args.edgelist is None, "--edgelist is for --threat reconstruct")
@@ -272,4 +276,44 @@ def run(args) -> int:
         print(json.dumps(out, indent=2))
     else:
         _print(result, plot_path)
+    return 0
+
+
+def _run_implementation(args) -> int:
+    """``--threat implementation``: the bit-level games and record-play (MATH.md §10.5)."""
+    import torch
+
+    from dpdl.audit.implementation import audit_implementation
+    from dpdl.audit.trials import noise_mechanism
+
+    epsilon = 1.0 if args.epsilon is None else args.epsilon
+    delta = 1e-5 if args.delta is None else args.delta
+    require(math.isfinite(epsilon) and epsilon > 0, f"--epsilon must be positive, got {epsilon}")
+    require(0 < delta < 1, f"--delta must lie in (0, 1), got {delta}")
+    require(args.trials is None or args.trials >= 2, f"--trials must be >= 2, got {args.trials}")
+    require(0 < args.confidence < 1, f"--confidence must lie in (0, 1), got {args.confidence}")
+    noise_mechanism(args.noise)
+    torch.set_num_threads(args.threads)
+    result = audit_implementation(args.noise, epsilon=epsilon, delta=delta,
+                                  trials=args.trials or 200, confidence=args.confidence)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+        return 0
+    print(f"implementation audit of noise {result.noise!r}: claim epsilon {epsilon:g} at delta "
+          f"{delta:g} (one step, p = 1, sigma {result.sigma:.4g}), {result.trials} games per "
+          f"world, confidence {result.confidence:g}")  # fmt: skip
+    for test in result.tests:
+        verdict = "REFUTED" if test.refuted else "passed"
+        if test.name == "record-play":
+            d = test.detail
+            print(f"  record-play   sensitivity measured/declared "
+                  f"{d['max_distance_over_declared_sensitivity']:.7f}, elsewhere "
+                  f"{d['max_distance_elsewhere']:.3g} (mu {d['mu_elsewhere_per_step']:.3g} a "
+                  f"step): {verdict}")  # fmt: skip
+        else:
+            d = test.detail
+            print(f"  {test.name:<13} said 'in' {d['said_in_given_in']}/{d['trials_per_world']} "
+                  f"with the target, {d['said_in_given_out']}/{d['trials_per_world']} without: "
+                  f"epsilon_lower {test.epsilon_lower:.3g}: {verdict}")  # fmt: skip
+    print(f"claim epsilon {epsilon:g}: {'REFUTED' if result.claim_refuted else 'not refuted'}")
     return 0
