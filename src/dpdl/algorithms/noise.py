@@ -72,6 +72,7 @@ _B = 2.0**-40
 #: P within this of 0 or 1 always takes the exact path (|X| > 4.9 for the Gaussian).
 _TAIL = 2.0**-20
 _HALF_WORD = 1 << 63
+_MAX_BITS = 4096  # a uniform refined this far has straddled a boundary 63 times in a row
 
 
 class NoiseLaw(Protocol):
@@ -311,6 +312,9 @@ def exact_cell(centre: float, scale: float, grid: float, law: str | NoiseLaw, wo
         if side == 0:
             return j
         if side is None:  # P's interval straddles a boundary: 64 more bits of P
+            require(bits < _MAX_BITS, "the exact noise path read 4096 bits of one uniform "
+                    "without deciding its cell: the bit source is broken (a real one does "
+                    "this with probability below 2^-4000)")  # fmt: skip
             numerator = (numerator << 64) | int(more(1)[0])
             bits += 64
         else:

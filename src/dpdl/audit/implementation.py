@@ -42,6 +42,7 @@ from dpdl.algorithms.dyn_d2p import (
     per_record_grads,
 )
 from dpdl.algorithms.per_sample import SENSITIVITY_MARGIN
+from dpdl.algorithms.randomness import derive_key
 from dpdl.audit.stats import epsilon_lower_bound, threshold_bounds
 from dpdl.audit.trials import noise_mechanism
 from dpdl.engine.simulator import NodeData, Simulator, stack_params
@@ -88,7 +89,7 @@ class ImplementationAudit:
 class _Game:
     """The one-step game of the module doc, with what the attacker computes in float64."""
 
-    def __init__(self, noise: str, epsilon: float, delta: float):
+    def __init__(self, noise: str, epsilon: float, delta: float, seed: int | None = None):
         from dpdl.data import load_dataset
         from dpdl.models import make_model
 
@@ -103,6 +104,9 @@ class _Game:
         self.sigma = float(schedule.sigma[0])
         self.mechanism = noise_mechanism(noise)
         self.b = float(_OTHERS)
+        # seeded games (a reproducible audit) key game t's streams from (seed, t)
+        self.seed, self.games = seed, 0
+        self._shifts: dict[bool, np.ndarray] = {}
 
     def node0(self, with_target: bool):
         count = _OTHERS + int(with_target)
@@ -119,8 +123,11 @@ class _Game:
             xs[i, : len(y)], ys[i, : len(y)], mask[i, : len(y)] = x, y, True
         from dpdl.topology import make_topology
 
+        seed = None if self.seed is None else derive_key("implementation game", self.seed,
+                                                         self.games)  # fmt: skip
+        self.games += 1
         sim = Simulator(self.model, NodeData.from_arrays(xs, ys, mask), make_topology("ring", 2),
-                        lr=LR, expected_batch_size=self.b,
+                        lr=LR, expected_batch_size=self.b, seed=seed,
                         noise_mechanism=self.mechanism)  # fmt: skip
         require(sim.sample_rate == 1.0, "the implementation game needs p = 1")
         sim.step(private=True, clip=CLIP, sigma=self.sigma, mix=False)
@@ -128,6 +135,11 @@ class _Game:
 
     def shift(self, with_target: bool) -> np.ndarray:
         """(lr / b) · node 0's clipped sum under a hypothesis, exactly (float64)."""
+        if with_target not in self._shifts:
+            self._shifts[with_target] = self._shift(with_target)
+        return self._shifts[with_target]
+
+    def _shift(self, with_target: bool) -> np.ndarray:
         x, y = self.node0(with_target)
         params = {k: v.detach().unsqueeze(0) for k, v in self.model.named_parameters()}
         batch = NodeBatch(x, y, torch.zeros(len(y), dtype=torch.int64), 1)
@@ -205,7 +217,7 @@ def preimage_guess(game: _Game, message: np.ndarray, rng, totals) -> bool:
 def _game_test(name: str, game: _Game, trials: int, guess, confidence: float,
                delta: float, epsilon: float) -> TestResult:  # fmt: skip
     """``trials`` games per world; ``guess(message, rng)`` says in (True) or out."""
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(game.seed)
     members = np.repeat([True, False], trials)
     said = np.array([guess(game.message(bool(m)), rng) for m in members])
     bounds = threshold_bounds(said.astype(float), members, [0.5], confidence)
@@ -299,13 +311,15 @@ IMPLEMENTATION_TESTS = ("lattice", "preimage", "record-play")
 
 def audit_implementation(noise: str = "exact", *, epsilon: float = 1.0, delta: float = 1e-5,
                          trials: int = 100, confidence: float = 0.95,
-                         tests=IMPLEMENTATION_TESTS) -> ImplementationAudit:  # fmt: skip
-    """Every test of the module doc against the engine with mechanism ``noise``."""
+                         tests=IMPLEMENTATION_TESTS, seed: int | None = None,
+                         ) -> ImplementationAudit:  # fmt: skip
+    """Every test of the module doc against the engine with mechanism ``noise``; ``seed``
+    makes the games reproducible (the default draws every stream's key from the OS)."""
     require(trials >= 2, f"the implementation audit needs at least 2 trials, got {trials}")
     unknown = sorted(set(tests) - set(IMPLEMENTATION_TESTS))
     require(not unknown, f"unknown implementation test(s) {unknown}; choose from "
             f"{', '.join(IMPLEMENTATION_TESTS)}")  # fmt: skip
-    game = _Game(noise, epsilon, delta)
+    game = _Game(noise, epsilon, delta, seed)
     per_test_confidence = 1 - (1 - confidence) / len(tests)  # Bonferroni over the tests
     results = []
     if "lattice" in tests:

@@ -295,7 +295,8 @@ def _run_implementation(args) -> int:
     noise_mechanism(args.noise)
     torch.set_num_threads(args.threads)
     result = audit_implementation(args.noise, epsilon=epsilon, delta=delta,
-                                  trials=args.trials or 200, confidence=args.confidence)
+                                  trials=args.trials or 200, confidence=args.confidence,
+                                  seed=args.seed)  # fmt: skip
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
         return 0

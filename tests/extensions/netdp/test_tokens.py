@@ -3,8 +3,8 @@
 import math
 
 import numpy as np
-import torch
 import pytest
+import torch
 from scipy import stats
 
 from dpdl.algorithms.randomness import secret_rng
@@ -119,8 +119,9 @@ def test_random_walk_sgd_cap_clipping_and_noise_only_steps():
                              clip=1.0, n=n, contributes=mask, model="network", seed=3)
     # noise on every step: the stream an int seed names, d words a step, each released as
     # round_g(0 + X) (X from first principles in mpmath)
-    from dpdl.algorithms.noise import GeneratorBits
     from tests.engine.noise_reference import reference_noisy_sum
+
+    from dpdl.algorithms.noise import GeneratorBits
 
     bits = GeneratorBits(secret_rng(3))
     zeros = [torch.zeros(d, dtype=torch.float64)]
