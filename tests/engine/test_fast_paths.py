@@ -55,12 +55,12 @@ def test_each_nodes_noise_is_its_own_streams_draw():
     assert not torch.equal(drawn["w"][0] - sums["w"][0], drawn["w"][1] - sums["w"][1])
     d = 1001
     first = noise.draw(make_node_generators(n, 5), d, 0.8)
-    buffers = [first.steps.data_ptr(), first.limit.data_ptr(), first.words.ctypes.data]
-    want = first.steps.clone()
+    buffers = [first.whole.data_ptr(), first.limit.data_ptr(), first.words.ctypes.data]
+    want = first.frac.clone()
     again = noise.draw(make_node_generators(n, 5), d, 0.8, reuse=first)
     assert again is first
-    assert [again.steps.data_ptr(), again.limit.data_ptr(), again.words.ctypes.data] == buffers
-    assert torch.equal(again.steps, want)
+    assert [again.whole.data_ptr(), again.limit.data_ptr(), again.words.ctypes.data] == buffers
+    assert torch.equal(again.frac, want)
     other = noise.draw(make_node_generators(n, 5), d - 1, 0.8, reuse=first)  # another shape
     assert other is not first and other.shape == (n, d - 1)
 
@@ -187,9 +187,9 @@ def test_both_private_paths_refill_one_noise_buffer_across_steps(h, momentum):
     buffer = sim._noise_buffer
     d = sum(p[0].numel() for p in sim.params.values())
     assert buffer is not None and buffer.shape == (n, d)
-    pointer = buffer.steps.data_ptr()
+    pointer = buffer.whole.data_ptr()
     sim.step(private=True, clip=1.0, sigma=1.0)
-    assert sim._noise_buffer is buffer and buffer.steps.data_ptr() == pointer
+    assert sim._noise_buffer is buffer and buffer.whole.data_ptr() == pointer
     assert all(bool(p.isfinite().all()) for p in sim.params.values())
 
 

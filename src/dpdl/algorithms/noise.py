@@ -39,14 +39,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
+import torch
 
 from dpdl.errors import require
-
-if TYPE_CHECKING:
-    import torch
 
 __all__ = [
     "GRID_BITS",
@@ -97,8 +95,6 @@ class _Gaussian:
     name = "gaussian"
 
     def quantile(self, u):
-        import torch
-
         return torch.special.erfinv(u).mul_(math.sqrt(2.0))
 
     def upper_tail(self, b):
@@ -116,8 +112,6 @@ class _Laplace:
     name = "laplace"
 
     def quantile(self, u):
-        import torch
-
         # X = sign(u) (-log(1 - |u|)): log1p keeps the relative precision of small |u|
         return torch.log1p(-u.abs()).neg_().mul_(torch.sign(u))
 
@@ -170,33 +164,38 @@ class GeneratorBits:
 # --------------------------------------------------------------------------- phase 1
 @dataclass
 class NoiseDraw:
-    """The data-free half of a release: every coordinate's word, X̂ and certified slack.
+    """The data-free half of a release: every coordinate's word and its noise in grid units,
+    split for a float32 second half.
 
-    ``words`` (m, d) uint64 (numpy, on the host: the raw words); ``steps`` (m, d) float64 =
-    X̂·scale/g, the noise in grid units; ``limit`` (m, d) float64: the largest |v - j| (grid
-    units) the fast path certifies, -1 where it certifies nothing; ``work`` (m, d) float64,
-    phase 2's scratch; ``scale``, ``grid``; ``sources``: row i's bit source (the exact path's
-    further bits).  Pass a draw back to :func:`draw` as ``reuse``: its buffers are refilled
-    (fresh multi-megabyte tensors cost page faults every step, more than the arithmetic).
+    ``words`` (m, d) uint64 (numpy, on the host: the raw words); with s = X̂·scale/g the noise
+    in grid units (X̂ the fast path's quantile), ``whole`` (m, d) float32 = round(s), ``frac``
+    (m, d) float32 = s - round(s) rounded to float32, ``limit`` (m, d) float32: the largest
+    |t - round(t)| (t the fractional part of centre/g + s, grid units) the fast path
+    certifies, -1 where it certifies nothing; ``scratch``, ``scratch2`` (m, d) float32 for the
+    second half;
+    ``scale``, ``grid``, the law; ``sources``: row i's bit source (the exact path's further
+    bits).  Pass a draw back to :func:`draw` as ``reuse``: its buffers are refilled (fresh
+    multi-megabyte tensors cost page faults every step, more than the arithmetic).
     """
 
     words: np.ndarray
-    steps: torch.Tensor
+    whole: torch.Tensor
+    frac: torch.Tensor
     limit: torch.Tensor
-    work: torch.Tensor
+    scratch: torch.Tensor
+    scratch2: torch.Tensor
     scale: float = 1.0
     grid: float = 1.0
     law: NoiseLaw | None = None
     sources: Sequence[BitSource] = ()
+    exact_count: int = 0  # coordinates the exact path decided (the last release)
 
     @classmethod
     def empty(cls, m: int, d: int, device=None) -> NoiseDraw:
-        import torch
-
         def buffer():
-            return torch.empty((m, d), dtype=torch.float64, device=device)
+            return torch.empty((m, d), dtype=torch.float32, device=device)
 
-        return cls(np.empty((m, d), dtype=np.uint64), buffer(), buffer(), buffer())
+        return cls(np.empty((m, d), dtype=np.uint64), *(buffer() for _ in range(5)))
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -204,24 +203,29 @@ class NoiseDraw:
 
     def columns(self, lo: int, hi: int) -> NoiseDraw:
         """The draw's columns lo..hi-1 (views: one parameter's block of a flat draw)."""
-        return NoiseDraw(self.words[:, lo:hi], self.steps[:, lo:hi], self.limit[:, lo:hi],
-                         self.work[:, lo:hi], self.scale, self.grid, self.law, self.sources)
+        views = (t[:, lo:hi] for t in (self.whole, self.frac, self.limit, self.scratch,
+                                        self.scratch2))  # fmt: skip
+        return NoiseDraw(self.words[:, lo:hi], *views, self.scale, self.grid, self.law,
+                         self.sources)  # fmt: skip
 
 
-# The fast path's certificate also covers the float64 sum of phase 2, whose rounding is at
-# most 2^-53 |v|: for |v| <= 2^22 grid steps (|S| up to ~2000 noise scales) this constant does;
-# beyond it release() widens the certificate by the real bound.
-_SUM_SLACK = 2.0**-30
-_SUM_RANGE = 2.0**22
+# What the certificate leaves for the arithmetic after the quantile: frac rounded to float32
+# (|frac| <= 1/2: 2^-25), the float32 sum t = frac(centre/g) + frac (|t| < 1: 2^-25), and the
+# limit itself rounded down to float32 (2^-24 taken off first).
+_ARITHMETIC_SLACK = 2.0**-25 + 2.0**-25 + 2.0**-24
+# centre/g is exact in float32 and its integer part exact below 2^23; the whole count j below
+# 2^24 (what float32 holds exactly) with |s| < 2^15: beyond, release() takes float64.
+_FLOAT32_RANGE = 2.0**23 - 2.0**16
+# Rows of the first half processed together: float64 temporaries that stay in cache.
+_GROUP_ELEMENTS = 1 << 16
 
 
 def draw(sources: Sequence[BitSource], d: int, scale: float, law: str | NoiseLaw = "gaussian",
          *, device=None, reuse: NoiseDraw | None = None) -> NoiseDraw:  # fmt: skip
-    """Read d words from each source (row i from ``sources[i]``) and compute X̂ and the slack
-    the fast path may certify.  Nothing here depends on the data: it may run ahead, on another
-    thread, while the sums are computed.  ``reuse``: a draw of the same shape to refill."""
-    import torch
-
+    """Read d words from each source (row i from ``sources[i]``) and compute the noise in grid
+    units and the slack the fast path may certify.  Nothing here depends on the data: it may
+    run ahead, on another thread, while the sums are computed.  ``reuse``: a draw of the same
+    shape to refill."""
     law = _law(law)
     g = grid_step(scale)
     m = len(sources)
@@ -232,43 +236,73 @@ def draw(sources: Sequence[BitSource], d: int, scale: float, law: str | NoiseLaw
             source.read_into(row.view(np.uint8))
         else:
             row[:] = source.words(d)
-    w = torch.from_numpy(out.words.view(np.int64)).to(out.steps.device)
-    # u = 2P - 1 at the bottom of P's interval (the error model covers the whole interval)
-    u = out.work.copy_(w).mul_(2.0**-63)
-    out.steps.copy_(law.quantile(u)).mul_(scale / g)
-    r = u.abs_().neg_().add_(1.0)  # 1 - |u| = 2T, T = min(P, 1 - P), to 2^-54
-    tail = r < 2.0 * _TAIL
-    # |X̂ - X| <= A / T + B |X̂| (and the rounding of scale·X̂, 2^-53 |X̂|), in grid units
-    margin = torch.reciprocal(r, out=out.limit).mul_(2.0 * _A * scale / g)
-    margin.add_(torch.abs(out.steps, out=out.work), alpha=_B + 2.0**-52)
-    limit = margin.neg_().add_(0.5 - _SUM_SLACK).masked_fill_(tail, -1.0)
+    flat = out.words.reshape(-1)
+    for lo in range(0, flat.size, _GROUP_ELEMENTS):
+        hi = min(lo + _GROUP_ELEMENTS, flat.size)
+        _first_half(out, flat[lo:hi], slice(lo, hi), law, scale / g)
     out.scale, out.grid, out.law, out.sources = float(scale), g, law, list(sources)
-    out.limit = limit
     return out
 
 
+def _first_half(out: NoiseDraw, words: np.ndarray, where: slice, law, units: float) -> None:
+    """whole, frac and limit of the coordinates ``where`` (flat indices) from their words."""
+    w = torch.from_numpy(words.view(np.int64)).to(out.whole.device)
+    # u = 2P - 1 at the bottom of P's interval (the error model covers the whole interval)
+    u = w.to(torch.float64).mul_(2.0**-63)
+    steps = law.quantile(u).mul_(units)  # s = X̂ scale / g: the noise in grid units
+    r = u.abs_().neg_().add_(1.0)  # 1 - |u| = 2T, T = min(P, 1 - P), to 2^-54
+    tail = r < 2.0 * _TAIL
+    steps.masked_fill_(tail, 0.0)  # (infinite at u = -1) the exact path decides the tails
+    whole = torch.round(steps)
+    out.whole.view(-1)[where] = whole
+    out.frac.view(-1)[where] = steps - whole
+    # |X̂ - X| <= A / T + B |X̂| (and the rounding of scale·X̂, 2^-53 |X̂|), in grid units
+    margin = r.reciprocal_().mul_(2.0 * _A * units).add_(steps.abs_(), alpha=_B + 2.0**-52)
+    limit = margin.neg_().add_(0.5 - _ARITHMETIC_SLACK).masked_fill_(tail, -1.0)
+    out.limit.view(-1)[where] = limit
+
+
 # --------------------------------------------------------------------------- phase 2
-def release(noise: NoiseDraw, centre: torch.Tensor, out: torch.Tensor | None = None):
-    """j with j·g = round_g(centre + scale·X), exactly in law (integer-valued float64, (m, d)).
+def release_float32(noise: NoiseDraw, centre: torch.Tensor) -> torch.Tensor:
+    """The engine's second half: j (``noise.whole``, float32, integer-valued) with j·g =
+    round_g(centre + scale·X), exactly in law, for a float32 ``centre`` (m, d), left as it
+    is.  Float32 throughout when |centre / g| < 2^23 - 2^16 (always, but for a sum some 4000
+    noise scales from zero); float64 otherwise."""
+    require(tuple(centre.shape) == noise.shape and centre.dtype == torch.float32,
+            f"centre has shape {tuple(centre.shape)} ({centre.dtype}), the noise "
+            f"{noise.shape} (float32)")  # fmt: skip
+    noise.exact_count = 0
+    if not centre.numel():
+        return noise.whole
+    lo, hi = torch.aminmax(centre)
+    if not max(-float(lo), float(hi)) / noise.grid < _FLOAT32_RANGE:  # inf and nan too
+        return noise.whole.copy_(release(noise, centre))
+    a = torch.mul(centre, 1.0 / noise.grid, out=noise.scratch)  # exact: g = 2^e
+    whole_a = torch.round(a, out=noise.scratch2)
+    t = a.sub_(whole_a)  # the fractional part of centre / g, exactly
+    noise.whole.add_(whole_a)
+    q = torch.round(t.add_(noise.frac), out=noise.scratch2)
+    noise.whole.add_(q)  # j = round(s) + round(centre / g) + round(t): integers, exact
+    slack = t.sub_(q).abs_()  # exact (Sterbenz)
+    if bool((slack > noise.limit).any()):
+        _exact_rows(noise, centre, noise.whole, slack > noise.limit)
+    return noise.whole
 
-    ``centre`` (m, d), any float dtype (a node's clipped sum S: float32 widens exactly).  The
-    fast path's j where its certificate holds; the exact path for the rest.  ``out``: (m, d)
-    float64 for j (may be ``noise.steps``: the draw is spent once released).
-    """
-    import torch
 
+def release(noise: NoiseDraw, centre: torch.Tensor) -> torch.Tensor:
+    """j with j·g = round_g(centre + scale·X), exactly in law (integer-valued float64, (m, d)),
+    for a centre of any float dtype, in float64 (the numpy kinds; tests)."""
     require(tuple(centre.shape) == noise.shape,
             f"centre has shape {tuple(centre.shape)}, the noise {noise.shape}")  # fmt: skip
-    v = noise.work.copy_(centre).mul_(1.0 / noise.grid).add_(noise.steps)  # g = 2^e: exact
-    j = torch.round(v, out=out)
-    lo, hi = torch.aminmax(centre) if centre.numel() else (torch.zeros(()), torch.zeros(()))
-    span = max(-float(lo), float(hi)) / noise.grid + 2.0 ** (GRID_BITS + 4)
-    # v - j - limit > 0 where the certificate fails (widened when y's rounding may exceed it)
-    excess = v.sub_(j).abs_().sub_(noise.limit)
-    if span > _SUM_RANGE:
-        excess.add_(2.0**-52 * span - _SUM_SLACK)
+    noise.exact_count = 0
+    v = centre.to(torch.float64).mul(1.0 / noise.grid)  # exact: g = 2^e
+    v.add_(noise.whole.double()).add_(noise.frac.double())  # s, as float32 pieces: exact
+    j = torch.round(v)
+    span = float(v.abs().max()) + 1.0 if v.numel() else 0.0
+    # |v - j| plus the float64 rounding of v (at most 2^-52 |v|) against the certificate
+    excess = v.sub_(j).abs_().add_(2.0**-52 * span).sub_(noise.limit.double())
     if v.numel() and float(excess.max()) > 0:
-        _exact_rows(noise, centre, j, excess > 0)
+        _exact_rows(noise, centre.double(), j, excess > 0)
     return j
 
 
@@ -276,13 +310,14 @@ def _exact_rows(noise: NoiseDraw, centre, j, uncertain) -> None:
     """The exact path for every uncertain coordinate, row by row (each row's own stream
     supplies any further bits, in coordinate order)."""
     rows, cols = (t.tolist() for t in uncertain.nonzero(as_tuple=True))
+    noise.exact_count += len(rows)
     words = noise.words[rows, cols].tolist()
     centres = centre[uncertain].double().cpu().tolist()
     exact = [
         exact_cell(c, noise.scale, noise.grid, noise.law, w, noise.sources[r].words)
         for r, c, w in zip(rows, centres, words, strict=True)
     ]  # fmt: skip
-    j[uncertain] = j.new_tensor(exact)
+    j[uncertain] = torch.tensor(exact, dtype=j.dtype, device=j.device)
 
 
 # --------------------------------------------------------------------------- exact path
@@ -379,15 +414,13 @@ def release_numpy(centre, scale: float, rng: np.random.Generator | BitSource,
     exactly in law, one word of ``rng`` per value (a numpy Generator's raw bits, or a bit
     source) in C order.  ``scale`` 0 (a noise-free baseline, allowed by the caller only with
     ``unsafe_zero_noise``) returns the centre as it is."""
-    import torch
-
     centre = np.asarray(centre, dtype=np.float64)
     if scale == 0:
         return centre.copy()
     source = GeneratorBits(rng) if isinstance(rng, np.random.Generator) else rng
     flat = np.ascontiguousarray(centre).reshape(1, -1)
     noise = draw([source], flat.shape[1], scale, law)
-    cells = release(noise, torch.from_numpy(flat), out=noise.steps)
+    cells = release(noise, torch.from_numpy(flat))
     return (cells.numpy() * noise.grid).reshape(centre.shape)
 
 
@@ -398,8 +431,6 @@ def secret_normals(rng: np.random.Generator | BitSource, shape, scale: float) ->
     real quantile (the error model above; MATH.md §10 bounds what that changes), computed in
     mpmath where P is within 2^-20 of 0 or 1."""
     import mpmath
-    import torch
-
     source = GeneratorBits(rng) if isinstance(rng, np.random.Generator) else rng
     count = int(np.prod(shape))
     words = source.words(count)
@@ -436,18 +467,29 @@ class GaussianRelease:
         return draw(generators, d, sigma, self.law, device=device, reuse=reuse)
 
     def noisy_sums(self, noise: NoiseDraw, sums: Params) -> Params:
+        noise.exact_count = 0
         for block, flat in _blocks(noise, sums):
-            flat.copy_(release(block, flat, out=block.steps).mul_(noise.grid))
+            torch.mul(_release_block(block, flat), noise.grid, out=flat)
+            noise.exact_count += block.exact_count
         return sums
 
     def noisy_step(self, noise: NoiseDraw, x: Params, sums: Params, step_size: float,
                    out: Params) -> Params:  # fmt: skip
         """out = x - step_size·G; ``out`` may be ``sums`` (each block is read before written)."""
+        noise.exact_count = 0
         for (block, flat), name in zip(_blocks(noise, sums), sums, strict=True):
-            step = release(block, flat, out=block.steps).mul_(-step_size * noise.grid)
-            target = out[name].view(flat.shape)
-            target.copy_(step).add_(x[name].reshape(flat.shape))
+            j = _release_block(block, flat)
+            noise.exact_count += block.exact_count
+            torch.add(x[name].reshape(flat.shape), j, alpha=-step_size * noise.grid,
+                      out=out[name].view(flat.shape))  # fmt: skip
         return out
+
+
+def _release_block(block: NoiseDraw, flat):
+    """j of one parameter's block: float32 sums take the float32 second half."""
+    if flat.dtype == torch.float32:
+        return release_float32(block, flat)
+    return release(block, flat).to(flat.dtype)
 
 
 def _blocks(noise: NoiseDraw, sums: Params):

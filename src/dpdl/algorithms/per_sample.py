@@ -65,7 +65,7 @@ log = logging.getLogger(__name__)
 # Clip bounds are applied at C (1 - 2^-12): the float32 arithmetic that forms a record's norm,
 # scales its terms and sums them with the others' may move a sum by a few 2^-24 relative more
 # than the exact C; this margin keeps the sensitivity at most C for node batches up to ~45
-# records in the worst case of the rounding bounds, and far beyond in practice (MATH.md §10.4;
+# records in the worst case of the rounding bounds, and far beyond in practice (MATH.md §10.3;
 # `dpdl audit --threat implementation` measures it).
 SENSITIVITY_MARGIN = 1.0 - 2.0**-12
 
