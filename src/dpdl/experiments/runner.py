@@ -110,26 +110,28 @@ def prepare_workload(
     topology = make_topology(cfg.topology.name, n, seed=cfg.topology.seed, **cfg.topology.params)
     if cfg.data.per_node:
         return _per_node_workload(cfg, seed, device, topology, first, count, rank)
-    from dpdl.data import load_dataset, partition, stack_node_data
+    from dpdl.data import load_dataset, partition, stack_node_data, validation_split
 
     dataset = load_dataset(
         cfg.data.dataset, data_dir=cfg.data.data_dir, download=cfg.data.download, seed=seed
     )
     rng = np.random.default_rng(seed)
     x_train, y_train = dataset.x_train, dataset.y_train
-    if cfg.data.max_train_records is not None and cfg.data.max_train_records < len(x_train):
-        keep = np.sort(rng.choice(len(x_train), cfg.data.max_train_records, replace=False))
-        x_train, y_train = x_train[keep], y_train[keep]
     x_val = y_val = None
-    if cfg.data.validation_records:
-        # Held out of the training set before the split (public randomness): parameters are
-        # chosen on it, never on the test set.
-        v = cfg.data.validation_records
-        require(v < len(x_train), f"data.validation_records = {v} leaves no training records")
-        order = rng.permutation(len(x_train))
-        held, kept = np.sort(order[:v]), np.sort(order[v:])
+    v, cap = cfg.data.validation_records or 0, cfg.data.max_train_records
+    if v:
+        # Held out of the whole training split by a keyed hash of each record, never the
+        # seed, and before max_train_records: every run on this data set, whatever its seed,
+        # holds out the same records (issue 38). Parameters are chosen on them, never on test.
+        require(cap is None or v < cap,
+                f"data.validation_records = {v} leaves no training records of "
+                f"data.max_train_records = {cap}")  # fmt: skip
+        held, kept = validation_split(x_train, y_train, v)
         x_val, y_val = x_train[held], y_train[held]
         x_train, y_train = x_train[kept], y_train[kept]
+    if cap is not None and cap - v < len(x_train):  # max_train_records counts both parts
+        keep = np.sort(rng.choice(len(x_train), cap - v, replace=False))
+        x_train, y_train = x_train[keep], y_train[keep]
     if len(x_train) < n:
         raise DPDLError(f"topology.nodes = {n} exceeds the {len(x_train)} training records")
     parts = partition(y_train, n, scheme=cfg.data.partition, alpha=cfg.data.alpha, seed=seed,
