@@ -54,6 +54,7 @@ __all__ = [
     "Workload",
     "apply_overrides",
     "build_schedule",
+    "cell_trainer",
     "prepare_workload",
     "run_cell",
     "run_experiment",
@@ -299,6 +300,36 @@ def build_model(work: Workload) -> torch.nn.Module:
                       **cfg.model.options)
 
 
+def cell_trainer(
+    work: Workload,
+    algorithm: str | AlgorithmSpec,
+    epsilon: float | None,
+    *,
+    progress: bool = False,
+    on_row=None,
+    simulator_factory=Simulator,
+    checkpoint: CellCheckpointer | None = None,
+) -> DecentralizedTrainer:
+    """The trainer of one cell, planned (steps, calibrated schedule, the ledger's approval)
+    and not yet trained: what :func:`run_cell` fits, and where a tuner reads a cell's
+    schedule without running it."""
+    cfg = work.config
+    spec = algorithm if isinstance(algorithm, AlgorithmSpec) else AlgorithmSpec.parse(algorithm)
+    return DecentralizedTrainer(
+        build_model(work), work.node_data, topology=work.topology, algorithm=spec,
+        epsilon=epsilon, privacy=cfg.privacy.model_dump(exclude={"epsilon"}),
+        training=cfg.training.model_dump(exclude={"checkpoint_every"}), loss=work.loss,
+        eval_data=(work.x_test, work.y_test),
+        train_eval_data=(work.x_train_eval, work.y_train_eval)
+        if cfg.training.unsafe_train_metrics else None,
+        validation_data=None if work.x_val is None else (work.x_val, work.y_val),
+        callbacks=[] if on_row is None else [lambda evaluation: on_row(evaluation.row)],
+        device=work.device, runtime=cfg.experiment.runtime, entropy=cfg.experiment.entropy,
+        seed=work.seed, progress=progress, engine_factory=simulator_factory,
+        checkpoint=checkpoint,
+    )  # fmt: skip
+
+
 def run_cell(
     work: Workload,
     algorithm: str | AlgorithmSpec,
@@ -318,21 +349,8 @@ def run_cell(
     and, when it carries a saved state, continues from it: the models, weights, generator
     states and the privacy ledger (the privacy already spent) come back exactly.
     """
-    cfg = work.config
-    spec = algorithm if isinstance(algorithm, AlgorithmSpec) else AlgorithmSpec.parse(algorithm)
-    trainer = DecentralizedTrainer(
-        build_model(work), work.node_data, topology=work.topology, algorithm=spec,
-        epsilon=epsilon, privacy=cfg.privacy.model_dump(exclude={"epsilon"}),
-        training=cfg.training.model_dump(exclude={"checkpoint_every"}), loss=work.loss,
-        eval_data=(work.x_test, work.y_test),
-        train_eval_data=(work.x_train_eval, work.y_train_eval)
-        if cfg.training.unsafe_train_metrics else None,
-        validation_data=None if work.x_val is None else (work.x_val, work.y_val),
-        callbacks=[] if on_row is None else [lambda evaluation: on_row(evaluation.row)],
-        device=work.device, runtime=cfg.experiment.runtime, entropy=cfg.experiment.entropy,
-        seed=work.seed, progress=progress, engine_factory=simulator_factory,
-        checkpoint=checkpoint,
-    )  # fmt: skip
+    trainer = cell_trainer(work, algorithm, epsilon, progress=progress, on_row=on_row,
+                           simulator_factory=simulator_factory, checkpoint=checkpoint)  # fmt: skip
     record = trainer.fit().record
     if work.heterogeneity is None:
         return record
