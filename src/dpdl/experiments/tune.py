@@ -581,8 +581,9 @@ def _privacy_text(summary: dict) -> str:
                 "no output). The selections (Theorem 2) and the "
                 f"{privacy['runs']} test runs compose to")  # fmt: skip
     return (f"Privacy: {scored} {what} **ε = {privacy['epsilon']:.3f} at δ = "
-            f"{privacy['delta']:g}** for every training record (RDP, add/remove one record; "
-            f"each run's own ε is its PLD bound).{seeded}")
+            f"{privacy['delta']:g}** for every training record (an RDP composition at the "
+            f"runs' δ, add/remove one record; a run's own reported ε may be a tighter PLD "
+            f"bound).{seeded}")
 
 
 def _test_sections(summary: dict) -> list[str]:
