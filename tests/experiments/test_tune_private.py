@@ -118,9 +118,11 @@ def test_the_selection_keeps_only_its_winner_and_never_draws_k_twice(tmp_path):
     planned = [token for _, _, token in state["runs"]]
     assert state["next"] == 1 and len(planned) >= 2
     kill["at"] = -1
+    with pytest.raises(DPDLError, match="planned under other settings"):
+        run_private_selection(folder, 3, [0, 1], private, run_one, digest="another grid")
     winner = run_private_selection(folder, 3, [0, 1], private, run_one)
     assert list(dict.fromkeys(calls)) == planned  # one K, kept; the killed run run again
-    assert json.loads((folder / STATE).read_text()) == {"winner": winner}
+    assert json.loads((folder / STATE).read_text()) == {"winner": winner, "digest": ""}
     assert {p.name for p in folder.iterdir()} == {STATE, winner["folder"]}
     values = [scores[i % 5] for i in range(len(planned))]
     assert winner["folder"] == planned[int(np.argmax(values))]  # the first of equal bests
@@ -168,7 +170,8 @@ def test_dpdl_tune_selection_private_end_to_end(tmp_path, capsys):
     assert printed["selection"] == "private"
     folder = out / "private" / "const-eps2"
     state = json.loads((folder / STATE).read_text())
-    assert set(state) == {"winner"} and set(state["winner"]) == {"point", "seed", "folder"}
+    assert set(state) == {"winner", "digest"}  # K, the plan and every score are gone
+    assert set(state["winner"]) == {"point", "seed", "folder"}
     assert {p.name for p in folder.iterdir()} == {STATE, state["winner"]["folder"]}
     summary = json.loads((out / "tune.json").read_text())
     by = summary["candidates"]["const"]["by_epsilon"]["2"]

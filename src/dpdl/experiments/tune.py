@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import hashlib
 import itertools
 import json
 import math
@@ -316,8 +317,11 @@ def _select_privately(base, tune, candidate: tuple[str, dict], eps: float, out: 
         values = [run["value"] for run in sweep_runs(folder, metric)]
         return sign * values[0] if values and math.isfinite(values[0]) else -math.inf
 
+    plan = [base, cand, eps, tune["selection_seeds"], tune["private"], tune["metric"]]
+    digest = hashlib.sha256(json.dumps(plan, sort_keys=True, default=str).encode()).hexdigest()
     return run_private_selection(_private_folder(out, name, eps), len(points),
-                                 tune["selection_seeds"], tune["private"], run_one)  # fmt: skip
+                                 tune["selection_seeds"], tune["private"], run_one,
+                                 digest[:16])  # fmt: skip
 
 
 def tuning_summary(base: dict, tune: dict, out: Path) -> dict[str, Any]:

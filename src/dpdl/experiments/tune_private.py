@@ -106,18 +106,30 @@ def _keep_only(folder: Path, keep: str) -> None:
         shutil.rmtree(child) if child.is_dir() else child.unlink()
 
 
-def run_private_selection(folder: Path, points: int, seeds: list[int], private: dict,
-                          run_one: Callable[[int, int, Path], float]) -> dict:  # fmt: skip
-    """Run (or resume) one random-stopping selection in ``folder``; returns the winner
-    {point (index), seed, folder (its token)}.  ``run_one(point, seed, run_folder)`` trains one
-    run there and returns its score, larger is better (-inf for a failed run)."""
-    folder = Path(folder)
+def _plan(folder: Path, points: int, seeds: list[int], private: dict, digest: str) -> dict:
+    """The selection's state in ``folder``: drawn and saved before its first run (so that a
+    crash never redraws K), else read back, if it was planned for the same ``digest``."""
     folder.mkdir(parents=True, exist_ok=True)
     os.chmod(folder, 0o700)
-    state = json.loads((folder / STATE).read_text()) if (folder / STATE).is_file() else None
-    if state is None:
-        state = _draw_plan(points, seeds, private)
-        _save(folder, state)  # before the first run, so that a crash never redraws K
+    if not (folder / STATE).is_file():
+        _save(folder, {**_draw_plan(points, seeds, private), "digest": digest})
+    state = json.loads((folder / STATE).read_text())
+    require(state.get("digest", "") == digest,
+            f"{folder} holds a private selection planned under other settings (grid, seeds, "
+            "distribution or base config): resuming it would mix two selections; use another "
+            "--output")  # fmt: skip
+    return state
+
+
+def run_private_selection(folder: Path, points: int, seeds: list[int], private: dict,
+                          run_one: Callable[[int, int, Path], float],
+                          digest: str = "") -> dict:  # fmt: skip
+    """Run (or resume) one random-stopping selection in ``folder``; returns the winner
+    {point (index), seed, folder (its token)}.  ``run_one(point, seed, run_folder)`` trains one
+    run there and returns its score, larger is better (-inf for a failed run).  ``digest``
+    names the settings the plan is for: a resume under others is refused."""
+    folder = Path(folder)
+    state = _plan(folder, points, seeds, private, digest)
     if "winner" in state:
         return state["winner"]
     while state["next"] < len(state["runs"]):
@@ -130,7 +142,7 @@ def run_private_selection(folder: Path, points: int, seeds: list[int], private: 
         _save(folder, state)
         _keep_only(folder, state["best"]["folder"])
     winner = {key: state["best"][key] for key in ("point", "seed", "folder")}
-    _save(folder, {"winner": winner})  # K, the plan and the scores are gone
+    _save(folder, {"winner": winner, "digest": digest})  # K, the plan and the scores are gone
     return winner
 
 
