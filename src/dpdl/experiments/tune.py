@@ -220,8 +220,17 @@ def sweep_runs(sweep_dir: Path, metric: str) -> list[dict]:
                 "test_accuracy": _number(final.get("test_accuracy")),
                 "epsilon_certified": _number(final.get("epsilon_certified")),
                 "status": cell.get("status"),
+                "schedule": _recorded_schedule(cell.get("schedule")),
             })
     return out
+
+
+def _recorded_schedule(schedule: dict | None) -> list | None:
+    """What a run recorded of its schedule: [steps, sample rate, first z, last z]."""
+    keys = ("steps", "sample_rate", "noise_multiplier_first", "noise_multiplier_last")
+    if not schedule or any(schedule.get(key) is None for key in keys):
+        return None
+    return [schedule[key] for key in keys]
 
 
 def _number(value) -> float:
@@ -355,20 +364,24 @@ def tuning_summary(base: dict, tune: dict, out: Path) -> dict[str, Any]:
 
 def _released_runs(tune: dict, out: Path, summary: dict) -> tuple[list, list]:
     """(every run released as itself, each finished private selection's runs Q draws from)
-    as (algorithm, settings, ε, seed): a public selection releases every one of its runs."""
-    runs = [(r["algorithm"], json.loads(r["settings"]), r["epsilon"], r["seed"])
-            for r in summary["tests"]]  # fmt: skip
+    as (algorithm, settings, ε, seed, recorded schedule or None): a public selection
+    releases every one of its runs."""
+    runs = []
+    for name, algorithm, settings, eps, _ in _test_plan(summary["candidates"], tune,
+                                                         summary["epsilons"]):  # fmt: skip
+        runs += [(algorithm, settings, r["epsilon"], r["seed"], r["schedule"])
+                 for r in sweep_runs(out / "test" / f"{name}-eps{eps:g}", tune["metric"])]
     selections = []
     for name, cand in tune["candidates"].items():
         algorithm, fixed = cand["algorithm"], cand.get("set", {})
         if tune["selection"] == "public":
-            runs += [(algorithm, {**fixed, **r["overrides"]}, r["epsilon"], r["seed"])
-                     for r in sweep_runs(out / "select" / name, tune["metric"])]  # fmt: skip
+            runs += [(algorithm, {**fixed, **r["overrides"]}, r["epsilon"], r["seed"],
+                      r["schedule"]) for r in sweep_runs(out / "select" / name, tune["metric"])]
             continue
         for eps_text, by in summary["candidates"][name]["by_epsilon"].items():
-            if by["finished"]:
-                selections.append([(algorithm, {**fixed, **dict(point)}, float(eps_text), seed)
-                                   for point in candidate_points(cand)
+            if by["finished"]:  # every point and seed Q may draw: not run, planned
+                selections.append([(algorithm, {**fixed, **dict(point)}, float(eps_text), seed,
+                                    None) for point in candidate_points(cand)
                                    for seed in tune["selection_seeds"]])  # fmt: skip
     return runs, selections
 

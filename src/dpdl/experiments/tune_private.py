@@ -155,9 +155,10 @@ def selection_winner(folder: Path) -> dict | None:
 
 # --------------------------------------------------------------------------- the accounting
 def run_curves(base: dict, runs: list[tuple], cache_path: Path) -> list[np.ndarray]:
-    """The RDP curve (at ``SELECTION_ORDERS``) of each run (algorithm, settings, ε, seed):
-    its schedule as the trainer plans it, cached in ``cache_path``; a seed's data is loaded
-    once, and only for a run not in the cache."""
+    """The RDP curve (at ``SELECTION_ORDERS``) of each run (algorithm, settings, ε, seed,
+    recorded): a finished run's from what it ``recorded`` of its schedule ([steps, rate,
+    first z, last z]; no data needed), any other's from its schedule as the trainer plans it
+    (a seed's data loaded once); cached in ``cache_path``."""
     cache_path = Path(cache_path)
     cache = json.loads(cache_path.read_text()) if cache_path.is_file() else {}
     digest = hashlib.sha256(json.dumps([base, SELECTION_ORDERS.tolist()], sort_keys=True,
@@ -168,7 +169,10 @@ def run_curves(base: dict, runs: list[tuple], cache_path: Path) -> list[np.ndarr
     by_sizes: dict[str, list[float]] = {}
     work = None
     for i in missing:
-        work = _curve_into(cache, by_sizes, base, runs[i], keys[i], work)
+        if runs[i][4] is not None:
+            cache[keys[i]] = _recorded_curve(base, runs[i], by_sizes)
+        else:
+            work = _curve_into(cache, by_sizes, base, runs[i], keys[i], work)
     if missing:
         cache_path.parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps(cache).encode()
@@ -180,14 +184,10 @@ def _curve_into(cache, by_sizes, base, run, key, work):
     """Compute one run's curve into ``cache``; returns the workload it used (for the next
     run of the same seed).  The schedule is a function of the settings and the node sizes
     (the trainer's plan), so runs of other seeds with the same sizes share it."""
-    from dpdl.experiments.config import parse_config
     from dpdl.experiments.runner import cell_trainer, prepare_workload
 
-    algorithm, settings, eps, seed = run
-    config = with_settings(base, algorithm, {**settings, "privacy.epsilon": eps,
-                                             "experiment.seed": seed,
-                                             "experiment.runtime": "simulator"})  # fmt: skip
-    cfg = parse_config(config)
+    algorithm, settings, eps, seed, _ = run
+    cfg = _cell(base, run)
     data = json.dumps([cfg.data.model_dump(), cfg.topology.model_dump(), seed], default=str)
     if work is None or work[0] != data:
         work = (data, prepare_workload(cfg, seed))
@@ -199,6 +199,39 @@ def _curve_into(cache, by_sizes, base, run, key, work):
         by_sizes[sizes] = schedule_rdp(schedule.noise_multipliers, schedule.sample_rate).tolist()
     cache[key] = by_sizes[sizes]
     return work
+
+
+def _cell(base: dict, run: tuple):
+    from dpdl.experiments.config import parse_config
+
+    algorithm, settings, eps, seed, _ = run
+    return parse_config(with_settings(base, algorithm, {
+        **settings, "privacy.epsilon": eps, "experiment.seed": seed,
+        "experiment.runtime": "simulator"}))  # fmt: skip
+
+
+def _recorded_curve(base: dict, run: tuple, memo: dict) -> list[float]:
+    """A finished run's curve from its record: z constant at the recorded value when its
+    first and last agree (the schedules of MATH.md §2 are monotone), else its schedule
+    rebuilt from its settings at the recorded steps and rate, checked against the record."""
+    from dpdl.training.plan import build_schedule
+
+    steps, rate, first, last = run[4]
+    key = json.dumps([run[0], run[1], run[2], run[4]], sort_keys=True, default=str)
+    if key in memo:
+        return memo[key]
+    if first == last:
+        z = np.full(int(steps), float(first))
+    else:
+        cfg = _cell(base, run)
+        z = build_schedule(cfg.privacy, cfg.experiment.specs[0], run[2], int(steps),
+                           float(rate)).noise_multipliers  # fmt: skip
+        require(np.allclose([z[0], z[-1]], [first, last], rtol=1e-6, atol=0),
+                f"a run of {run[0]} at {run[1]} (ε {run[2]:g}, seed {run[3]}) recorded noise "
+                f"multipliers {first:.6g} .. {last:.6g}, its settings now plan {z[0]:.6g} .. "
+                f"{z[-1]:.6g}: its ε cannot be restated")  # fmt: skip
+    memo[key] = schedule_rdp(z, float(rate)).tolist()
+    return memo[key]
 
 
 def release_epsilon(selections: list[tuple[list[np.ndarray], dict]],
