@@ -599,8 +599,9 @@ def _privacy_text(summary: dict) -> str:
                 f"{privacy['runs']} test runs compose to")  # fmt: skip
     return (f"Privacy: {scored} {what} **ε = {privacy['epsilon']:.3f} at δ = "
             f"{privacy['delta']:g}** for every training record (an RDP composition at the "
-            f"runs' δ, add/remove one record; a run's own reported ε may be a tighter PLD "
-            f"bound).{seeded}")
+            f"runs' δ, add/remove one record; one run alone is ε = "
+            f"{privacy['epsilon_one_run']:.3f} by the same accountant, its own reported ε may "
+            f"be a tighter PLD bound).{seeded}")
 
 
 def _test_sections(summary: dict) -> list[str]:
