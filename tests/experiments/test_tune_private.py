@@ -191,3 +191,7 @@ def test_dpdl_tune_selection_private_end_to_end(tmp_path, capsys):
     assert main(["tune", str(config), "--selection", "private", "--output", str(out),
                  "--no-progress"]) == 0  # fmt: skip
     assert json.loads((folder / STATE).read_text()) == state
+    # the report of what is on disk (--report) is the run's own
+    assert main(["tune", str(config), "--selection", "private", "--output", str(out),
+                 "--report"]) == 0  # fmt: skip
+    assert json.loads((out / "tune.json").read_text())["privacy"] == privacy

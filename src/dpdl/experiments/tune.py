@@ -481,7 +481,8 @@ def _point_text(point: dict) -> str:
 def write_report(config: dict, out: Path) -> dict[str, Any]:
     """The report of what ``out`` holds so far (see :func:`tuning_summary`), runs nothing."""
     base, tune = split_tune(config)
-    require((Path(out) / "select").is_dir(), f"{out} holds no tuning (no select/ folder)")
+    folder = "private" if tune["selection"] == "private" else "select"
+    require((Path(out) / folder).is_dir(), f"{out} holds no tuning (no {folder}/ folder)")
     summary = tuning_summary(base, tune, Path(out))
     _write(Path(out), summary, tune)
     return summary
