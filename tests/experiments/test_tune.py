@@ -11,7 +11,10 @@ import shutil
 
 import numpy as np
 import pytest
+from dp_accounting import dp_event
+from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
+from dpdl.accounting.selection import SELECTION_ORDERS
 from dpdl.errors import DPDLError
 from dpdl.experiments.sweep import finished_cells
 from dpdl.experiments.tune import candidate_points, pick, run_tuning, split_tune, write_report
@@ -115,6 +118,19 @@ def test_tuning_runs_selection_picks_and_tests_and_resumes(tmp_path):
     assert saved["privacy"]["epsilon"] == 2.0 and saved["experiment"]["seed"] in (5, 6)
     md = (tmp_path / "tune.md").read_text()
     assert "Grid (2 points)" in md and "const-untuned (untuned)" in md and "**yes**" in md
+    # the picks look at every selection run: the report states the composition of every run
+    # the folder releases (here by dp_accounting alone, from each run's recorded schedule)
+    privacy = summary["privacy"]
+    assert privacy["runs"] == 2 * 2 * 2 * 2 + 3 * 2 * 2  # selection + test runs
+    composed = rdp.RdpAccountant(list(SELECTION_ORDERS))
+    for cell in tmp_path.glob("*/*/cells/*/cell.json"):
+        for run in json.loads(cell.read_text())["results"]["cells"]:
+            plan = run["schedule"]
+            step = dp_event.PoissonSampledDpEvent(
+                plan["sample_rate"], dp_event.GaussianDpEvent(plan["noise_multiplier_first"]))
+            composed.compose(step, plan["steps"])
+    assert privacy["epsilon"] == pytest.approx(composed.get_epsilon(1e-4), rel=1e-9)
+    assert "Selection: public (the default)" in md and f"ε = {privacy['epsilon']:.3f}" in md
     with (tmp_path / "selection.csv").open() as fh:
         assert len(list(csv.DictReader(fh))) == 2 * 2 * 2  # candidates x eps x points
     # a rerun finds every cell finished and gives the same picks

@@ -13,6 +13,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--preset", help="a shipped tune preset, e.g. tune-table2")
     parser.add_argument("--output", type=Path, help="output directory (default runs/tune/NAME)")
     parser.add_argument("--workers", type=int, help="parallel worker processes")
+    parser.add_argument("--selection", choices=("public", "private"),
+                        help="public (the default): every grid point over the selection seeds, "
+                             "the best mean picked, every run released; private: Papernot & "
+                             "Steinke's random stopping (needs [tune.private]), only the best "
+                             "of a secret random number of runs released. Overrides "
+                             "tune.selection")  # fmt: skip
     from dpdl.commands.run import add_noise_arguments
 
     add_noise_arguments(parser)
@@ -36,6 +42,8 @@ def run(args) -> int:
     config = apply_command_overrides(config, {k: v for k, v in noise.items() if v is not None})
     if tune is not None:
         config["tune"] = tune
+        if args.selection is not None:
+            tune["selection"] = args.selection
     warn_if_reproducible(config)
     name = args.preset or Path(args.config).stem
     out = args.output or Path("runs") / "tune" / name
@@ -45,7 +53,9 @@ def run(args) -> int:
         summary = run_tuning(config, out, workers=args.workers, progress=not args.no_progress)
     picks = {name: {eps: by["pick"] for eps, by in entry["by_epsilon"].items()}
              for name, entry in summary["candidates"].items()}  # fmt: skip
-    print(json.dumps({"output": str(out), "picks": picks, "failed": summary["failed"]},
-                     indent=2, default=str))  # fmt: skip
+    privacy = summary["privacy"]
+    print(json.dumps({"output": str(out), "selection": summary["selection"], "picks": picks,
+                      "epsilon_released": privacy["epsilon"], "delta": privacy["delta"],
+                      "failed": summary["failed"]}, indent=2, default=str))  # fmt: skip
     print(f"report: {out / 'tune.md'}")
     return 1 if summary["failed"] else 0

@@ -5,9 +5,10 @@ for "digits", "breast-cancer", "diabetes" (scikit-learn, no download), "fashion-
 (IDX files), "cifar10" (python pickle batches) or "csv:<path>".
 ``partition`` splits record indices over nodes; ``stack_node_data`` pads them into stacked
 (n, J_max, ...) arrays with a validity mask for the simulator; ``held_out_slots`` picks the
-records ``training.node_eval_share`` holds out of a node.  ``label_histograms`` and
-``plot_label_distribution`` describe how heterogeneous the nodes' labels are (statistics of
-private records: for the data owner to compute locally).
+records ``training.node_eval_share`` holds out of a node; ``validation_split`` the records
+``data.validation_records`` holds out of the training split (by a keyed hash, never the
+seed).  ``label_histograms`` and ``plot_label_distribution`` describe how heterogeneous the
+nodes' labels are (statistics of private records: for the data owner to compute locally).
 """
 
 from dpdl.data.cifar10 import download_cifar10, find_cifar10, load_cifar10, read_batch
@@ -27,9 +28,11 @@ from dpdl.data.partition import (
 )
 from dpdl.data.registry import dataset_names, is_public_benchmark, load_dataset, register_loader
 from dpdl.data.sklearn_sets import load_breast_cancer, load_diabetes, load_digits
+from dpdl.data.validation import VALIDATION_KEY, validation_split
 
 __all__ = [
     "SCHEMES",
+    "VALIDATION_KEY",
     "Dataset",
     "dataset_names",
     "download_cifar10",
@@ -57,5 +60,6 @@ __all__ = [
     "register_loader",
     "stack_node_data",
     "stack_local_datasets",
+    "validation_split",
     "write_idx",
 ]

@@ -102,7 +102,9 @@ class DataSection(_Section):
     min_partition_size: int | None = Field(None, ge=0)
     shards_per_node: int = Field(2, ge=1)  # partition = "shards": McMahan et al.'s split
     max_train_records: int | None = Field(None, ge=1)
-    # Records held out of the training set as validation data (choose parameters on it).
+    # Records held out of the training set as validation data (choose parameters on it),
+    # declared public: the same records for every seed (a keyed hash of each record,
+    # dpdl.data.validation_split), counted in max_train_records.
     validation_records: int | None = Field(None, ge=1)
     # Each party's own files instead of a split data set: a path pattern with {i} (the node)
     # and optionally {rank} (the process) and $VARIABLES, e.g. "parties/node-{i}.npz" (.npz

@@ -54,6 +54,7 @@ __all__ = [
     "Workload",
     "apply_overrides",
     "build_schedule",
+    "cell_trainer",
     "prepare_workload",
     "run_cell",
     "run_experiment",
@@ -110,26 +111,28 @@ def prepare_workload(
     topology = make_topology(cfg.topology.name, n, seed=cfg.topology.seed, **cfg.topology.params)
     if cfg.data.per_node:
         return _per_node_workload(cfg, seed, device, topology, first, count, rank)
-    from dpdl.data import load_dataset, partition, stack_node_data
+    from dpdl.data import load_dataset, partition, stack_node_data, validation_split
 
     dataset = load_dataset(
         cfg.data.dataset, data_dir=cfg.data.data_dir, download=cfg.data.download, seed=seed
     )
     rng = np.random.default_rng(seed)
     x_train, y_train = dataset.x_train, dataset.y_train
-    if cfg.data.max_train_records is not None and cfg.data.max_train_records < len(x_train):
-        keep = np.sort(rng.choice(len(x_train), cfg.data.max_train_records, replace=False))
-        x_train, y_train = x_train[keep], y_train[keep]
     x_val = y_val = None
-    if cfg.data.validation_records:
-        # Held out of the training set before the split (public randomness): parameters are
-        # chosen on it, never on the test set.
-        v = cfg.data.validation_records
-        require(v < len(x_train), f"data.validation_records = {v} leaves no training records")
-        order = rng.permutation(len(x_train))
-        held, kept = np.sort(order[:v]), np.sort(order[v:])
+    v, cap = cfg.data.validation_records or 0, cfg.data.max_train_records
+    if v:
+        # Held out of the whole training split by a keyed hash of each record, never the
+        # seed, and before max_train_records: every run on this data set, whatever its seed,
+        # holds out the same records (issue 38). Parameters are chosen on them, never on test.
+        require(cap is None or v < cap,
+                f"data.validation_records = {v} leaves no training records of "
+                f"data.max_train_records = {cap}")  # fmt: skip
+        held, kept = validation_split(x_train, y_train, v)
         x_val, y_val = x_train[held], y_train[held]
         x_train, y_train = x_train[kept], y_train[kept]
+    if cap is not None and cap - v < len(x_train):  # max_train_records counts both parts
+        keep = np.sort(rng.choice(len(x_train), cap - v, replace=False))
+        x_train, y_train = x_train[keep], y_train[keep]
     if len(x_train) < n:
         raise DPDLError(f"topology.nodes = {n} exceeds the {len(x_train)} training records")
     parts = partition(y_train, n, scheme=cfg.data.partition, alpha=cfg.data.alpha, seed=seed,
@@ -297,6 +300,36 @@ def build_model(work: Workload) -> torch.nn.Module:
                       **cfg.model.options)
 
 
+def cell_trainer(
+    work: Workload,
+    algorithm: str | AlgorithmSpec,
+    epsilon: float | None,
+    *,
+    progress: bool = False,
+    on_row=None,
+    simulator_factory=Simulator,
+    checkpoint: CellCheckpointer | None = None,
+) -> DecentralizedTrainer:
+    """The trainer of one cell, planned (steps, calibrated schedule, the ledger's approval)
+    and not yet trained: what :func:`run_cell` fits, and where a tuner reads a cell's
+    schedule without running it."""
+    cfg = work.config
+    spec = algorithm if isinstance(algorithm, AlgorithmSpec) else AlgorithmSpec.parse(algorithm)
+    return DecentralizedTrainer(
+        build_model(work), work.node_data, topology=work.topology, algorithm=spec,
+        epsilon=epsilon, privacy=cfg.privacy.model_dump(exclude={"epsilon"}),
+        training=cfg.training.model_dump(exclude={"checkpoint_every"}), loss=work.loss,
+        eval_data=(work.x_test, work.y_test),
+        train_eval_data=(work.x_train_eval, work.y_train_eval)
+        if cfg.training.unsafe_train_metrics else None,
+        validation_data=None if work.x_val is None else (work.x_val, work.y_val),
+        callbacks=[] if on_row is None else [lambda evaluation: on_row(evaluation.row)],
+        device=work.device, runtime=cfg.experiment.runtime, entropy=cfg.experiment.entropy,
+        seed=work.seed, progress=progress, engine_factory=simulator_factory,
+        checkpoint=checkpoint,
+    )  # fmt: skip
+
+
 def run_cell(
     work: Workload,
     algorithm: str | AlgorithmSpec,
@@ -316,21 +349,8 @@ def run_cell(
     and, when it carries a saved state, continues from it: the models, weights, generator
     states and the privacy ledger (the privacy already spent) come back exactly.
     """
-    cfg = work.config
-    spec = algorithm if isinstance(algorithm, AlgorithmSpec) else AlgorithmSpec.parse(algorithm)
-    trainer = DecentralizedTrainer(
-        build_model(work), work.node_data, topology=work.topology, algorithm=spec,
-        epsilon=epsilon, privacy=cfg.privacy.model_dump(exclude={"epsilon"}),
-        training=cfg.training.model_dump(exclude={"checkpoint_every"}), loss=work.loss,
-        eval_data=(work.x_test, work.y_test),
-        train_eval_data=(work.x_train_eval, work.y_train_eval)
-        if cfg.training.unsafe_train_metrics else None,
-        validation_data=None if work.x_val is None else (work.x_val, work.y_val),
-        callbacks=[] if on_row is None else [lambda evaluation: on_row(evaluation.row)],
-        device=work.device, runtime=cfg.experiment.runtime, entropy=cfg.experiment.entropy,
-        seed=work.seed, progress=progress, engine_factory=simulator_factory,
-        checkpoint=checkpoint,
-    )  # fmt: skip
+    trainer = cell_trainer(work, algorithm, epsilon, progress=progress, on_row=on_row,
+                           simulator_factory=simulator_factory, checkpoint=checkpoint)  # fmt: skip
     record = trainer.fit().record
     if work.heterogeneity is None:
         return record
