@@ -30,6 +30,7 @@ from dpdl.algorithms.dyn_d2p import (
     push_sum_mix,
 )
 from dpdl.errors import DPDLError, require
+from dpdl.models.validation import refuse_stateful
 
 __all__ = ["NodeData", "Simulator", "stack_params", "resolve_device"]
 
@@ -198,6 +199,9 @@ class Simulator:
         self.data = NodeData(
             data.inputs.to(self.device), data.targets.to(self.device), data.mask.to(self.device)
         )
+        # The engine runs the model once per chunk of the hosted nodes' sampled records: state
+        # a forward changes would couple those nodes and keep a noise-free statistic of them.
+        refuse_stateful(self.model, tuple(self.data.inputs.shape[2:]), self.device)
         self.lr = float(lr)
         self.expected_batch_size = float(expected_batch_size)
         # Every node's size (public), hence every node's rate; the largest is b / J_min.
