@@ -662,8 +662,11 @@ class DecentralizedTrainer:
                 from dpdl.training.results import write_results
 
                 write_results(run_dir, [result.record.to_dict(rows=False)], plot_title=self.name)
-            if result.status in ("ok", "stopped") and checkpoint is not None:
-                checkpoints.remove(checkpoint.path)  # finished: nothing left to resume
+            if checkpoint is not None:
+                # finished, stopped or diverged: nothing left to resume (a diverged run would
+                # replay the same noise into the same divergence), and the file holds every
+                # hosted node's secret stream keys, so it must not outlive the run
+                checkpoints.remove(checkpoint.path)
             result.run_dir = run_dir
         return result
 
