@@ -141,7 +141,15 @@ def per_record_loss(loss):
 
 
 def loss_name(loss) -> str:
-    return loss if isinstance(loss, str) else getattr(loss, "__qualname__", repr(loss))
+    if isinstance(loss, str):
+        return loss
+    name = getattr(loss, "__qualname__", None)
+    if name is None:
+        text = repr(loss)
+        # an object's default repr holds its memory address, another in every process: a
+        # seeded run's keys (and its trainer.json) would then never be reproduced
+        name = type(loss).__qualname__ if " at 0x" in text else text
+    return name
 
 
 def first_line(err: BaseException) -> str:
