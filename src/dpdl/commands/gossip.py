@@ -122,10 +122,13 @@ def _common(args) -> dict:
 
 
 def _bar(args, total: int, what: str):
-    """A progress bar of ``total`` units on a terminal (stderr), none with --no-progress."""
-    from dpdl.training.hooks import progress_bar
+    """A progress bar of ``total`` units on stderr when it is a terminal (tqdm's
+    ``disable=None``, the rule of every dpdl bar), none with --no-progress.  tqdm itself,
+    not dpdl.training's bar: this command never imports torch."""
+    from tqdm.auto import tqdm
 
-    return progress_bar(total, what, not args.no_progress)
+    return tqdm(total=total, desc=what, disable=True if args.no_progress else None,
+                leave=False, dynamic_ncols=True)  # fmt: skip
 
 
 def _one_pair(args, topology, out: dict) -> list[str]:
