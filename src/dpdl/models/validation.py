@@ -112,14 +112,20 @@ def refuse_stateful(model: nn.Module, record_shape: tuple[int, ...],
     attribute of any submodule changed (:func:`refuse_state_changes`)."""
     probe = throwaway_copy(model, device)
     x = synthetic_records(record_shape, 3, device or "cpu")
-    for training in (True, False):
-        probe.train(training)
-        before = module_state(probe)
-        try:
-            probe(x)
-        except Exception as err:  # the user's code: where it failed, in one line
-            text = str(err).strip().splitlines()
-            raise DPDLError(f"the model cannot take records of shape {tuple(record_shape)}: "
-                            f"{type(err).__name__}: {text[0] if text else ''}") from None
-        refuse_state_changes(before, probe, f"a forward in {'train' if training else 'eval'} "
-                                            "mode")  # fmt: skip
+    where = torch.device(device or "cpu")
+    # torch's global generator (dropout masks) is left where it was: a check draws nothing
+    # that training would otherwise have drawn
+    with torch.random.fork_rng(devices=[where] if where.type == "cuda" else [],
+                               device_type="cuda"):  # fmt: skip
+        for training in (True, False):
+            probe.train(training)
+            before = module_state(probe)
+            try:
+                probe(x)
+            except Exception as err:  # the user's code: where it failed, in one line
+                text = str(err).strip().splitlines()
+                raise DPDLError(f"the model cannot take records of shape "
+                                f"{tuple(record_shape)}: {type(err).__name__}: "
+                                f"{text[0] if text else ''}") from None  # fmt: skip
+            refuse_state_changes(before, probe, f"a forward in "
+                                 f"{'train' if training else 'eval'} mode")  # fmt: skip

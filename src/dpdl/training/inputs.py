@@ -207,7 +207,9 @@ def probe_model(model: nn.Module, node_data: NodeData, loss, device,
     refuse_stateful(model, record_shape, device)  # also: the model takes such records
     probe = throwaway_copy(model, device).train()
     before = module_state(probe)
-    count = 3
+    # as many records as node 0's first three: a model drawing dropout masks from torch's
+    # global generator then draws what it always drew before training
+    count = min(3, int(node_data.counts[0]))
     x = synthetic_records(record_shape, count, device)
     # zeros: a class every classifier scores, a value every regression target can take
     y = torch.zeros((count, *node_data.targets.shape[2:]), dtype=node_data.targets.dtype,
