@@ -140,6 +140,8 @@ class Simulator:
     node's data fingerprint, reproducibly (a research choice, see
     :mod:`dpdl.algorithms.randomness`).  ``secure_noise`` uses the hardened Gaussian sampler
     (OS entropy only).
+    A model whose state (buffers, Python attributes of any submodule) changes across a
+    forward is refused (:func:`dpdl.models.validation.refuse_stateful`, on a copy).
     ``clip_method`` chooses how per-record clipped sums are computed (``"auto"``,
     ``"book-keeping"``, ``"per-record"``; see :func:`dpdl.algorithms.dyn_d2p.
     clipped_record_sums`): the numbers agree to rounding.
