@@ -34,6 +34,7 @@ view is a function of n noises only).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -113,40 +114,85 @@ def _mixing_of(mixing, n: int | None = None) -> tuple[Callable[[int], np.ndarray
 
 
 def _check_nodes(nodes: Sequence[int] | int, n: int, what: str) -> tuple[int, ...]:
-    values = (nodes,) if isinstance(nodes, int | np.integer) else tuple(int(v) for v in nodes)
+    values = (nodes,) if isinstance(nodes, int | np.integer) else tuple(nodes)
     require(len(values) >= 1, f"{what} needs at least one node")
     for v in values:
-        require(0 <= v < n, f"{what}: node {v} is not in 0..{n - 1}")
-    return tuple(sorted(set(values)))
+        require(isinstance(v, int | np.integer) and not isinstance(v, bool) and 0 <= v < n,
+                f"{what}: node {v!r} is not in 0..{n - 1}")  # fmt: skip
+    return tuple(sorted({int(v) for v in values}))
 
 
-def build_view(mixing, *, rounds: int, observers: Sequence[int] | int) -> View:
-    """The observers' view over ``rounds`` rounds (see the module doc)."""
-    require(isinstance(rounds, int) and not isinstance(rounds, bool) and rounds >= 1,
-            f"rounds must be a positive integer, got {rounds!r}")  # fmt: skip
+def _check_target(target: int, n: int) -> int:
+    """The target node, one of 0..n-1 (a column index: -1 or n would read another node's)."""
+    return _check_nodes([target], n, "the target")[0]
+
+
+def _advance(progress: Callable[[int], None] | None, units: int = 1) -> None:
+    if progress is not None:
+        progress(units)
+
+
+def build_view(mixing, *, rounds: int, observers: Sequence[int] | int,
+               progress: Callable[[int], None] | None = None) -> View:  # fmt: skip
+    """The observers' view over ``rounds`` rounds (see the module doc); ``progress(1)``
+    after each round."""
+    _check_rounds(rounds)
     P_of, n = _mixing_of(mixing)
     V = _check_nodes(observers, n, "observers")
+    # at least: every round's matrix (read once each) and one observed message per round
+    _check_memory((n + rounds) * n * rounds * 8, f"{n} nodes over {rounds} rounds")
     inside = np.zeros(n, dtype=bool)
     inside[list(V)] = True
-    # G: every node's message at round t as a function of all inputs so far, (n, n·rounds)
-    G = np.zeros((n, n * rounds))
-    G[:, :n] = np.eye(n)
-    rows, blocks = [], []
-    for t in range(rounds):
-        P = P_of(t)
-        seen = np.flatnonzero((P[list(V)] > 0).any(axis=0) & ~inside)  # in-neighbours ∉ V
-        rows += [(t, int(j)) for j in seen]
-        blocks.append(G[seen])
-        if t + 1 < rounds:
-            G = P @ G
-            G[:, (t + 1) * n : (t + 2) * n] += np.eye(n)
-    matrix = np.vstack(blocks) if blocks else np.zeros((0, n * rounds))
+    seen = [np.flatnonzero((P_of(t)[list(V)] > 0).any(axis=0) & ~inside)  # in-neighbours ∉ V
+            for t in range(rounds)]  # fmt: skip
+    rows = [(t, int(j)) for t in range(rounds) for j in seen[t]]
+    starts = np.cumsum([0, *(len(s) for s in seen)])  # round t's rows: starts[t]..starts[t+1]
+    _check_memory(len(rows) * n * rounds * 8, f"{n} nodes over {rounds} rounds")
+    matrix = np.zeros((len(rows), n * rounds))
+    # m^t = input^t + P^{t-1} m^{t-1}: row (t, j) holds e_jᵀ P^{t-1} ··· P^s on round s's
+    # inputs.  Built backwards from s = t for every observed row at once: (rows × n) per
+    # round, where forwards the whole state (n × n·rounds) would be carried along.
+    R = np.zeros((len(rows), n))
+    for s in range(rounds - 1, -1, -1):
+        R[np.arange(starts[s], starts[s + 1]), seen[s]] = 1.0
+        matrix[starts[s] :, s * n : (s + 1) * n] = R[starts[s] :]
+        if s > 0:
+            R[starts[s] :] = R[starts[s] :] @ _sparse_if_pays(P_of(s - 1))
+        _advance(progress)
     return View(n, rounds, V, tuple(rows), matrix)
+
+
+def _check_memory(nbytes: int, what: str) -> None:
+    """Refuse a view whose matrix (and the least squares on it, ~3 times as much) would not
+    fit in this machine's memory: better one line now than a process killed later."""
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not a POSIX system: nothing to compare
+        return
+    require(3 * nbytes <= physical,
+            f"the observers' view of {what} needs at least {nbytes / 2**30:.3g} GiB (and "
+            f"about 3x that for its least squares), more than this machine's "
+            f"{physical / 2**30:.0f} GiB: give fewer rounds or nodes")  # fmt: skip
+
+
+def _check_rounds(rounds) -> None:
+    require(isinstance(rounds, int | np.integer) and not isinstance(rounds, bool)
+            and rounds >= 1, f"rounds must be a positive integer, got {rounds!r}")  # fmt: skip
+
+
+def _sparse_if_pays(P: np.ndarray):
+    """P as a scipy CSR matrix when at most a quarter of it is non-zero, else P."""
+    if np.count_nonzero(P) * 4 > P.size:
+        return P
+    from scipy import sparse
+
+    return sparse.csr_array(P)
 
 
 def _contribution(view: View, target: int, contribution: str) -> np.ndarray:
     require(contribution in CONTRIBUTIONS,
             f"contribution must be one of {CONTRIBUTIONS}, got {contribution!r}")  # fmt: skip
+    target = _check_target(target, view.n)
     require(target not in view.observers, f"the target {target} is one of the observers")
     times = range(view.rounds) if contribution == "every-round" else (0,)
     return sum(view.column(target, t) for t in times)
@@ -188,17 +234,20 @@ def _check_sigma(sigma: float, sensitivity: float) -> tuple[float, float]:
 
 def view_mu(mixing, *, rounds: int, target: int, observers: Sequence[int] | int, sigma: float,
             sensitivity: float = 1.0, contribution: str = "every-round",
-            noise: str = "every-round") -> float:
-    """μ of node ``target`` against the coalition ``observers`` (μ = ∞: reconstructible)."""
+            noise: str = "every-round", progress: Callable[[int], None] | None = None) -> float:
+    """μ of node ``target`` against the coalition ``observers`` (μ = ∞: reconstructible);
+    ``progress(1)`` after each of the ``rounds`` rounds of the view."""
     sigma, sensitivity = _check_sigma(sigma, sensitivity)
-    view = build_view(mixing, rounds=rounds, observers=observers)
+    _check_target(target, _mixing_of(mixing)[1])  # before the view is built
+    view = build_view(mixing, rounds=rounds, observers=observers, progress=progress)
     return float(sensitivity / sigma * view_norms(view, [target], contribution, noise)[0])
 
 
 def pairwise_mu(mixing, *, rounds: int, sigma: float, sensitivity: float = 1.0,
-                contribution: str = "every-round", noise: str = "every-round") -> np.ndarray:
+                contribution: str = "every-round", noise: str = "every-round",
+                progress: Callable[[int], None] | None = None) -> np.ndarray:
     """(n, n): entry [u, v] the μ of node u against the single observer v (NaN on the
-    diagonal)."""
+    diagonal); ``progress(1)`` after each observer (n in all)."""
     sigma, sensitivity = _check_sigma(sigma, sensitivity)
     _, n = _mixing_of(mixing)
     out = np.full((n, n), math.nan)
@@ -206,6 +255,7 @@ def pairwise_mu(mixing, *, rounds: int, sigma: float, sensitivity: float = 1.0,
         view = build_view(mixing, rounds=rounds, observers=[v])
         targets = [u for u in range(n) if u != v]
         out[targets, v] = sensitivity / sigma * view_norms(view, targets, contribution, noise)
+        _advance(progress)
     return out
 
 
@@ -234,6 +284,7 @@ def schedule_view_mu(mixing, *, target: int, observers: Sequence[int] | int,
             "sigmas and sensitivities must be equal-length sequences, one per round")
     for sigma, delta in zip(sigmas, deltas, strict=True):
         _check_sigma(float(sigma), float(delta))
+    target = _check_target(target, _mixing_of(mixing)[1])
     view = build_view(mixing, rounds=len(sigmas), observers=observers)
     require(target not in view.observers, f"the target {target} is one of the observers")
     c = sum(delta * view.column(target, t) for t, delta in enumerate(deltas))
@@ -304,12 +355,19 @@ def graph_distances(mixing, rounds: int) -> np.ndarray:
 
 def sigma_for_target(mixing, *, rounds: int, epsilon: float, delta: float,
                      beyond_distance: int = 0, sensitivity: float = 1.0,
-                     contribution: str = "every-round", noise: str = "every-round") -> float:
+                     contribution: str = "every-round", noise: str = "every-round",
+                     progress: Callable[[int], None] | None = None) -> float:
     """The smallest σ with every pair (u, v) at graph distance > ``beyond_distance`` within
-    (ε, δ): μ is exactly (Δ/σ) · the view norm, so σ = Δ · max norm / μ(ε, δ)."""
+    (ε, δ): μ is exactly (Δ/σ) · the view norm, so σ = Δ · max norm / μ(ε, δ).
+    ``progress`` as :func:`pairwise_mu`'s."""
+    require(isinstance(epsilon, int | float) and math.isfinite(epsilon) and epsilon > 0,
+            f"the target epsilon must be a finite number > 0, got {epsilon!r}")  # fmt: skip
+    require(isinstance(beyond_distance, int | np.integer) and not isinstance(beyond_distance, bool)
+            and beyond_distance >= 0,
+            f"beyond_distance must be an integer >= 0 (hops), got {beyond_distance!r}")
     mu = mu_from_epsilon_delta(epsilon, delta)
     norms = pairwise_mu(mixing, rounds=rounds, sigma=1.0, sensitivity=sensitivity,
-                        contribution=contribution, noise=noise)  # fmt: skip
+                        contribution=contribution, noise=noise, progress=progress)  # fmt: skip
     far = graph_distances(mixing, rounds) > beyond_distance
     np.fill_diagonal(far, False)
     worst = float(np.nanmax(np.where(far, norms, math.nan))) if far.any() else 0.0

@@ -43,6 +43,7 @@ any model; a record whose terms are not finite contributes zero.
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import weakref
@@ -143,30 +144,33 @@ def _find_layers(
 
 
 def _trace(model, layers, record_shape, params: Params, problems: list[str]) -> None:
-    """One forward of one record: sets each layer's input / output shape, and checks that
-    each layer runs exactly once and its parameters are used nowhere else (its (a, g) would
-    then miss part of their gradient)."""
+    """One forward of one record (zeros: no one's data): sets each layer's input / output
+    shape, and checks that each layer runs exactly once and its parameters are used nowhere
+    else (its (a, g) would then miss part of their gradient).  It runs the user's code on a
+    throw-away copy: whatever that forward leaves in a module stays in the copy."""
+    clone = copy.deepcopy(model)
+    twin = dict(zip(model.modules(), clone.modules(), strict=True))  # same order, same tree
     calls: dict[nn.Module, int] = {}
 
-    def record(module, args, out):
-        calls[module] = calls.get(module, 0) + 1
-        layers[module].in_shape = tuple(args[0].shape[1:])
-        layers[module].out_shape = tuple(out.shape[1:])
+    def recorder(layer: LayerTerms):
+        def record(module, args, out):
+            calls[layer.module] = calls.get(layer.module, 0) + 1
+            layer.in_shape = tuple(args[0].shape[1:])
+            layer.out_shape = tuple(out.shape[1:])
 
-    handles = [m.register_forward_hook(record) for m in layers]
+        return record
+
+    for module, layer in layers.items():  # hooks on the copy: they go with it
+        twin[module].register_forward_hook(recorder(layer))
     one = {name: p[0] for name, p in params.items()}
-    owner = {id(one[name]): module for module, layer in layers.items() for name in layer.params
-             if name in one}  # fmt: skip
+    owner = {id(one[name]): twin[module] for module, layer in layers.items()
+             for name in layer.params if name in one}  # fmt: skip
     uses = _OutsideUses(owner)
-    handles += uses.track(model)
-    try:
-        with torch.no_grad(), uses:
-            dummy = torch.zeros((1, *record_shape), dtype=next(iter(one.values())).dtype,
-                                device=next(iter(one.values())).device)  # fmt: skip
-            functional_call(model, one, (dummy,))
-    finally:
-        for handle in handles:
-            handle.remove()
+    uses.track(clone)
+    with torch.no_grad(), uses:
+        dummy = torch.zeros((1, *record_shape), dtype=next(iter(one.values())).dtype,
+                            device=next(iter(one.values())).device)  # fmt: skip
+        functional_call(clone, one, (dummy,))
     if any(calls.get(m, 0) != 1 for m in layers):
         problems.append("a layer is not called exactly once per forward")
     if uses.outside:

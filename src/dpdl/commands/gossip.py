@@ -39,75 +39,150 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--beyond", type=int, default=0, metavar="D")
     p.add_argument("--plot", metavar="PNG", help="heat map of the pairwise ε and ε by distance")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (shown on a terminal for every pair and --calibrate)")
 
 
 def _topology(args):
     from dpdl.commands.graph import topology_from
+    from dpdl.errors import DPDLError
     from dpdl.topology import check_b_strongly_connected
 
-    topology = topology_from(args.topology, args.nodes, seed=args.seed, edgelist=args.edgelist,
-                             default_nodes=16)  # fmt: skip
+    try:
+        topology = topology_from(args.topology, args.nodes, seed=args.seed,
+                                 edgelist=args.edgelist, default_nodes=16)  # fmt: skip
+    except MemoryError as err:  # the dense n x n mixing matrices
+        text = str(err).strip().splitlines()
+        raise DPDLError(f"--nodes {args.nodes}: the graph's mixing matrices do not fit in "
+                        f"memory ({text[0] if text else 'MemoryError'})") from None
     check_b_strongly_connected(topology)  # one line naming a window and an unreachable pair
     return topology
 
 
-def run(args) -> int:
-    import numpy as np
+def _check_arguments(args) -> None:
+    """Every flag, in one line naming the value, before any work (the topology's own checks
+    follow when it is built)."""
+    from pathlib import Path
 
     from dpdl.accounting import gossip
     from dpdl.errors import require
 
-    gossip._check_sigma(args.sigma, args.sensitivity)  # one-line errors before any work
+    gossip._check_sigma(args.sigma, args.sensitivity)
     require(args.rounds >= 1, f"--rounds must be >= 1, got {args.rounds}")
     require(0 < args.delta < 1, f"--delta must lie in (0, 1), got {args.delta}")
+    require(args.nodes is None or args.nodes >= 2, f"--nodes must be >= 2, got {args.nodes}")
+    require(args.seed >= 0, f"--seed must be >= 0, got {args.seed}")
+    require(args.calibrate is None or (math.isfinite(args.calibrate) and args.calibrate > 0),
+            f"--calibrate must be a finite epsilon > 0, got {args.calibrate}")  # fmt: skip
+    require(args.beyond >= 0, f"--beyond must be a number of hops >= 0, got {args.beyond}")
+    require((args.target is None) == (not args.observer),
+            "give both --target and --observer (or neither, for every pair)")  # fmt: skip
+    if args.plot:
+        folder = Path(args.plot).parent
+        require(folder.is_dir(), f"--plot {args.plot}: folder {str(folder)!r} does not exist")
+
+
+def _check_nodes_of(args, n: int) -> None:
+    """--target and --observer name nodes 0..n-1 (-1 or n would read another node's column)."""
+    from dpdl.errors import require
+
+    for flag, nodes in (("--target", [] if args.target is None else [args.target]),
+                        ("--observer", args.observer or [])):  # fmt: skip
+        for v in nodes:
+            require(0 <= v < n, f"{flag} {v} is not a node of this {n}-node graph (0..{n - 1})")
+    require(args.target not in (args.observer or []),
+            f"the target {args.target} is one of the observers")  # fmt: skip
+
+
+def run(args) -> int:
+    from dpdl.accounting import gossip
+
+    _check_arguments(args)  # one-line errors before any work
     topology = _topology(args)
-    mixing = topology.mixing_matrix
+    _check_nodes_of(args, topology.n)
     local = math.sqrt(args.rounds if args.contribution == "every-round" else 1) * (
         args.sensitivity / args.sigma)
-    common = dict(rounds=args.rounds, sigma=args.sigma, sensitivity=args.sensitivity,
-                  contribution=args.contribution, noise=args.noise)  # fmt: skip
     out: dict = {"topology": topology.name, "nodes": topology.n, "rounds": args.rounds,
                  "sigma": args.sigma, "delta": args.delta, "contribution": args.contribution,
                  "noise": args.noise, "local_dp_mu": local,
                  "local_dp_epsilon": gossip.epsilon_of(local, args.delta)}  # fmt: skip
-    if args.target is not None or args.observer:
-        require(args.target is not None and args.observer,
-                "give both --target and --observer (or neither, for every pair)")  # fmt: skip
-        mu = gossip.view_mu(mixing, target=args.target, observers=args.observer, **common)
-        out |= {"target": args.target, "observers": args.observer, "mu": mu,
-                "epsilon": gossip.epsilon_of(mu, args.delta)}  # fmt: skip
-        text = [f"node {args.target} against {args.observer}: mu = {mu:.4g}, epsilon = "
-                f"{out['epsilon']:.4g} at delta = {args.delta:g} (local DP: mu = {local:.4g}, "
-                f"epsilon = {out['local_dp_epsilon']:.4g})"]  # fmt: skip
+    if args.target is not None:
+        text = _one_pair(args, topology, out)
     else:
-        mu = gossip.pairwise_mu(mixing, **common)
-        eps = gossip.epsilon_of(mu, args.delta)
-        dist = gossip.graph_distances(mixing, args.rounds)
-        rows = []
-        for d in sorted({int(x) for x in dist[np.isfinite(dist)] if x > 0}):
-            at = eps[dist == d]
-            rows.append({"distance": d, "pairs": int(at.size), "worst": float(np.max(at)),
-                         "median": float(np.median(at)), "best": float(np.min(at))})
-        out["by_distance"] = rows
-        text = [f"{topology.name}, n = {topology.n}, T = {args.rounds}, sigma = {args.sigma:g}, "
-                f"delta = {args.delta:g}; local DP: epsilon = {out['local_dp_epsilon']:.4g} for "
-                "every pair", "distance  pairs   worst eps  median eps    best eps"]  # fmt: skip
-        text += [f"{r['distance']:>8}  {r['pairs']:>5}  {r['worst']:10.4g}  {r['median']:10.4g}"
-                 f"  {r['best']:10.4g}" for r in rows]  # fmt: skip
-        if args.plot:
-            _plot(args.plot, eps, dist, out)
-            text.append(f"plot: {args.plot}")
+        text = _every_pair(args, topology, out)
     if args.calibrate is not None:
-        sigma = gossip.sigma_for_target(
-            mixing, epsilon=args.calibrate, delta=args.delta, beyond_distance=args.beyond,
-            rounds=args.rounds, sensitivity=args.sensitivity, contribution=args.contribution,
-            noise=args.noise,
-        )  # fmt: skip
-        out["calibrated_sigma"] = sigma
-        text.append(f"sigma = {sigma:.6g} holds every pair beyond {args.beyond} hops to "
-                    f"epsilon <= {args.calibrate:g} at delta = {args.delta:g}")  # fmt: skip
+        text.append(_calibrated(args, topology, out))
     print(json.dumps(out, indent=2, default=float) if args.json else "\n".join(text))
     return 0
+
+
+def _common(args) -> dict:
+    return dict(rounds=args.rounds, sigma=args.sigma, sensitivity=args.sensitivity,
+                contribution=args.contribution, noise=args.noise)  # fmt: skip
+
+
+def _bar(args, total: int, what: str):
+    """A progress bar of ``total`` units on stderr when it is a terminal (tqdm's
+    ``disable=None``, the rule of every dpdl bar), none with --no-progress.  tqdm itself,
+    not dpdl.training's bar: this command never imports torch."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=what, disable=True if args.no_progress else None,
+                leave=False, dynamic_ncols=True)  # fmt: skip
+
+
+def _one_pair(args, topology, out: dict) -> list[str]:
+    from dpdl.accounting import gossip
+
+    with _bar(args, args.rounds, "view (rounds)") as bar:
+        mu = gossip.view_mu(topology.mixing_matrix, target=args.target, observers=args.observer,
+                            progress=bar.update, **_common(args))  # fmt: skip
+    out |= {"target": args.target, "observers": args.observer, "mu": mu,
+            "epsilon": gossip.epsilon_of(mu, args.delta)}  # fmt: skip
+    return [f"node {args.target} against {args.observer}: mu = {mu:.4g}, epsilon = "
+            f"{out['epsilon']:.4g} at delta = {args.delta:g} (local DP: mu = "
+            f"{out['local_dp_mu']:.4g}, epsilon = {out['local_dp_epsilon']:.4g})"]  # fmt: skip
+
+
+def _every_pair(args, topology, out: dict) -> list[str]:
+    import numpy as np
+
+    from dpdl.accounting import gossip
+
+    mixing = topology.mixing_matrix
+    with _bar(args, topology.n, "every pair (observers)") as bar:
+        mu = gossip.pairwise_mu(mixing, progress=bar.update, **_common(args))
+    eps = gossip.epsilon_of(mu, args.delta)
+    dist = gossip.graph_distances(mixing, args.rounds)
+    rows = []
+    for d in sorted({int(x) for x in dist[np.isfinite(dist)] if x > 0}):
+        at = eps[dist == d]
+        rows.append({"distance": d, "pairs": int(at.size), "worst": float(np.max(at)),
+                     "median": float(np.median(at)), "best": float(np.min(at))})
+    out["by_distance"] = rows
+    text = [f"{topology.name}, n = {topology.n}, T = {args.rounds}, sigma = {args.sigma:g}, "
+            f"delta = {args.delta:g}; local DP: epsilon = {out['local_dp_epsilon']:.4g} for "
+            "every pair", "distance  pairs   worst eps  median eps    best eps"]  # fmt: skip
+    text += [f"{r['distance']:>8}  {r['pairs']:>5}  {r['worst']:10.4g}  {r['median']:10.4g}"
+             f"  {r['best']:10.4g}" for r in rows]  # fmt: skip
+    if args.plot:
+        _plot(args.plot, eps, dist, out)
+        text.append(f"plot: {args.plot}")
+    return text
+
+
+def _calibrated(args, topology, out: dict) -> str:
+    from dpdl.accounting import gossip
+
+    with _bar(args, topology.n, "calibration (observers)") as bar:
+        sigma = gossip.sigma_for_target(
+            topology.mixing_matrix, epsilon=args.calibrate, delta=args.delta,
+            beyond_distance=args.beyond, rounds=args.rounds, sensitivity=args.sensitivity,
+            contribution=args.contribution, noise=args.noise, progress=bar.update,
+        )  # fmt: skip
+    out["calibrated_sigma"] = sigma
+    return (f"sigma = {sigma:.6g} holds every pair beyond {args.beyond} hops to "
+            f"epsilon <= {args.calibrate:g} at delta = {args.delta:g}")
 
 
 def _plot(path: str, eps, dist, info: dict) -> None:

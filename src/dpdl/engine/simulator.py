@@ -33,6 +33,7 @@ from dpdl.algorithms.dyn_d2p import (
 )
 from dpdl.algorithms.noise import NoiseDraw
 from dpdl.errors import DPDLError, require
+from dpdl.models.validation import refuse_stateful
 
 __all__ = ["NodeData", "Simulator", "stack_params", "resolve_device"]
 
@@ -143,6 +144,8 @@ class Simulator:
     :mod:`dpdl.algorithms.randomness`).  Every private step's noise is released exactly
     (:data:`~dpdl.algorithms.dyn_d2p.GAUSSIAN_RELEASE`, MATH.md §10); ``noise_mechanism``
     replaces it only for the audit's deliberately broken samplers.
+    A model whose state (buffers, Python attributes of any submodule) changes across a
+    forward is refused (:func:`dpdl.models.validation.refuse_stateful`, on a copy).
     ``clip_method`` chooses how per-record clipped sums are computed (``"auto"``,
     ``"book-keeping"``, ``"per-record"``; see :func:`dpdl.algorithms.dyn_d2p.
     clipped_record_sums`): the numbers agree to rounding.
@@ -202,6 +205,9 @@ class Simulator:
         self.data = NodeData(
             data.inputs.to(self.device), data.targets.to(self.device), data.mask.to(self.device)
         )
+        # The engine runs the model once per chunk of the hosted nodes' sampled records: state
+        # a forward changes would couple those nodes and keep a noise-free statistic of them.
+        refuse_stateful(self.model, tuple(self.data.inputs.shape[2:]), self.device)
         self.lr = float(lr)
         self.expected_batch_size = float(expected_batch_size)
         # Every node's size (public), hence every node's rate; the largest is b / J_min.

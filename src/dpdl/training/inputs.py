@@ -1,7 +1,8 @@
 """The checks a trainer makes of what it is given, before it writes or trains anything: the
 number of nodes, each node's data (only the hosted nodes' are ever loaded), the topology, the
-loss, and the model probed on a few records (outputs, per-record losses, records treated
-independently, class labels in range, per-record gradients under torch.func)."""
+loss, and the model probed on a throw-away copy with synthetic records (outputs, per-record
+losses, records treated independently, per-record gradients under torch.func, no state
+changed by a forward), and the class labels of every record in range."""
 
 from __future__ import annotations
 
@@ -14,6 +15,13 @@ from torch import nn
 from dpdl.algorithms.dyn_d2p import LOSSES, NodeBatch, per_record_grads
 from dpdl.engine.simulator import NodeData, evaluation_mode, stack_params
 from dpdl.errors import DPDLError, require
+from dpdl.models.state import module_state
+from dpdl.models.validation import (
+    refuse_state_changes,
+    refuse_stateful,
+    synthetic_records,
+    throwaway_copy,
+)
 
 __all__ = [
     "as_topology",
@@ -133,7 +141,15 @@ def per_record_loss(loss):
 
 
 def loss_name(loss) -> str:
-    return loss if isinstance(loss, str) else getattr(loss, "__qualname__", repr(loss))
+    if isinstance(loss, str):
+        return loss
+    name = getattr(loss, "__qualname__", None)
+    if name is None:
+        text = repr(loss)
+        # an object's default repr holds its memory address, another in every process: a
+        # seeded run's keys (and its trainer.json) would then never be reproduced
+        name = type(loss).__qualname__ if " at 0x" in text else text
+    return name
 
 
 def first_line(err: BaseException) -> str:
@@ -180,36 +196,43 @@ def check_eval_labels(y: torch.Tensor, what: str, classes: int) -> None:
 
 def probe_model(model: nn.Module, node_data: NodeData, loss, device,
                 first_node: int) -> int | None:  # fmt: skip
-    """Run the model and the loss on a few of the first hosted node's records, one record
-    at a time; returns the number of classes the model scores (cross_entropy), else None."""
+    """Probe a throw-away copy of the model, on synthetic records of the nodes' record shape
+    (never on their records: a forward may keep what it sees in the module), with the loss:
+    outputs, per-record losses, records treated independently, per-record gradients under
+    torch.func, and no state changed by any of these forwards nor by a plain one in train or
+    eval mode (:func:`~dpdl.models.validation.refuse_stateful`).  Then every hosted node's
+    labels (cross_entropy: class indices the model scores).  Returns the number of classes
+    the model scores (cross_entropy), else None."""
+    record_shape = tuple(node_data.inputs.shape[2:])
+    refuse_stateful(model, record_shape, device)  # also: the model takes such records
+    probe = throwaway_copy(model, device).train()
+    before = module_state(probe)
+    # as many records as node 0's first three: a model drawing dropout masks from torch's
+    # global generator then draws what it always drew before training
     count = min(3, int(node_data.counts[0]))
-    x = node_data.inputs[0, :count].to(device)
-    y = node_data.targets[0, :count].to(device)
-    model.to(device)
-    try:
-        with torch.no_grad():
-            out = model(x)
-    except Exception as err:
-        raise DPDLError(
-            f"the model cannot take node {first_node}'s records of shape "
-            f"{tuple(x.shape[1:])}: {type(err).__name__}: {first_line(err)}"
-        ) from None
+    x = synthetic_records(record_shape, count, device)
+    # zeros: a class every classifier scores, a value every regression target can take
+    y = torch.zeros((count, *node_data.targets.shape[2:]), dtype=node_data.targets.dtype,
+                    device=device)  # fmt: skip
+    with torch.no_grad():
+        out = probe(x)
     _check_per_record_losses(loss, out, y, count)
-    _check_records_independent(model, node_data, device)
-    classes = None
-    if loss == "cross_entropy":
-        classes = int(out.shape[-1])
-        _check_class_labels(node_data, classes, first_node)
-    params = stack_params(model, 1, device)
+    _check_records_independent(probe, record_shape, device)
+    params = stack_params(probe, 1, device)
     batch = NodeBatch(x, y, torch.zeros(count, dtype=torch.int64, device=device), 1)
-    buffers = {k: b.to(device) for k, b in model.named_buffers()}
+    buffers = dict(probe.named_buffers())
     try:
-        per_record_grads(model, params, batch, loss=loss, buffers=buffers)
+        per_record_grads(probe, params, batch, loss=loss, buffers=buffers)
     except Exception as err:
         raise DPDLError(
             "per-record gradients of this model cannot be computed with torch.func "
             f"(vmap over records): {type(err).__name__}: {first_line(err)}"
         ) from None
+    refuse_state_changes(before, probe, "the probe's forwards")
+    classes = None
+    if loss == "cross_entropy":
+        classes = int(out.shape[-1])
+        _check_class_labels(node_data, classes, first_node)
     return classes
 
 
@@ -245,14 +268,13 @@ def _check_class_labels(node_data: NodeData, classes: int, first_node: int) -> N
                         f"(the model's {classes} outputs), e.g. {int(wrong[0])}")  # fmt: skip
 
 
-def _check_records_independent(model: nn.Module, node_data: NodeData, device) -> None:
+def _check_records_independent(model: nn.Module, record_shape: tuple[int, ...], device) -> None:
     """Refuse a model whose output for one record depends on the other records of its
     batch (a mean or norm over the batch, like BatchNorm's).  Training never lets records
     meet (each is its own batch of one under vmap, so privacy holds regardless), but such
-    a model would be trained on something other than what it computes when evaluated."""
-    x = node_data.inputs[node_data.mask][:4].to(device)
-    if len(x) < 2:
-        return
+    a model would be trained on something other than what it computes when evaluated.
+    Distinct synthetic records show such a statistic as well as real ones would."""
+    x = synthetic_records(record_shape, 4, device)
     with evaluation_mode(model), torch.no_grad():  # dropout off: a record, one output
         together = model(x)
         alone = torch.cat([model(x[i : i + 1]) for i in range(len(x))])

@@ -56,7 +56,12 @@ from dpdl.training.callbacks import (
     TensorBoardLogger,
 )
 from dpdl.training.evaluation import Evaluator
-from dpdl.training.fingerprints import behaviour_digest, parameters_digest
+from dpdl.training.fingerprints import (
+    behaviour_digest,
+    mixing_digest,
+    parameters_digest,
+    state_digest,
+)
 from dpdl.training.hooks import (
     CalibrationProgress,
     CellCheckpointer,
@@ -119,7 +124,9 @@ class TrainingResult:
     """The outcome of :meth:`DecentralizedTrainer.fit`.
 
     ``model``: the network-average model x̄ = Σ x_i / Σ w_i as an ``nn.Module``;
-    ``node_models``: every node's de-biased model z_i = x_i / w_i; ``ledger``: the privacy
+    ``node_models``: every node's de-biased model z_i = x_i / w_i (each a copy of the initial
+    module, never run, with the trained parameters: its buffers and attributes are the
+    initial ones, since only the parameters carry noise); ``ledger``: the privacy
     ledger of the steps taken (None for SGP); ``epsilon``: the certified epsilon spent
     (PLD/RDP, ``inf`` for SGP) and ``epsilon_clt`` the CLT approximation beside it;
     ``history``: one metrics row per evaluation; ``record``: the run's :class:`RunRecord`
@@ -158,6 +165,8 @@ class TrainingResult:
 
 
 def _module_with(template: nn.Module, params: dict[str, torch.Tensor]) -> nn.Module:
+    """A copy of ``template`` (the initial module, never run) with ``params``: what the noisy
+    updates produced, and nothing a forward could have left in a module."""
     module = copy.deepcopy(template)
     with torch.no_grad():
         for name, p in module.named_parameters():
@@ -359,9 +368,13 @@ class DecentralizedTrainer:
 
     def _inputs(self, model, data, topology, topology_params, nodes, loss) -> None:
         """The model, topology, loss and the hosted nodes' data, each checked."""
-        from dpdl.models import validate_model
+        from dpdl.models.validation import throwaway_copy, validate_model
 
-        self.model = validate_model(model)
+        # The user's module is never run nor moved: the engine trains a copy of it, and the
+        # released models are made from a second copy that no forward ever ran on (its
+        # buffers and attributes the initial ones, whatever the engine's copy went through).
+        self.model = throwaway_copy(validate_model(model), self.device)
+        self._template = throwaway_copy(self.model)
         n = inputs.node_count(data, topology, nodes)
         self.topology = inputs.as_topology(topology, n, topology_params, self.seed)
         self.first_node, hosted = self._hosted_block(n)
@@ -385,6 +398,8 @@ class DecentralizedTrainer:
 
     def _build_evaluator(self, eval_data, train_eval_data, validation_data, node_eval_data,
                          metric) -> None:  # fmt: skip
+        from dpdl.models.validation import throwaway_copy
+
         node_sets = self._held_out
         if node_eval_data is not None:
             node_sets = node_eval_sets(node_eval_data, self.topology.n, self.first_node,
@@ -392,7 +407,7 @@ class DecentralizedTrainer:
                                        loss=self.loss, classes=self._classes,
                                        device=self.device)  # fmt: skip
         self.evaluator = Evaluator.build(
-            self.model, eval_data, train_eval_data, validation_data, metric=metric,
+            throwaway_copy(self.model), eval_data, train_eval_data, validation_data, metric=metric,
             node_data=self.node_data, training=self.training, loss=self.loss,
             classes=self._classes, seed=self.seed, device=self.device, node_sets=node_sets,
         )  # fmt: skip
@@ -601,15 +616,19 @@ class DecentralizedTrainer:
     def stream_settings(self) -> dict[str, Any]:
         """What a seeded run's streams are derived from: every setting that shapes training
         (not where it runs, how it is evaluated or how often it saves), the initial model's
-        parameters and what it computes, the loss, and the seed.  The data enter per node
-        (their fingerprints)."""
+        parameters, its whole state and code, the loss, the mixing matrices of the rounds
+        the run uses, and the seed.  The data enter per node (their fingerprints)."""
         settings = self.describe()
         settings["privacy"] = {k: v for k, v in settings["privacy"].items()
                                if k not in _REPORTING_PRIVACY}  # fmt: skip
         settings["training"] = {k: v for k, v in settings["training"].items()
                                 if k in _TRAINING_SHAPING}  # fmt: skip
-        settings["model"]["initial"] = parameters_digest(self.model)
-        settings["model"]["computes"] = behaviour_digest(self.model, self.loss)
+        settings["model"]["initial"] = parameters_digest(self._template)
+        settings["model"]["computes"] = behaviour_digest(self._template, self.loss)
+        # the whole state and code (every attribute of every submodule, the loss) and the
+        # mixing matrices themselves: describe() leaves out what makes two such runs differ
+        settings["model"]["state"] = state_digest(self._template, self.loss)
+        settings["topology"]["mixing"] = mixing_digest(self.topology, self.steps)
         settings["seed"] = self.seed
         for where in ("runtime", "entropy"):
             settings.pop(where)
@@ -637,8 +656,11 @@ class DecentralizedTrainer:
                 from dpdl.training.results import write_results
 
                 write_results(run_dir, [result.record.to_dict(rows=False)], plot_title=self.name)
-            if result.status in ("ok", "stopped") and checkpoint is not None:
-                checkpoints.remove(checkpoint.path)  # finished: nothing left to resume
+            if checkpoint is not None:
+                # finished, stopped or diverged: nothing left to resume (a diverged run would
+                # replay the same noise into the same divergence), and the file holds every
+                # hosted node's secret stream keys, so it must not outlive the run
+                checkpoints.remove(checkpoint.path)
             result.run_dir = run_dir
         return result
 
@@ -762,10 +784,11 @@ class DecentralizedTrainer:
             first, count = self.first_node, self.node_data.n_nodes
             node_params, nodes = sim.debiased_params(), list(range(first, first + count))
         return TrainingResult(
-            model=_module_with(self.model, sim.average_params()), ledger=state.ledger,
+            model=_module_with(self._template, sim.average_params()), ledger=state.ledger,
             epsilon=eps_cert, epsilon_clt=eps_clt, delta=record.delta, history=state.rows,
             schedule=self.schedule, status=record.status, message=record.message,
-            record=record, _template=self.model, _node_params=node_params, node_indices=nodes,
+            record=record, _template=self._template, _node_params=node_params,
+            node_indices=nodes,
         )  # fmt: skip
 
 
