@@ -18,6 +18,7 @@ failed first.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import json
 import os
@@ -77,7 +78,25 @@ def init_from_environment(device: torch.device) -> tuple[int, int]:
         )  # fmt: skip
     else:
         dist.init_process_group(backend, timeout=timeout)
+    atexit.register(_leave_group)
     return dist.get_rank(), dist.get_world_size()
+
+
+def _leave_group() -> None:
+    """At exit: wait (briefly) for the other ranks, then destroy the process group, so that no
+    rank tears its connections down while a peer still uses them (an abort at exit, with a C++
+    stack trace, otherwise); a peer that is gone costs at most the short wait."""
+    if not dist.is_initialized():
+        return
+    try:
+        if dist.get_backend() == "gloo":
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=_EXIT_WAIT_S))
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 -- exiting anyway: nothing left to protect
+        pass
+
+
+_EXIT_WAIT_S = 30
 
 
 def local_device(device: torch.device) -> torch.device:
