@@ -4,9 +4,9 @@
 for "digits", "breast-cancer", "diabetes" (scikit-learn, no download), "fashion-mnist"
 (IDX files), "cifar10" (python pickle batches) or "csv:<path>".
 ``partition`` splits record indices over nodes; ``stack_node_data`` pads them into stacked
-(n, J_max, ...) arrays with a validity mask for the simulator; ``held_out_slots`` picks the
-records ``training.node_eval_share`` holds out of a node.  ``label_histograms`` and
-``plot_label_distribution`` describe how heterogeneous the nodes' labels are (statistics of
+(n, J_max, ...) arrays with a validity mask for the simulator; ``held_out_mask`` picks the
+records ``training.node_eval_share`` holds out of a node (a keyed hash of each record).
+``label_histograms`` and ``plot_label_distribution`` describe how heterogeneous the nodes' labels are (statistics of
 private records: for the data owner to compute locally).
 """
 
@@ -19,8 +19,7 @@ from dpdl.data.idx import parse_idx, read_idx, write_idx
 from dpdl.data.nodes import local_arrays, read_records, stack_local_datasets
 from dpdl.data.partition import (
     SCHEMES,
-    held_out_count,
-    held_out_slots,
+    held_out_mask,
     label_distribution,
     partition,
     stack_node_data,
@@ -35,8 +34,7 @@ __all__ = [
     "download_cifar10",
     "find_cifar10",
     "find_fashion_mnist",
-    "held_out_count",
-    "held_out_slots",
+    "held_out_mask",
     "is_public_benchmark",
     "label_distribution",
     "label_histograms",
