@@ -6,8 +6,8 @@ for "digits", "breast-cancer", "diabetes" (scikit-learn, no download), "fashion-
 ``partition`` splits record indices over nodes; ``stack_node_data`` pads them into stacked
 (n, J_max, ...) arrays with a validity mask for the simulator; ``held_out_mask`` picks the
 records ``training.node_eval_share`` holds out of a node (a keyed hash of each record).
-``label_histograms`` and ``plot_label_distribution`` describe how heterogeneous the nodes' labels are (statistics of
-private records: for the data owner to compute locally).
+``label_histograms`` and ``plot_label_distribution`` describe how heterogeneous the nodes'
+labels are (statistics of private records: for the data owner to compute locally).
 """
 
 from dpdl.data.cifar10 import download_cifar10, find_cifar10, load_cifar10, read_batch
