@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from dpdl.accounting.certified import ACCOUNTANTS
+from dpdl.accounting.certified import ACCOUNTANTS, RELATION_ACCOUNTANTS, check_relation
 from dpdl.accounting.schedules import (
     ALGORITHMS,
     DEFAULT_CLIP,
@@ -27,6 +27,7 @@ from dpdl.accounting.schedules import (
     DEFAULT_RHO_MU,
     calibrate,
 )
+from dpdl.accounting.validators import DEFAULT_NEIGHBORING, NEIGHBORING_RELATIONS
 from dpdl.errors import DPDLError, require
 
 HELP = "Privacy accounting of a Dyn-D2P family schedule (CLT, PLD, RDP)."
@@ -56,9 +57,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="accountant to calibrate with: clt, pld (default, certified) or rdp",
     )
     parser.add_argument(
+        "--neighboring",
+        default=DEFAULT_NEIGHBORING,
+        help=f"neighbouring relation: {' or '.join(NEIGHBORING_RELATIONS)} (default "
+        f"{DEFAULT_NEIGHBORING}, a run's default; add-remove when node sizes are secret)",
+    )
+    parser.add_argument(
         "--report",
-        default=",".join(ACCOUNTANTS),
-        help="comma-separated accountants to report (default clt,pld,rdp)",
+        help="comma-separated accountants to report (default: every one the relation has, "
+        "clt,pld under replace-one, clt,pld,rdp under add-remove)",
     )
     parser.add_argument(
         "--blocks", type=int, help="use the blocked PLD upper bound with this many blocks"
@@ -89,7 +96,9 @@ def _sample_rate(args: argparse.Namespace) -> float:
     return args.batch_size / args.dataset_size
 
 
-def _accountant_list(text: str) -> list[str]:
+def _accountant_list(text: str | None, neighboring: str) -> list[str]:
+    if text is None:
+        return list(RELATION_ACCOUNTANTS[neighboring])
     names = [name.strip() for name in text.split(",") if name.strip()]
     require(names, f"--report needs at least one accountant, got {text!r}")
     for name in names:
@@ -97,6 +106,7 @@ def _accountant_list(text: str) -> list[str]:
             name in ACCOUNTANTS,
             f"unknown accountant {name!r} in --report; expected some of {', '.join(ACCOUNTANTS)}",
         )
+        check_relation(name, neighboring)
     return list(dict.fromkeys(names))
 
 
@@ -114,6 +124,12 @@ def _validate(args: argparse.Namespace) -> None:
         f"unknown accountant {args.calibrate!r} for --calibrate; expected one of "
         f"{', '.join(ACCOUNTANTS)}",
     )
+    require(
+        args.neighboring in NEIGHBORING_RELATIONS,
+        f"unknown --neighboring {args.neighboring!r}; use one of "
+        f"{', '.join(NEIGHBORING_RELATIONS)}",
+    )
+    check_relation(args.calibrate, args.neighboring)
     require(args.steps >= 1, f"--steps must be >= 1, got {args.steps}")
     if args.algorithm != "sgp":
         require(args.epsilon is not None, f"--epsilon is required for {args.algorithm}")
@@ -174,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
     _validate(args)
     sample_rate = _sample_rate(args)
     require(0 < sample_rate <= 1, f"--sample-rate must lie in (0, 1], got {sample_rate}")
-    report_names = _accountant_list(args.report)
+    report_names = _accountant_list(args.report, args.neighboring)
     # The CLT is cheap: always compute it so the gap warning can be given.
     computed = list(dict.fromkeys([*report_names, "clt"]))
     options: dict[str, Any] = {
@@ -188,6 +204,7 @@ def run(args: argparse.Namespace) -> int:
         "rho_mu": DEFAULT_RHO_MU if args.rho_mu is None else args.rho_mu,
         "calibrate": args.calibrate,
         "blocks": args.blocks,
+        "neighboring": args.neighboring,
     }
     result = calibrate(args.algorithm, report=computed, **options)
     schedule = result.schedule
@@ -230,7 +247,8 @@ def _ends(values: np.ndarray | None) -> str:
 def _print_summary(summary, schedule, reports, report_names) -> None:
     print(
         f"{schedule.algorithm}: K = {schedule.steps} steps, sample rate p = "
-        f"{schedule.sample_rate:.6g}, delta = {summary['delta']:g}"
+        f"{schedule.sample_rate:.6g}, delta = {summary['delta']:g}, neighbouring relation "
+        f"{schedule.neighboring}"
     )
     if not schedule.private:
         print("  non-private (no clipping, no noise): no finite epsilon")
