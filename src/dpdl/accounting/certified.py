@@ -10,10 +10,11 @@ relations (``neighboring``, MATH.md Conventions), each a dp_accounting ``Neighbo
 * ``"replace-one"`` (``REPLACE_ONE``, the default of a run, which releases node sizes): one
   record replaced by another; the pair (1 − q)N(0, z²) + qN(−1, z²) vs
   (1 − q)N(0, z²) + qN(1, z²), symmetric (one PLD direction).  ``pld`` accounts it exactly as
-  dp_accounting's ``PLDAccountant(REPLACE_ONE)``; ``clt`` with this pair's χ² term
-  2(e^{1/z²} − e^{−1/z²}) for expm1(1/z²) (≈ sensitivity 2C; still an approximation,
-  MATH.md §1.3); ``rdp`` refuses it (dp_accounting has no replace-one RDP of
-  Poisson sampling; MATH.md §2 says why dpdl does not integrate one numerically).
+  dp_accounting's ``PLDAccountant(REPLACE_ONE)``; ``rdp`` with the Rényi divergence of this
+  pair integrated numerically (``_rdp_replace``: dp_accounting's ``RdpAccountant`` refuses
+  REPLACE_ONE for Poisson sampling), converted to (ε, δ) by dp_accounting's conversion;
+  ``clt`` with this pair's χ² term 2(e^{1/z²} − e^{−1/z²}) for expm1(1/z²) (≈ sensitivity
+  2C; still an approximation, MATH.md §1.3).
 
 Accountants
 -----------
@@ -73,10 +74,10 @@ from dp_accounting import dp_event
 from dp_accounting.rdp import rdp_privacy_accountant
 from numpy.typing import ArrayLike
 
-from dpdl.accounting import _pld_gaussian
+from dpdl.accounting import _pld_gaussian, _rdp_replace
 from dpdl.accounting import validators as check
 from dpdl.accounting.gdp import clt_mu_total, delta_from_epsilon, epsilon_from_delta
-from dpdl.accounting.validators import ADD_REMOVE, REPLACE_ONE
+from dpdl.accounting.validators import ADD_REMOVE
 from dpdl.errors import DPDLError, require
 
 __all__ = [
@@ -93,7 +94,6 @@ __all__ = [
     "blocked_run_length",
     "privacy_loss_distribution",
     "EXACT_MAX_DISTINCT",
-    "RELATION_ACCOUNTANTS",
     "accountant_options",
     "check_accountant",
     "epsilon_report",
@@ -105,8 +105,6 @@ DEFAULT_BLOCKS = 100
 DEFAULT_BINS = 500
 BINNED_DISCRETIZATION = 3e-4
 DEFAULT_DISCRETIZATION = 1e-4
-# The accountants that can state each relation's ε (rdp: add/remove only, module docstring).
-RELATION_ACCOUNTANTS = {ADD_REMOVE: ACCOUNTANTS, REPLACE_ONE: ("clt", "pld")}
 
 
 @dataclass(frozen=True)
@@ -236,7 +234,7 @@ def _check_common(
     require(
         accountant in ACCOUNTANTS, f"unknown accountant {accountant!r}; use one of {ACCOUNTANTS}"
     )
-    check_relation(accountant, neighboring)
+    check.neighboring(neighboring)
     require(
         isinstance(sample_rate, int | float | np.integer | np.floating)
         and 0 < float(sample_rate) <= 1,
@@ -360,6 +358,33 @@ def _rdp_accountant(
     return accountant
 
 
+@dataclass(frozen=True)
+class _RdpCurve:
+    """A composed RDP curve ε(α) at ``orders`` and its (ε, δ) conversions (dp_accounting's)."""
+
+    orders: np.ndarray
+    rdp: np.ndarray
+
+    def epsilon(self, delta: float) -> float:
+        return float(rdp_privacy_accountant.compute_epsilon(self.orders, self.rdp, delta)[0])
+
+    def delta(self, epsilon: float) -> float:
+        return float(rdp_privacy_accountant.compute_delta(self.orders, self.rdp, epsilon)[0])
+
+
+def _rdp_curve(multipliers: np.ndarray, counts: np.ndarray, sample_rate: float,
+               neighboring: str) -> _RdpCurve:  # fmt: skip
+    """The schedule's RDP curve: dp_accounting's ``RdpAccountant`` under add/remove, the
+    numerically integrated replace-one divergence (``_rdp_replace``) under replace-one;
+    composition adds the curves, dp_accounting's conversion gives (ε, δ) either way."""
+    if neighboring == ADD_REMOVE:
+        accountant = _rdp_accountant(multipliers, counts, sample_rate)
+        return _RdpCurve(accountant.orders, accountant.rdp)
+    rdp = sum(int(count) * np.asarray(_rdp_replace.rdp_replace_one(float(z), float(sample_rate)))
+              for z, count in zip(multipliers, counts, strict=True))  # fmt: skip
+    return _RdpCurve(_rdp_replace.ORDERS, rdp)
+
+
 def _check_mode_option(name: str, value, owner: str, mode: str, accountant: str) -> None:
     """``blocks`` / ``bins``: None, or a positive integer given with the mode that uses it."""
     require(
@@ -422,7 +447,7 @@ def compute_epsilon(
             method = binned
     else:
         with _quiet_rdp_orders():
-            epsilon = float(_rdp_accountant(multipliers, counts, sample_rate).get_epsilon(delta))
+            epsilon = _rdp_curve(multipliers, counts, sample_rate, neighboring).epsilon(delta)
     return EpsilonReport(accountant, epsilon, delta, certified, method, lower, neighboring)
 
 
@@ -469,7 +494,7 @@ def compute_delta(
         delta = float(pld.get_delta_for_epsilon(epsilon))
     else:
         with _quiet_rdp_orders():
-            delta = float(_rdp_accountant(multipliers, counts, sample_rate).get_delta(epsilon))
+            delta = _rdp_curve(multipliers, counts, sample_rate, neighboring).delta(epsilon)
     return EpsilonReport(accountant, epsilon, min(delta, 1.0), certified, method, None,
                          neighboring)
 
@@ -480,26 +505,14 @@ EXACT_MAX_DISTINCT = {"pld": 200, "rdp": 200}
 
 
 def check_accountant(accountant: str, neighboring: str | None = None) -> str:
-    """``accountant``, known (and able to state ε under ``neighboring`` when given)."""
+    """``accountant``, known (and ``neighboring``, when given, a known relation)."""
     require(
         accountant in ACCOUNTANTS,
         f"unknown accountant {accountant!r}; expected one of {ACCOUNTANTS}",
     )
     if neighboring is not None:
-        check_relation(accountant, neighboring)
+        check.neighboring(neighboring)
     return accountant
-
-
-def check_relation(accountant: str, neighboring: str) -> str:
-    """``neighboring``, a known relation that ``accountant`` can state ε under."""
-    check.neighboring(neighboring)
-    require(
-        accountant in RELATION_ACCOUNTANTS[neighboring],
-        f"the {accountant} accountant cannot state epsilon under neighboring = {neighboring!r} "
-        "(dp_accounting has no replace-one RDP of Poisson sampling); use pld, or "
-        "neighboring = 'add-remove'",
-    )
-    return neighboring
 
 
 def accountant_options(

@@ -36,7 +36,6 @@ from dpdl.accounting import validators as check
 from dpdl.accounting.calibration import ProgressCallback, calibrate_noise_scale
 from dpdl.accounting.certified import (
     ACCOUNTANTS,
-    RELATION_ACCOUNTANTS,
     EpsilonReport,
     check_accountant,
     epsilon_report,
@@ -407,15 +406,14 @@ class CalibrationResult:
 def calibrate(
     algorithm: str,
     *,
-    report: tuple[str, ...] | list[str] | None = None,
+    report: tuple[str, ...] | list[str] = ACCOUNTANTS,
     **schedule_options: Any,
 ) -> CalibrationResult:
     """``make_schedule(algorithm, **schedule_options)``, then ε under every accountant in
-    ``report`` (issue 2, item 4; by default every accountant that can state ε under the
-    schedule's relation), each composed as :func:`accountant_options` says.
+    ``report`` (issue 2, item 4) and the schedule's relation, each composed as
+    :func:`accountant_options` says.
     """
     neighboring = check.neighboring(schedule_options.get("neighboring", ADD_REMOVE))
-    report = RELATION_ACCOUNTANTS[neighboring] if report is None else report
     for name in report:
         check_accountant(name, neighboring)
     schedule = make_schedule(algorithm, **schedule_options)

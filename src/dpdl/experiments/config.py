@@ -168,5 +168,5 @@ def parse_config(config: dict[str, Any] | RunConfig) -> RunConfig:
     """Validate a ``decentralized`` config; raises DPDLError naming every offending key (and
     the setting privacy.neighboring refuses: :func:`check_neighboring`)."""
     parsed = validate_config(RunConfig, config)
-    check_neighboring(parsed.privacy, parsed.training, parsed.experiment.specs)
+    check_neighboring(parsed.privacy, parsed.training)
     return parsed

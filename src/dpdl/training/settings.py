@@ -15,12 +15,11 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
 
-from dpdl.accounting.certified import ACCOUNTANTS, RELATION_ACCOUNTANTS
+from dpdl.accounting.certified import ACCOUNTANTS
 from dpdl.accounting.schedules import ALGORITHMS, DEFAULT_CLIP, DEFAULT_RHO_C, DEFAULT_RHO_MU
 from dpdl.accounting.validators import ADD_REMOVE, DEFAULT_NEIGHBORING
 from dpdl.errors import DPDLError, require
@@ -242,15 +241,6 @@ class PrivacySection(_Section):
             raise ValueError(f"epsilon must be positive and finite, got {value}")
         return value
 
-    @field_validator("calibrate", "certified_accountant")
-    @classmethod
-    def _accountant_of_the_relation(cls, value: str, info: ValidationInfo) -> str:
-        relation = info.data.get("neighboring", DEFAULT_NEIGHBORING)
-        if value not in RELATION_ACCOUNTANTS[relation]:
-            raise ValueError(f"{value!r} cannot state epsilon under privacy.neighboring = "
-                             f"{relation!r}; use one of {RELATION_ACCOUNTANTS[relation]}")
-        return value
-
     @property
     def epsilons(self) -> list[float]:
         return self.epsilon if isinstance(self.epsilon, list) else [self.epsilon]
@@ -269,17 +259,10 @@ _ADD_REMOVE_REFUSES: tuple[tuple[Any, str], ...] = (
 )  # fmt: skip
 
 
-def check_neighboring(privacy: PrivacySection, training: TrainingSection,
-                      specs: Any = ()) -> None:  # fmt: skip
+def check_neighboring(privacy: PrivacySection, training: TrainingSection) -> None:
     """Refuse (one line) settings whose outputs would tell neighbouring data sets apart under
-    ``privacy.neighboring``, and algorithms (``specs``: AlgorithmSpec) calibrated with an
-    accountant that cannot state its epsilon."""
-    relation = privacy.neighboring
-    for spec in specs:
-        require(spec.calibrate is None or spec.calibrate in RELATION_ACCOUNTANTS[relation],
-                f"algorithm {spec.label!r} calibrates with {spec.calibrate}, which cannot state "
-                f"epsilon under privacy.neighboring = {relation!r}; use pld")  # fmt: skip
-    if relation != ADD_REMOVE:
+    ``privacy.neighboring``."""
+    if privacy.neighboring != ADD_REMOVE:
         return
     for refused, why in _ADD_REMOVE_REFUSES:
         require(not refused(training),

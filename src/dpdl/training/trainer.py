@@ -329,7 +329,7 @@ class DecentralizedTrainer:
             {k: v for k, v in settings.items() if k in TrainingSection.model_fields},
             "training settings",
         )  # fmt: skip
-        check_neighboring(self.privacy, self.training, [self.spec])
+        check_neighboring(self.privacy, self.training)
         self.epsilon = float(epsilon) if private else None
 
     def _options(self, entropy, runtime, seed, device, callbacks, callbacks_on, output_dir,
