@@ -195,3 +195,44 @@ def test_each_record_is_held_out_by_a_keyed_hash_of_itself_alone():
     # the key: another seed or node decides afresh
     assert not np.array_equal(held_out_mask(x[:40], y[:40], SHARE, SEED + 1, 0), base)
     assert not np.array_equal(held_out_mask(x[:40], y[:40], SHARE, SEED, 1), base)
+
+
+# ------------------------------------------------------------------ dpdl run configs
+def _config(**privacy_and_training):
+    training = {"steps": 2, "batch_size": 2, "lr": 0.3, "eval_every": 2}
+    training |= privacy_and_training.pop("training", {})
+    return {
+        "kind": "decentralized",
+        "experiment": {"name": "rel", "algorithms": ["const-d2p"], "entropy": "seed"},
+        "data": {"dataset": "digits"}, "model": {"name": "logreg"},
+        "topology": {"name": "ring", "nodes": 4}, "training": training,
+        "privacy": {"epsilon": 2.0, "delta": 1e-4} | privacy_and_training,
+    }  # fmt: skip
+
+
+def test_a_config_under_add_remove_is_refused_before_a_folder_exists(tmp_path):
+    from dpdl.experiments import runner
+
+    config = _config(neighboring="add-remove", training={"steps": None, "epochs": 1,
+                                                         "sample_rate": 0.05})  # fmt: skip
+    with pytest.raises(dpdl.DPDLError) as excinfo:
+        runner.run_experiment(config, tmp_path, progress=False)
+    assert "training.epochs reads the steps off the node sizes" in str(excinfo.value)
+    assert "\n" not in str(excinfo.value) and list(tmp_path.iterdir()) == []
+
+
+def test_a_config_run_under_add_remove_releases_no_size(tmp_path):
+    from dpdl.experiments import runner
+
+    config = _config(neighboring="add-remove", training={"sample_rate": 0.05,
+                                                         "node_eval_share": 0.1})  # fmt: skip
+    (cell,) = runner.run_experiment(config, tmp_path, progress=False, run_name="r")["cells"]
+    assert cell["neighboring"] == "add-remove" and cell["schedule"]["neighboring"] == "add-remove"
+    assert cell["node_sizes"] is None and cell["heterogeneity"] is None
+    assert cell["sample_rates"] is None and cell["sample_rate"] == 0.05
+    assert not (tmp_path / "r" / "label_distribution.png").exists()
+    # the default relation releases them, and says so
+    (cell,) = runner.run_experiment(_config(), tmp_path, progress=False, run_name="d")["cells"]
+    assert cell["neighboring"] == cell["final"]["neighboring"] == "replace-one"
+    assert len(cell["node_sizes"]) == 4
+    assert cell["heterogeneity"]["node_sizes"] == cell["node_sizes"]
