@@ -299,6 +299,7 @@ def test_report_to_dict():
         "certified": True,
         "method": "rdp",
         "epsilon_lower": None,
+        "neighboring": "add-remove",
     }
 
 

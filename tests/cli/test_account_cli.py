@@ -25,6 +25,8 @@ ISSUE_ARGS = [
     "2",
     "--calibrate",
     "clt",
+    "--neighboring",  # MATH.md §2's oracles are add/remove numbers
+    "add-remove",
 ]
 
 
@@ -66,7 +68,8 @@ def test_json_clt_calibration_has_the_issue_keys(capsys):
 
 def test_const_json_reports_mu_bar_from_dataset_and_batch(capsys):
     argv = ["account", "--algorithm", "const-d2p", "--epsilon", "0.3", "--steps", "10000"]
-    argv += ["--dataset-size", "2500", "--batch-size", "1", "--calibrate", "clt", "--json"]
+    argv += ["--dataset-size", "2500", "--batch-size", "1", "--calibrate", "clt", "--json",
+             "--neighboring", "add-remove"]  # fmt: skip
     code, out, _ = run_cli(capsys, [*argv, "--report", "clt"])
     data = json.loads(out)
     assert code == 0 and data["sample_rate"] == pytest.approx(1 / 2500)
@@ -193,7 +196,8 @@ def test_account_never_imports_torch(tmp_path):
 def test_no_warning_where_the_clt_is_nearly_tight(capsys):
     """MATH.md §2: at b = 64 (p = 0.0256, K = 2000) CLT ε = 1 has PLD ε ≈ 1.009."""
     argv = ["account", "--algorithm", "const-d2p", "--epsilon", "1", "--steps", "2000"]
-    argv += ["--dataset-size", "2500", "--batch-size", "64", "--calibrate", "clt"]
+    argv += ["--dataset-size", "2500", "--batch-size", "64", "--calibrate", "clt",
+             "--neighboring", "add-remove"]  # fmt: skip
     code, out, err = run_cli(capsys, [*argv, "--report", "clt,pld", "--json"])
     data = json.loads(out)
     assert code == 0 and data["sample_rate"] == pytest.approx(0.0256)
@@ -216,3 +220,27 @@ def test_pld_report_of_a_long_dyn_schedule_prints_lower_and_upper(capsys):
     lower, upper = (float(x) for x in line.split("[")[1].split("]")[0].split(","))
     assert 0 < lower < upper < lower * 1.01
     assert "pld-binned(bins=500)" in line
+
+
+def test_the_default_relation_is_replace_one_and_named_everywhere(capsys):
+    """A run's default relation (it releases node sizes): ε as dp_accounting's REPLACE_ONE PLD
+    of the schedule, the relation in the JSON and in the text."""
+    import dp_accounting as dpa
+    from dp_accounting import NeighboringRelation
+    from dp_accounting.pld import pld_privacy_accountant
+
+    argv = ["account", "--algorithm", "const-d2p", "--epsilon", "1", "--steps", "300",
+            "--sample-rate", "0.05", "--report", "clt,pld"]  # fmt: skip
+    code, out, _ = run_cli(capsys, [*argv, "--json"])
+    data = json.loads(out)
+    assert code == 0 and data["neighboring"] == "replace-one"
+    reference = pld_privacy_accountant.PLDAccountant(
+        neighboring_relation=NeighboringRelation.REPLACE_ONE)
+    step = dpa.PoissonSampledDpEvent(0.05, dpa.GaussianDpEvent(data["noise_multiplier_first"]))
+    reference.compose(step, 300)
+    assert data["epsilon"]["pld"] == pytest.approx(reference.get_epsilon(1e-4), rel=1e-6)
+    assert 0.997 <= data["epsilon"]["pld"] <= 1.0
+    code, out, _ = run_cli(capsys, argv)
+    assert code == 0 and "neighbouring relation replace-one" in out
+    code, _, err = run_cli(capsys, [*argv, "--neighboring", "replace"])
+    assert code != 0 and "unknown --neighboring 'replace'" in err

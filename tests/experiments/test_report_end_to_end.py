@@ -10,6 +10,7 @@ import json
 import math
 
 import pytest
+from dp_accounting import NeighboringRelation
 from dp_accounting.pld import privacy_loss_distribution
 from scipy.optimize import brentq
 from scipy.stats import norm
@@ -54,11 +55,14 @@ def _gdp_mu(epsilon: float, delta: float) -> float:
 
 
 def _certified_const_d2p_clt(epsilon: float, sample_rate: float) -> float:
-    mu_bar = math.sqrt(math.log(_gdp_mu(epsilon, DELTA) ** 2 / (STEPS * sample_rate**2) + 1))
+    """The PLD ε of Const-D2P calibrated by the CLT, under a run's default relation
+    (replace-one: μ̄² = asinh(μ_tot² / (4 K p²)), MATH.md §1.3)."""
+    mu_bar = math.sqrt(math.asinh(_gdp_mu(epsilon, DELTA) ** 2 / (4 * STEPS * sample_rate**2)))
     pld = privacy_loss_distribution.from_gaussian_mechanism(
         standard_deviation=1 / mu_bar,
         sampling_prob=sample_rate,
         value_discretization_interval=1e-4,
+        neighboring_relation=NeighboringRelation.REPLACE_ONE,
     )
     return pld.self_compose(STEPS).get_epsilon_for_delta(DELTA)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -15,8 +14,7 @@ from torch import nn
 
 import dpdl
 from dpdl.data import (
-    held_out_count,
-    held_out_slots,
+    held_out_mask,
     label_histograms,
     load_dataset,
     partition,
@@ -147,31 +145,44 @@ def test_node_eval_data_and_share_are_exclusive():
 
 
 # --------------------------------------------------------------------------- node_eval_share
-def test_held_out_count_is_the_ceiling_of_the_share():
-    for share, size in [(0.1, 30), (0.1, 25), (0.3, 10), (0.15, 20), (0.05, 7), (0.9, 2)]:
-        exact = math.ceil(Fraction(str(share)) * size)  # decimal share, exact arithmetic
-        assert held_out_count(size, share) == min(max(exact, 1), size - 1), (share, size)
-    assert len(held_out_slots(30, 0.1, seed=3, node=2)) == 3
-    with pytest.raises(DPDLError, match="node 4 has 1 record"):
-        held_out_slots(1, 0.5, seed=0, node=4)
+def test_the_held_out_share_is_a_keyed_hash_of_each_record():
+    x, y = node_sets([4000])[0]
+    held = held_out_mask(x, y, 0.1, seed=3, node=2)
+    assert held.mean() == pytest.approx(0.1, abs=0.015)  # each record with probability 0.1
+    assert np.array_equal(held_out_mask(x[::-1], y[::-1], 0.1, seed=3, node=2), held[::-1])
+    with pytest.raises(DPDLError, match="node_eval_share must lie strictly between 0 and 1"):
+        held_out_mask(x, y, 1.0, seed=0, node=4)
+
+
+def _distinctive_hold_out(x, y, share, seed, node):
+    """Each record in one of two versions, chosen so that the hold-out (a hash of the
+    record's own bytes) holds out exactly the huge versions: a record whose huge version is
+    held out becomes it, one whose plain version is kept stays plain, any other is left out."""
+    huge = np.full_like(x, 1e4) + np.arange(len(x), dtype=x.dtype)[:, None]
+    held_huge = held_out_mask(huge, y, share, seed, node)
+    kept_plain = ~held_out_mask(x, y, share, seed, node)
+    x = np.where(held_huge[:, None], huge, x)
+    usable = held_huge | kept_plain
+    return x[usable], y[usable], held_huge[usable]
 
 
 def test_held_out_records_are_never_trained_on():
-    """A run holding out ⌈s·J_i⌉ records trains exactly as a run on the other records alone
-    (same seeded streams: sizes, sampling rate, data): the held-out records, made huge and
-    distinctive, are never sampled; and they are what the per-node scores are computed on."""
-    sizes, share, seed = [20, 25, 30, 22, 28], 0.1, 1
-    data = node_sets(sizes)
-    kept_sets, held_sets = [], []
-    for i, (x, y) in enumerate(data):
-        slots = held_out_slots(len(x), share, seed, i)
-        x[slots] = 1e4  # a sampled one would swing the clipped gradient off the other run's
-        rest = np.setdiff1d(np.arange(len(x)), slots)
-        kept_sets.append((x[rest], y[rest]))
-        held_sets.append((x[slots], y[slots]))
+    """A run holding out records by node_eval_share trains exactly as a run on the other
+    records alone (same seeded streams: sizes, sampling rate, data): the held-out records,
+    made huge and distinctive, are never sampled; and they are what the per-node scores are
+    computed on."""
+    sizes, share, seed = [20, 25, 30, 22, 28], 0.2, 1
+    data, kept_sets, held_sets, want_sizes = [], [], [], []
+    for i, (x, y) in enumerate(node_sets(sizes)):
+        x, y, held = _distinctive_hold_out(x, y, share, seed, i)
+        assert held.any() and not held.all()
+        np.testing.assert_array_equal(held_out_mask(x, y, share, seed, i), held)
+        data.append((x, y))
+        kept_sets.append((x[~held], y[~held]))
+        held_sets.append((x[held], y[held]))
+        want_sizes.append(int((~held).sum()))
     held_out = train(data, node_eval_share=share, seed=seed)
     alone = train(kept_sets, node_eval_data=held_sets, seed=seed)
-    want_sizes = [j - math.ceil(Fraction(str(share)) * j) for j in sizes]
     assert list(held_out.record.node_sizes) == want_sizes
     assert held_out.record.sample_rate == pytest.approx(2 / min(want_sizes))
     for name, p in held_out.model.state_dict().items():
@@ -189,9 +200,10 @@ def test_node_eval_share_is_a_training_setting():
     with pytest.raises(DPDLError, match="node_eval_share: Input should be less than 1"):
         dpdl.DecentralizedTrainer(linear(), node_sets([20] * NODES), epsilon=2.0, steps=4,
                                   node_eval_share=1.0)  # fmt: skip
-    with pytest.raises(DPDLError, match="node 2 has 1 record"):
+    with pytest.raises(DPDLError, match=r"node \d: node_eval_share = 0.99 holds out all its "
+                       r"\d+ records; lower the share"):  # fmt: skip
         dpdl.DecentralizedTrainer(linear(), node_sets([20, 20, 1, 20, 20]), epsilon=2.0,
-                                  steps=4, batch_size=1, node_eval_share=0.2)  # fmt: skip
+                                  steps=4, batch_size=1, node_eval_share=0.99)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- heterogeneity
@@ -236,11 +248,12 @@ def test_a_benchmark_split_records_its_label_histograms(tmp_path):
     (cell,) = results["cells"]
     data = load_dataset("digits", seed=2)
     parts = partition(data.y_train, 6, scheme="dirichlet", alpha=0.5, seed=2)
-    trained = [np.delete(p, held_out_slots(len(p), 0.1, 2, i)) for i, p in enumerate(parts)]
+    trained = [p[~held_out_mask(data.x_train[p], data.y_train[p], 0.1, 2, i)]
+               for i, p in enumerate(parts)]  # fmt: skip
     het = cell["heterogeneity"]
     assert het["source"] == "partition of the public benchmark digits"
     assert het["node_sizes"] == cell["node_sizes"] == [len(p) for p in trained]
-    assert cell["node_sizes"] == [len(p) - math.ceil(Fraction("0.1") * len(p)) for p in parts]
+    assert all(len(t) < len(p) for t, p in zip(trained, parts, strict=True))
     assert het["label_histograms"] == [np.bincount(data.y_train[p], minlength=10).tolist()
                                        for p in trained]  # fmt: skip
     assert len(cell["final"]["node_local_accuracy"]) == 6

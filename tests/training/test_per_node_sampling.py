@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from dp_accounting import dp_event
+from dp_accounting import NeighboringRelation, dp_event
 from dp_accounting.pld import pld_privacy_accountant
 from torch import nn
 
@@ -55,7 +55,8 @@ def trainer(nodes, **options):
 
 
 def library_pld_epsilon(z: float, steps: int, q: float) -> float:
-    reference = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+    reference = pld_privacy_accountant.PLDAccountant(
+        NeighboringRelation.REPLACE_ONE, value_discretization_interval=1e-4)  # the default
     step = dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(z))
     reference.compose(dp_event.SelfComposedDpEvent(step, steps))
     return reference.get_epsilon(DELTA)

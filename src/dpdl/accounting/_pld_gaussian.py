@@ -38,7 +38,7 @@ from dp_accounting.pld import pld_pmf
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from scipy import fft as sp_fft
 from scipy.optimize import minimize_scalar
-from scipy.special import ndtr, ndtri
+from scipy.special import log_ndtr, ndtr, ndtri
 
 from dpdl.errors import DPDLError
 
@@ -116,6 +116,71 @@ def _deltas_add(epsilons: np.ndarray, sigma: float, q: float) -> np.ndarray:
     return np.clip(np.nan_to_num(deltas, nan=0.0), 0.0, 1.0)
 
 
+def _loss_replace(x: np.ndarray, sigma: float, q: float) -> np.ndarray:
+    """REPLACE loss (one record's contribution +1 in one data set, −1 in the other):
+    ln[(1 − q)φ(x) + qφ(x + 1)] − ln[(1 − q)φ(x) + qφ(x − 1)] = loss_remove(x) + loss_add(x)."""
+    return _loss_remove(x, sigma, q) + _loss_add(x, sigma, q)
+
+
+def _asinh_exp(log_a: np.ndarray) -> np.ndarray:
+    """asinh(e^a) without overflow: a + ln(1 + sqrt(1 + e^{−2a})) for a > 0."""
+    with np.errstate(over="ignore"):
+        small = np.arcsinh(np.exp(np.minimum(log_a, 0.0)))
+        large = log_a + np.log1p(np.sqrt(1.0 + np.exp(-2.0 * np.maximum(log_a, 0.0))))
+    return np.where(log_a > 0, large, small)
+
+
+def _inverse_loss_replace(epsilons: np.ndarray, sigma: float, q: float) -> np.ndarray:
+    """The largest x with loss_replace(x) ≥ ε (dp_accounting's closed form):
+    x = σ²·(asinh(−sinh(ε/2)·α) − ε/2), α = e^{1/(2σ²)}(1 − q)/q (x = −σ²ε/2 at q = 1)."""
+    if q == 1.0:
+        return -0.5 * epsilons * sigma**2
+    half = 0.5 * np.abs(epsilons)
+    with np.errstate(divide="ignore"):
+        log_sinh = half + np.log(-np.expm1(-2.0 * half)) - math.log(2.0)
+    log_alpha = 0.5 / sigma**2 + math.log1p(-q) - math.log(q)
+    asinh = -np.sign(epsilons) * _asinh_exp(log_alpha + log_sinh)
+    return np.where(epsilons == 0, 0.0, sigma**2 * (asinh - 0.5 * epsilons))
+
+
+def _deltas_replace(epsilons: np.ndarray, sigma: float, q: float) -> np.ndarray:
+    """Hockey-stick divergence δ(ε) of the REPLACE pair on a grid of ε, as dp_accounting
+    evaluates it: upper_cdf(x) − e^{ε + ln lower_cdf(x)} at x = inverse_loss(ε), with
+    upper = (1 − q)N(0, σ²) + qN(−1, σ²) and lower = (1 − q)N(0, σ²) + qN(1, σ²)."""
+    x = _inverse_loss_replace(epsilons, sigma, q)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        if q == 1.0:
+            upper = ndtr((x + 1.0) / sigma)
+            log_lower = log_ndtr((x - 1.0) / sigma)
+        else:
+            upper = (1.0 - q) * ndtr(x / sigma) + q * ndtr((x + 1.0) / sigma)
+            log_lower = np.logaddexp(math.log1p(-q) + log_ndtr(x / sigma),
+                                     math.log(q) + log_ndtr((x - 1.0) / sigma))  # fmt: skip
+        deltas = upper - np.exp(epsilons + log_lower)
+    return np.clip(np.nan_to_num(deltas, nan=0.0), 0.0, 1.0)
+
+
+# The adjacency directions of each neighbouring relation (MATH.md Conventions): add/remove
+# has two (a PLD pair), replace-one one (its pair is symmetric under x → −x).
+RELATION_SIDES = {"add-remove": ("remove", "add"), "replace-one": ("replace",)}
+
+
+def _side(side: str, lower_x: float, upper_x: float):
+    """(lowest x, highest x, loss, δ) of one direction: dp_accounting's truncation, the
+    lower end shifted by the sensitivity for REMOVE and REPLACE, the upper one for ADD."""
+    return {
+        "remove": (lower_x - 1.0, upper_x, _loss_remove, _deltas_remove),
+        "add": (lower_x, upper_x + 1.0, _loss_add, _deltas_add),
+        "replace": (lower_x - 1.0, upper_x, _loss_replace, _deltas_replace),
+    }[side]
+
+
+def _sides(relation: str, sample_rate: float) -> tuple[str, ...]:
+    """The directions composed: REMOVE alone at p = 1 under add/remove (then symmetric)."""
+    sides = RELATION_SIDES[relation]
+    return sides[:1] if sample_rate == 1.0 else sides
+
+
 def _connect_dots_fixed_gap(
     discretization: float, lower: int, upper: int, deltas: np.ndarray
 ) -> GridPmf:
@@ -138,10 +203,13 @@ def subsampled_gaussian_pmfs(
     *,
     loss_floor: float | None = None,
     tail_delta: float | None = None,
+    relation: str = "add-remove",
 ) -> tuple[GridPmf, GridPmf | None]:
-    """(REMOVE, ADD) connect-the-dots PMFs of one Poisson(p)-subsampled Gaussian step.
+    """The connect-the-dots PMFs of one Poisson(p)-subsampled Gaussian step: (REMOVE, ADD)
+    under ``relation="add-remove"`` (ADD ``None`` when p = 1, symmetric), (REPLACE, None)
+    under ``"replace-one"`` (dp_accounting's ``REPLACE_ONE``: symmetric).
 
-    Sensitivity 1, noise std ``noise_multiplier``; ADD is ``None`` when p = 1 (symmetric).
+    Sensitivity 1 (each record's contribution has norm ≤ 1), noise std ``noise_multiplier``.
     By default the grid is dp_accounting's. Two pessimistic shortcuts narrow it:
     ``loss_floor`` starts it at −loss_floor (the construction then puts the mass of all
     smaller losses on the first point, a move to larger losses), and ``tail_delta`` ends it
@@ -150,13 +218,9 @@ def subsampled_gaussian_pmfs(
     """
     sigma, q, d = float(noise_multiplier), float(sample_rate), float(discretization)
     lower_x = sigma * float(ndtri(0.5 * math.exp(LOG_MASS_TRUNCATION_BOUND)))
-    upper_x = -lower_x
     sides: list[GridPmf | None] = []
-    for side in ("remove", "add") if q < 1.0 else ("remove",):
-        if side == "remove":
-            lo_x, hi_x, loss, deltas_fn = lower_x - 1.0, upper_x, _loss_remove, _deltas_remove
-        else:
-            lo_x, hi_x, loss, deltas_fn = lower_x, upper_x + 1.0, _loss_add, _deltas_add
+    for side in _sides(relation, q):
+        lo_x, hi_x, loss, deltas_fn = _side(side, lower_x, -lower_x)
         eps_upper = float(loss(np.array(lo_x), sigma, q))
         eps_lower = float(loss(np.array(hi_x), sigma, q))
         upper = math.ceil(eps_upper / d)
@@ -343,21 +407,24 @@ def compose(
     sample_rate: float,
     discretization: float,
     tail_mass_truncation: float = TAIL_MASS_TRUNCATION,
+    *,
+    relation: str = "add-remove",
 ) -> pld_lib.PrivacyLossDistribution:
-    """The composed PLD of ``counts[i]`` steps at each distinct ``multipliers[i]``.
+    """The composed PLD of ``counts[i]`` steps at each distinct ``multipliers[i]`` under the
+    neighbouring ``relation`` ("add-remove" or "replace-one").
 
     Returns a pessimistic ``dp_accounting`` ``PrivacyLossDistribution``, so δ(ε) and ε(δ) are
     answered by dp_accounting's own routines.
     """
     multipliers = np.asarray(multipliers, dtype=np.float64)
     counts = np.asarray(counts, dtype=np.int64)
-    sides = (0,) if sample_rate == 1.0 else (0, 1)
+    sides = tuple(range(len(_sides(relation, sample_rate))))
     cache: dict[float, tuple[GridPmf, GridPmf | None]] = {}
 
     def build(z: float) -> tuple[GridPmf, GridPmf | None]:
         if z in cache:
             return cache[z]
-        return subsampled_gaussian_pmfs(z, sample_rate, discretization)
+        return subsampled_gaussian_pmfs(z, sample_rate, discretization, relation=relation)
 
     representatives = _representatives(counts)
     for i, _ in representatives:
@@ -429,6 +496,8 @@ def compose_schedules(
     sample_rate: float,
     discretization: float,
     tail_mass_truncation: float = TAIL_MASS_TRUNCATION,
+    *,
+    relation: str = "add-remove",
 ) -> list[pld_lib.PrivacyLossDistribution]:
     """Composed PLDs of several schedules over the same distinct ``multipliers``.
 
@@ -437,17 +506,19 @@ def compose_schedules(
     of upper and lower bounds costs barely more than one bound). ``counts[0]`` must be the
     schedule with the largest losses (the upper bound): it sizes the Fourier grid, and a
     grid too short for any schedule is detected and lengthened as in :func:`compose`.
+    ``relation``: the neighbouring relation, as in :func:`compose`.
     """
     multipliers = np.asarray(multipliers, dtype=np.float64)
     counts = [np.asarray(c, dtype=np.int64) for c in counts]
-    sides = (0,) if sample_rate == 1.0 else (0, 1)
+    sides = tuple(range(len(_sides(relation, sample_rate))))
     leading = counts[0]
     used = np.flatnonzero(leading > 0)
     representatives = [(int(used[i]), w) for i, w in _representatives(leading[used])]
 
     def build(i: int) -> tuple[GridPmf, GridPmf | None]:
         return subsampled_gaussian_pmfs(float(multipliers[i]), sample_rate, discretization,
-                                        loss_floor=LUMP_LOSS_FLOOR, tail_delta=TAIL_DELTA)
+                                        loss_floor=LUMP_LOSS_FLOOR, tail_delta=TAIL_DELTA,
+                                        relation=relation)
 
     pilot_pmfs = {i: build(i) for i, _ in representatives}
     plans = {}

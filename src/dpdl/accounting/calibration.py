@@ -44,6 +44,7 @@ from scipy.optimize import brentq
 from dpdl.accounting import validators as check
 from dpdl.accounting.certified import _cached_epsilon, accountant_options, check_accountant
 from dpdl.accounting.gdp import clt_noise_scale, mu_from_epsilon_delta
+from dpdl.accounting.validators import ADD_REMOVE
 from dpdl.errors import DPDLError, require
 
 __all__ = ["calibrate_noise_scale", "calibrate_safe"]
@@ -182,15 +183,17 @@ def calibrate_noise_scale(
     blocks: int | None = None,
     epsilon_rtol: float = 2e-3,
     on_iteration: ProgressCallback | None = None,
+    neighboring: str = ADD_REMOVE,
 ) -> float:
     """The smallest scale t (its ε within ``epsilon_rtol`` of the target) with
-    ε(z = t·s) ≤ ``epsilon`` under ``accountant`` (MATH.md §2, "Calibration").
+    ε(z = t·s) ≤ ``epsilon`` under ``accountant`` and the relation ``neighboring``
+    (MATH.md §2, "Calibration"; "add-remove" or "replace-one", whose ε is calibrated for).
 
     For ``pld``/``rdp`` the result is on the safe side: its ε under the accountant with
     :func:`accountant_options` (``blocks``) has been computed and is ≤ the target.
     ``on_iteration``: progress (see the module docstring).
     """
-    check_accountant(accountant)
+    check_accountant(accountant, neighboring)
     shape = np.asarray(multiplier_shape, dtype=np.float64).ravel()
     require(
         shape.size > 0 and bool(np.all(np.isfinite(shape))) and bool(np.all(shape > 0)),
@@ -202,8 +205,9 @@ def calibrate_noise_scale(
     )
     delta, sample_rate = check.delta(delta), check.sample_rate(sample_rate)
 
-    clt_scale = clt_noise_scale(mu_from_epsilon_delta(epsilon, delta), sample_rate, shape)
-    final_options = accountant_options(accountant, shape, blocks)
+    clt_scale = clt_noise_scale(mu_from_epsilon_delta(epsilon, delta), sample_rate, shape,
+                                neighboring)  # fmt: skip
+    final_options = accountant_options(accountant, shape, blocks) | {"neighboring": neighboring}
 
     def final(t: float) -> float:
         return _cached_epsilon(accountant, t * shape, sample_rate, delta, **final_options).epsilon
@@ -214,20 +218,22 @@ def calibrate_noise_scale(
         return clt_scale
     search = _Search(progress.watch(lambda log_t: final(math.exp(log_t))), epsilon, epsilon_rtol)
     log_scale = _certified_log_scale(search, shape, clt_scale, progress, delta=delta,
-                                     sample_rate=sample_rate, accountant=accountant)  # fmt: skip
+                                     sample_rate=sample_rate, accountant=accountant,
+                                     neighboring=neighboring)  # fmt: skip
     progress.finish(search.cache[log_scale])
     return math.exp(log_scale)
 
 
 def _certified_log_scale(search: _Search, shape, clt_scale, progress, *, delta, sample_rate,
-                         accountant) -> float:  # fmt: skip
+                         accountant, neighboring) -> float:  # fmt: skip
     """The two-phase search of :func:`calibrate_noise_scale` (module docstring): log t."""
     epsilon, epsilon_rtol = search.target, search.epsilon_rtol
     distinct = np.unique(shape).size
     if _is_constant(shape) or (accountant == "rdp" and distinct <= COARSE_RDP["blocks"]):
         # A coarse phase would cost as much as the real thing: search directly.
         return search.solve(math.log(clt_scale))
-    coarse_options = COARSE_PLD if accountant == "pld" else COARSE_RDP
+    coarse_options = (COARSE_PLD if accountant == "pld" else COARSE_RDP) | {
+        "neighboring": neighboring}
     coarse = _Search(
         progress.watch(lambda log_t: _cached_epsilon(
             accountant, math.exp(log_t) * shape, sample_rate, delta, **coarse_options

@@ -1,8 +1,20 @@
 """Certified ε/δ of a noise-multiplier schedule: PLD, RDP and the CLT approximation (MATH.md §2).
 
 A schedule is accounted through its noise multipliers z_k = σ_k / C_k: step k is a
-Poisson(p)-subsampled Gaussian mechanism with multiplier z_k, under add/remove adjacency
-(dp_accounting's ``ADD_OR_REMOVE_ONE``, SPEC's convention for the Dyn-D2P family).
+Poisson(p)-subsampled Gaussian mechanism with multiplier z_k, under one of two neighbouring
+relations (``neighboring``, MATH.md Conventions), each a dp_accounting ``NeighboringRelation``:
+
+* ``"add-remove"`` (``ADD_OR_REMOVE_ONE``, dp_accounting's default and these functions'):
+  one record added or removed; the pair (1 − q)N(0, z²) + qN(−1, z²) vs N(0, z²) and its
+  reverse (two PLD directions).
+* ``"replace-one"`` (``REPLACE_ONE``, the default of a run, which releases node sizes): one
+  record replaced by another; the pair (1 − q)N(0, z²) + qN(−1, z²) vs
+  (1 − q)N(0, z²) + qN(1, z²), symmetric (one PLD direction).  ``pld`` accounts it exactly as
+  dp_accounting's ``PLDAccountant(REPLACE_ONE)``; ``rdp`` with the Rényi divergence of this
+  pair integrated numerically (``_rdp_replace``: dp_accounting's ``RdpAccountant`` refuses
+  REPLACE_ONE for Poisson sampling), converted to (ε, δ) by dp_accounting's conversion;
+  ``clt`` with this pair's χ² term 2(e^{1/z²} − e^{−1/z²}) for expm1(1/z²) (≈ sensitivity
+  2C; still an approximation, MATH.md §1.3).
 
 Accountants
 -----------
@@ -62,9 +74,10 @@ from dp_accounting import dp_event
 from dp_accounting.rdp import rdp_privacy_accountant
 from numpy.typing import ArrayLike
 
-from dpdl.accounting import _pld_gaussian
+from dpdl.accounting import _pld_gaussian, _rdp_replace
 from dpdl.accounting import validators as check
 from dpdl.accounting.gdp import clt_mu_total, delta_from_epsilon, epsilon_from_delta
+from dpdl.accounting.validators import ADD_REMOVE
 from dpdl.errors import DPDLError, require
 
 __all__ = [
@@ -106,6 +119,7 @@ class EpsilonReport:
     # a lower companion of ``epsilon`` (mode="binned"): the exact composition at the same
     # grid lies in [epsilon_lower, epsilon]; None where not computed
     epsilon_lower: float | None = None
+    neighboring: str = ADD_REMOVE  # the relation the statement is for
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -215,10 +229,12 @@ def _check_common(
     blocks: int | None,
     discretization: float,
     bins: int | None = None,
+    neighboring: str = ADD_REMOVE,
 ) -> None:
     require(
         accountant in ACCOUNTANTS, f"unknown accountant {accountant!r}; use one of {ACCOUNTANTS}"
     )
+    check.neighboring(neighboring)
     require(
         isinstance(sample_rate, int | float | np.integer | np.floating)
         and 0 < float(sample_rate) <= 1,
@@ -265,29 +281,34 @@ def _composed_plds(
     discretization: float,
     mode: str,
     bins: int | None,
+    neighboring: str = ADD_REMOVE,
 ):
     """(upper PLD, lower-companion PLD or None, method suffix) of a run-length schedule."""
+    relation = {"relation": neighboring}
     if mode != "binned":
-        return _pld_gaussian.compose(multipliers, counts, sample_rate, discretization), None, ""
+        pld = _pld_gaussian.compose(multipliers, counts, sample_rate, discretization, **relation)
+        return pld, None, ""
     chosen = DEFAULT_BINS if bins is None else int(bins)
     if multipliers.size <= chosen:  # nothing to bin: the exact composition, both ways
         upper = _pld_gaussian.compose_schedules(multipliers, [counts], sample_rate,
-                                                discretization)[0]
+                                                discretization, **relation)[0]
         return upper, upper, f"pld-binned(bins={chosen}, exact)"
     upper_counts, lower_counts = binned_run_lengths(multipliers, counts, chosen)
     upper, lower = _pld_gaussian.compose_schedules(
-        multipliers, [upper_counts, lower_counts], sample_rate, discretization)
+        multipliers, [upper_counts, lower_counts], sample_rate, discretization, **relation)
     return upper, lower, f"pld-binned(bins={chosen})"
 
 
 # ------------------------------------------------------------------------------ accountants
 
 
-def _clt_mu_total(multipliers: np.ndarray, counts: np.ndarray, sample_rate: float) -> float:
-    """μ_tot of a run-length schedule (z_k, c_k); 0 for no steps."""
+def _clt_mu_total(multipliers: np.ndarray, counts: np.ndarray, sample_rate: float,
+                  neighboring: str = ADD_REMOVE) -> float:  # fmt: skip
+    """μ_tot of a run-length schedule (z_k, c_k) under ``neighboring``; 0 for no steps."""
     if multipliers.size == 0:
         return 0.0
-    return clt_mu_total(sample_rate, noise_multipliers=multipliers, counts=counts)
+    return clt_mu_total(sample_rate, noise_multipliers=multipliers, counts=counts,
+                        neighboring=neighboring)  # fmt: skip
 
 
 def privacy_loss_distribution(
@@ -298,17 +319,18 @@ def privacy_loss_distribution(
     blocks: int | None = None,
     bins: int | None = None,
     value_discretization: float | None = None,
+    neighboring: str = ADD_REMOVE,
 ):
     """The composed pessimistic PLD (a dp_accounting ``PrivacyLossDistribution``) or ``None``
-    for an empty schedule. See the module docstring for ``mode``, ``blocks`` and ``bins``;
-    with ``mode="binned"`` this is the upper bound."""
+    for an empty schedule. See the module docstring for ``mode``, ``blocks``, ``bins`` and
+    ``neighboring``; with ``mode="binned"`` this is the upper bound."""
     discretization = _discretization(mode, value_discretization)
-    _check_common("pld", sample_rate, mode, blocks, discretization, bins)
+    _check_common("pld", sample_rate, mode, blocks, discretization, bins, neighboring)
     multipliers, counts, _ = _schedule("pld", noise_multipliers, mode, blocks)
     if multipliers.size == 0:
         return None
-    return _composed_plds(
-        multipliers, counts, float(sample_rate), float(discretization), mode, bins)[0]
+    return _composed_plds(multipliers, counts, float(sample_rate), float(discretization), mode,
+                          bins, neighboring)[0]  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -336,6 +358,33 @@ def _rdp_accountant(
     return accountant
 
 
+@dataclass(frozen=True)
+class _RdpCurve:
+    """A composed RDP curve ε(α) at ``orders`` and its (ε, δ) conversions (dp_accounting's)."""
+
+    orders: np.ndarray
+    rdp: np.ndarray
+
+    def epsilon(self, delta: float) -> float:
+        return float(rdp_privacy_accountant.compute_epsilon(self.orders, self.rdp, delta)[0])
+
+    def delta(self, epsilon: float) -> float:
+        return float(rdp_privacy_accountant.compute_delta(self.orders, self.rdp, epsilon)[0])
+
+
+def _rdp_curve(multipliers: np.ndarray, counts: np.ndarray, sample_rate: float,
+               neighboring: str) -> _RdpCurve:  # fmt: skip
+    """The schedule's RDP curve: dp_accounting's ``RdpAccountant`` under add/remove, the
+    numerically integrated replace-one divergence (``_rdp_replace``) under replace-one;
+    composition adds the curves, dp_accounting's conversion gives (ε, δ) either way."""
+    if neighboring == ADD_REMOVE:
+        accountant = _rdp_accountant(multipliers, counts, sample_rate)
+        return _RdpCurve(accountant.orders, accountant.rdp)
+    rdp = sum(int(count) * np.asarray(_rdp_replace.rdp_replace_one(float(z), float(sample_rate)))
+              for z, count in zip(multipliers, counts, strict=True))  # fmt: skip
+    return _RdpCurve(_rdp_replace.ORDERS, rdp)
+
+
 def _check_mode_option(name: str, value, owner: str, mode: str, accountant: str) -> None:
     """``blocks`` / ``bins``: None, or a positive integer given with the mode that uses it."""
     require(
@@ -358,16 +407,18 @@ def compute_epsilon(
     blocks: int | None = None,
     bins: int | None = None,
     value_discretization: float | None = None,
+    neighboring: str = ADD_REMOVE,
 ) -> EpsilonReport:
     """The smallest ε with the schedule (ε, δ)-DP under ``accountant`` (MATH.md §2).
 
     ``noise_multipliers``: per-step z_k (1-D, length K) or (multiplier, count) rows.
     ``mode``/``blocks``/``bins`` select exact, blocked or binned composition (pld, rdp;
     ignored by clt); ``value_discretization`` is the PLD loss grid (default 1e-4, 3e-4 for
-    ``binned``). Fails closed: see the module docstring.
+    ``binned``); ``neighboring`` the relation ("add-remove", the default, or "replace-one").
+    Fails closed: see the module docstring.
     """
     discretization = _discretization(mode, value_discretization)
-    _check_common(accountant, sample_rate, mode, blocks, discretization, bins)
+    _check_common(accountant, sample_rate, mode, blocks, discretization, bins, neighboring)
     require(
         isinstance(delta, int | float | np.floating) and 0 < float(delta) < 1,
         f"delta must lie in (0, 1), got {delta!r}",
@@ -377,9 +428,9 @@ def compute_epsilon(
     certified = accountant != "clt"
     lower = None
     if multipliers.size == 0:
-        return EpsilonReport(accountant, 0.0, delta, certified, method)
+        return EpsilonReport(accountant, 0.0, delta, certified, method, None, neighboring)
     if accountant == "clt":
-        mu_total = _clt_mu_total(multipliers, counts, float(sample_rate))
+        mu_total = _clt_mu_total(multipliers, counts, float(sample_rate), neighboring)
         if mu_total == 0.0:  # z so large that every step's μ_k² underflows
             epsilon = 0.0
         elif not math.isfinite(mu_total):
@@ -388,15 +439,16 @@ def compute_epsilon(
             epsilon = epsilon_from_delta(delta, mu_total)
     elif accountant == "pld":
         pld, pld_lower, binned = _composed_plds(
-            multipliers, counts, float(sample_rate), float(discretization), mode, bins)
+            multipliers, counts, float(sample_rate), float(discretization), mode, bins,
+            neighboring)
         epsilon = float(pld.get_epsilon_for_delta(delta))
         if pld_lower is not None:
             lower = min(epsilon, float(pld_lower.get_epsilon_for_delta(delta)))
             method = binned
     else:
         with _quiet_rdp_orders():
-            epsilon = float(_rdp_accountant(multipliers, counts, sample_rate).get_epsilon(delta))
-    return EpsilonReport(accountant, epsilon, delta, certified, method, lower)
+            epsilon = _rdp_curve(multipliers, counts, sample_rate, neighboring).epsilon(delta)
+    return EpsilonReport(accountant, epsilon, delta, certified, method, lower, neighboring)
 
 
 def compute_delta(
@@ -409,11 +461,12 @@ def compute_delta(
     blocks: int | None = None,
     bins: int | None = None,
     value_discretization: float | None = None,
+    neighboring: str = ADD_REMOVE,
 ) -> EpsilonReport:
     """The smallest δ with the schedule (ε, δ)-DP under ``accountant``; see compute_epsilon.
     (With ``mode="binned"`` the lower companion is not reported for δ.)"""
     discretization = _discretization(mode, value_discretization)
-    _check_common(accountant, sample_rate, mode, blocks, discretization, bins)
+    _check_common(accountant, sample_rate, mode, blocks, discretization, bins, neighboring)
     require(
         isinstance(epsilon, int | float | np.floating)
         and math.isfinite(epsilon)
@@ -424,9 +477,9 @@ def compute_delta(
     multipliers, counts, method = _schedule(accountant, noise_multipliers, mode, blocks)
     certified = accountant != "clt"
     if multipliers.size == 0:
-        return EpsilonReport(accountant, epsilon, 0.0, certified, method)
+        return EpsilonReport(accountant, epsilon, 0.0, certified, method, None, neighboring)
     if accountant == "clt":
-        mu_total = _clt_mu_total(multipliers, counts, float(sample_rate))
+        mu_total = _clt_mu_total(multipliers, counts, float(sample_rate), neighboring)
         if mu_total == 0.0:
             delta = 0.0
         elif not math.isfinite(mu_total):
@@ -435,13 +488,15 @@ def compute_delta(
             delta = delta_from_epsilon(epsilon, mu_total)
     elif accountant == "pld":
         pld, _, binned = _composed_plds(
-            multipliers, counts, float(sample_rate), float(discretization), mode, bins)
+            multipliers, counts, float(sample_rate), float(discretization), mode, bins,
+            neighboring)
         method = binned or method
         delta = float(pld.get_delta_for_epsilon(epsilon))
     else:
         with _quiet_rdp_orders():
-            delta = float(_rdp_accountant(multipliers, counts, sample_rate).get_delta(epsilon))
-    return EpsilonReport(accountant, epsilon, min(delta, 1.0), certified, method)
+            delta = _rdp_curve(multipliers, counts, sample_rate, neighboring).delta(epsilon)
+    return EpsilonReport(accountant, epsilon, min(delta, 1.0), certified, method, None,
+                         neighboring)
 
 
 # ------------------------------------------------------------------------ epsilon reports
@@ -449,11 +504,14 @@ def compute_delta(
 EXACT_MAX_DISTINCT = {"pld": 200, "rdp": 200}
 
 
-def check_accountant(accountant: str) -> str:
+def check_accountant(accountant: str, neighboring: str | None = None) -> str:
+    """``accountant``, known (and ``neighboring``, when given, a known relation)."""
     require(
         accountant in ACCOUNTANTS,
         f"unknown accountant {accountant!r}; expected one of {ACCOUNTANTS}",
     )
+    if neighboring is not None:
+        check.neighboring(neighboring)
     return accountant
 
 
@@ -488,10 +546,11 @@ def epsilon_report(
     """ε of Poisson(p)-subsampled Gaussian steps with multipliers z_k under ``accountant``.
 
     ``clt`` is the CLT approximation (MATH.md §1.3, not certified); ``pld``/``rdp`` are
-    certified. ``options`` go to ``certified.compute_epsilon``; without ``mode`` they default
-    to :func:`accountant_options`. A step without noise (z = 0) gives ε = ∞.
+    certified. ``options`` go to ``certified.compute_epsilon`` (``neighboring`` among them);
+    without ``mode`` they default to :func:`accountant_options`. A step without noise (z = 0)
+    gives ε = ∞.
     """
-    check_accountant(accountant)
+    check_accountant(accountant, options.get("neighboring", ADD_REMOVE))
     z = np.asarray(noise_multipliers, dtype=np.float64)
     # Per-step multipliers only: a (multiplier, count) table flattened would count its counts
     # as steps and understate ε.
@@ -509,6 +568,7 @@ def epsilon_report(
             delta=delta,
             certified=accountant != "clt",
             method="no-noise",
+            neighboring=options.get("neighboring", ADD_REMOVE),
         )
     if "mode" not in options and accountant != "clt":
         options = {**accountant_options(accountant, z, options.pop("blocks", None)), **options}

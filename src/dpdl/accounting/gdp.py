@@ -119,23 +119,36 @@ def gaussian_sigma(sensitivity: float, mu: float) -> float:
     return float(sensitivity) / check.mu(mu)
 
 
-def _log_clt_sum_of_squares(squares: np.ndarray, counts: ArrayLike | None = None) -> float:
-    """log Σ_k c_k expm1(μ_k²) from the μ_k², without overflow for large μ_k
-    (log expm1(x) = x + log(−expm1(−x)))."""
+# The CLT's per-step term χ²/p² of each neighbouring relation, in log space (MATH.md §1.3):
+# add/remove expm1(μ²) = χ²((1−p)N(0,1) + pN(μ,1) ‖ N(0,1)) / p²; replace-one
+# 2(e^{μ²} − e^{−μ²}), the χ² of (1−p)N(0,1) + pN(−μ,1) against (1−p)N(0,1) + pN(μ,1) to
+# leading order in p (≈ (2μ)² for small μ: sensitivity 2C).  log expm1(x) = x + log(−expm1(−x)).
+_CLT_LOG_TERMS = {
+    "add-remove": lambda squares: squares + np.log(-np.expm1(-squares)),
+    "replace-one": lambda squares: squares + np.log(-np.expm1(-2.0 * squares)) + math.log(2.0),
+}
+
+
+def _log_clt_sum_of_squares(squares: np.ndarray, counts: ArrayLike | None = None,
+                            neighboring: str = "add-remove") -> float:  # fmt: skip
+    """log Σ_k c_k expm1(μ_k²) (add/remove; replace-one: ``_CLT_LOG_TERMS``) from the μ_k²,
+    without overflow for large μ_k."""
     require(squares.size > 0, "the per-step budgets mus must not be empty")
     require(
         bool(np.all(np.isfinite(squares))) and bool(np.all(squares >= 0)),
         "per-step budgets mus must be finite",
     )
+    terms = _CLT_LOG_TERMS[check.neighboring(neighboring)]
     # Underflow of negligible terms to 0 is harmless; log(0) = -inf only for μ_k = 0.
     with np.errstate(divide="ignore", under="ignore"):
-        log_terms = squares + np.log(-np.expm1(-squares))
+        log_terms = terms(squares)
         return float(logsumexp(log_terms) if counts is None else logsumexp(log_terms, b=counts))
 
 
-def log_clt_sum(mus: ArrayLike) -> float:
-    """log Σ_k expm1(μ_k²), without overflow for large μ_k."""
-    return _log_clt_sum_of_squares(np.square(np.asarray(mus, dtype=np.float64)).ravel())
+def log_clt_sum(mus: ArrayLike, neighboring: str = "add-remove") -> float:
+    """log Σ_k expm1(μ_k²) (replace-one: Σ_k 2(e^{μ_k²} − e^{−μ_k²})), without overflow."""
+    squares = np.square(np.asarray(mus, dtype=np.float64)).ravel()
+    return _log_clt_sum_of_squares(squares, neighboring=neighboring)
 
 
 def clt_mu_total(
@@ -144,9 +157,11 @@ def clt_mu_total(
     *,
     noise_multipliers: ArrayLike | None = None,
     counts: ArrayLike | None = None,
+    neighboring: str = "add-remove",
 ) -> float:
     """μ_tot = p · sqrt(Σ_k c_k expm1(μ_k²)) (MATH.md §1.3, eq. 6), the step budgets given as
-    ``mus`` or as ``noise_multipliers`` z_k (μ_k = 1/z_k), each step ``counts[k]`` times (1).
+    ``mus`` or as ``noise_multipliers`` z_k (μ_k = 1/z_k), each step ``counts[k]`` times (1);
+    under ``neighboring="replace-one"`` p · sqrt(Σ_k c_k 2(e^{μ_k²} − e^{−μ_k²})).
 
     A central-limit *approximation* for K Poisson(p)-subsampled μ_k-GDP steps; it can
     understate the true ε badly at small p (MATH.md §2); certified numbers come from
@@ -158,36 +173,46 @@ def clt_mu_total(
         squares = np.square(np.asarray(mus, dtype=np.float64)).ravel()
     else:
         squares = 1.0 / np.square(np.asarray(noise_multipliers, dtype=np.float64)).ravel()
-    return p * math.exp(0.5 * _log_clt_sum_of_squares(squares, counts))
+    return p * math.exp(0.5 * _log_clt_sum_of_squares(squares, counts, neighboring))
 
 
 # --------------------------------------------------------------------------- CLT solves
-def mu_bar_from_mu_total(mu_tot: float, steps: int, sample_rate: float) -> float:
-    """μ̄ = sqrt(ln(μ_tot² / (K p²) + 1)) (MATH.md §2, eq. 9)."""
+# μ̄² from c = μ_tot² / (K p²), the inverse of each relation's per-step term (_CLT_LOG_TERMS):
+# expm1(μ²) = c gives ln(1 + c); 2(e^{μ²} − e^{−μ²}) = c gives asinh(c / 4).
+_CLT_INVERSE = {"add-remove": math.log1p, "replace-one": lambda c: math.asinh(c / 4.0)}
+
+
+def mu_bar_from_mu_total(mu_tot: float, steps: int, sample_rate: float,
+                         neighboring: str = "add-remove") -> float:  # fmt: skip
+    """μ̄ = sqrt(ln(μ_tot² / (K p²) + 1)) (MATH.md §2, eq. 9); under replace-one
+    sqrt(asinh(μ_tot² / (4 K p²)))."""
     mu_tot, steps, p = (
         check.positive("mu_tot", mu_tot),
         check.steps(steps),
         check.sample_rate(sample_rate),
     )
-    return math.sqrt(math.log1p(mu_tot**2 / (steps * p * p)))
+    inverse = _CLT_INVERSE[check.neighboring(neighboring)]
+    return math.sqrt(inverse(mu_tot**2 / (steps * p * p)))
 
 
-def clt_noise_scale(mu_tot: float, sample_rate: float, shape: ArrayLike) -> float:
-    """The scale t with p · sqrt(Σ_k expm1(1/(t s_k)²)) = μ_tot (eq. 8 and eq. 10 in one form).
+def clt_noise_scale(mu_tot: float, sample_rate: float, shape: ArrayLike,
+                    neighboring: str = "add-remove") -> float:  # fmt: skip
+    """The scale t with p · sqrt(Σ_k expm1(1/(t s_k)²)) = μ_tot (eq. 8 and eq. 10 in one form;
+    under replace-one with that relation's term, :func:`clt_mu_total`).
 
     The left side falls monotonically in t. Every μ_k = 1/(t s_k) equal to μ̄ would solve it,
     so t lies between min_k and max_k of 1/(μ̄ s_k): a bracket that is always valid.
     """
     mu_tot, p = check.positive("mu_tot", mu_tot), check.sample_rate(sample_rate)
     shape = check.per_step("noise-multiplier shape", shape)
-    mu_bar = mu_bar_from_mu_total(mu_tot, shape.size, p)
+    mu_bar = mu_bar_from_mu_total(mu_tot, shape.size, p, neighboring)
     low, high = 1.0 / (mu_bar * float(shape.max())), 1.0 / (mu_bar * float(shape.min()))
     if high / low - 1 < 1e-12:  # constant shape: the closed form is exact
         return math.sqrt(low * high)
     log_target = 2 * math.log(mu_tot / p)
 
     def gap(log_t: float) -> float:
-        return log_clt_sum(1.0 / (math.exp(log_t) * shape)) - log_target
+        return log_clt_sum(1.0 / (math.exp(log_t) * shape), neighboring) - log_target
 
     return math.exp(brentq(gap, math.log(low), math.log(high), xtol=1e-13, rtol=1e-13))
 

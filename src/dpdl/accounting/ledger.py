@@ -23,6 +23,7 @@ from numpy.typing import ArrayLike
 
 from dpdl.accounting import validators as check
 from dpdl.accounting.certified import EpsilonReport, check_accountant, epsilon_report
+from dpdl.accounting.validators import ADD_REMOVE
 from dpdl.errors import DPDLError, PrivacyBudgetExceeded, require
 
 __all__ = [
@@ -126,6 +127,10 @@ class PrivacyLedger:
     ``node_sample_rates`` (optional, one per node): the rate q_i ≤ p at which node i samples
     (per-node sampling). The budget is held at p, the largest rate, which bounds every node;
     :meth:`node_spent_reports` gives each node's own ε.
+
+    ``neighboring``: the relation every ε of the ledger is stated for ("add-remove", the
+    default here as in dp_accounting, or "replace-one"; MATH.md Conventions). A ledger saved
+    without it (before it existed) was add/remove and reads back as such.
     """
 
     def __init__(
@@ -137,11 +142,13 @@ class PrivacyLedger:
         *,
         blocks: int | None = None,
         node_sample_rates: ArrayLike | None = None,
+        neighboring: str = ADD_REMOVE,
     ):
         self.sample_rate = check.sample_rate(sample_rate)
         self.delta = check.delta(delta)
         self.epsilon_budget = check.positive("epsilon_budget", epsilon_budget)
-        self.accountant = check_accountant(accountant)
+        self.neighboring = check.neighboring(neighboring)
+        self.accountant = check_accountant(accountant, self.neighboring)
         require(
             blocks is None or (isinstance(blocks, int) and blocks >= 1),
             f"blocks must be a positive integer, got {blocks!r}",
@@ -169,8 +176,9 @@ class PrivacyLedger:
         The budget defaults to the schedule's ε target and the accountant to the one it was
         calibrated with (a CLT-calibrated schedule is thus held to the CLT, as in the paper;
         pass ``accountant="pld"`` to hold it to a certified bound). ``node_sample_rates``: every
-        node's own rate (none above the schedule's, the one accounted). Raises
-        ``PrivacyBudgetExceeded`` when the schedule does not fit the budget.
+        node's own rate (none above the schedule's, the one accounted). The relation is the
+        schedule's (``schedule.neighboring``). Raises ``PrivacyBudgetExceeded`` when the
+        schedule does not fit the budget.
         """
         require(schedule.private, f"algorithm {schedule.algorithm!r} is not private: no ledger")
         # A closed-form (CLT) calibration lands on its target up to float round-off (~1e-16
@@ -184,6 +192,7 @@ class PrivacyLedger:
             accountant or schedule.calibrated_with,
             blocks=blocks if blocks is not None else schedule.parameters.get("blocks"),
             node_sample_rates=node_sample_rates,
+            neighboring=getattr(schedule, "neighboring", ADD_REMOVE),
         )
         ledger.plan(schedule.noise_multipliers)
         return ledger
@@ -200,9 +209,8 @@ class PrivacyLedger:
         ``epsilon_report`` (by default the ledger's ``blocks``)."""
         accountant = accountant or self.accountant
         rate = self.sample_rate if sample_rate is None else sample_rate
-        return epsilon_report(
-            accountant, multipliers, rate, self.delta, **(options or {"blocks": self.blocks})
-        )
+        options = (options or {"blocks": self.blocks}) | {"neighboring": self.neighboring}
+        return epsilon_report(accountant, multipliers, rate, self.delta, **options)
 
     @property
     def steps_taken(self) -> int:
@@ -225,7 +233,7 @@ class PrivacyLedger:
 
     def _spent_at(self, rate: float, accountant: str | None, options: dict) -> EpsilonReport:
         if accountant is not None:
-            check_accountant(accountant)
+            check_accountant(accountant, self.neighboring)
         name = accountant or self.accountant
         if not self._recorded:
             return EpsilonReport(
@@ -234,6 +242,7 @@ class PrivacyLedger:
                 delta=self.delta,
                 certified=name != "clt",
                 method="no-steps",
+                neighboring=self.neighboring,
             )
         return self._report(self.recorded_multipliers, name, rate, **options)
 
@@ -312,6 +321,7 @@ class PrivacyLedger:
             "delta": self.delta,
             "epsilon_budget": self.epsilon_budget,
             "accountant": self.accountant,
+            "neighboring": self.neighboring,
             "blocks": self.blocks,
             "node_sample_rates": None
             if self.node_sample_rates is None
@@ -342,6 +352,8 @@ class PrivacyLedger:
             data["accountant"],
             blocks=data.get("blocks"),
             node_sample_rates=data.get("node_sample_rates"),
+            # a ledger written before the relation was recorded was add/remove
+            neighboring=data.get("neighboring", ADD_REMOVE),
         )
         recorded = _decode(data["recorded"], "recorded")
         if "steps_taken" in data:
@@ -387,6 +399,7 @@ class PrivacyLedger:
     def __repr__(self) -> str:
         return (
             f"PrivacyLedger(steps_taken={self.steps_taken}, accountant={self.accountant!r}, "
+            f"neighboring={self.neighboring!r}, "
             f"epsilon_budget={self.epsilon_budget}, delta={self.delta}, "
             f"sample_rate={self.sample_rate}, planned_steps={self.planned_steps})"
         )

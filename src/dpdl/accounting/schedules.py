@@ -34,7 +34,13 @@ from numpy.typing import ArrayLike
 
 from dpdl.accounting import validators as check
 from dpdl.accounting.calibration import ProgressCallback, calibrate_noise_scale
-from dpdl.accounting.certified import ACCOUNTANTS, EpsilonReport, check_accountant, epsilon_report
+from dpdl.accounting.certified import (
+    ACCOUNTANTS,
+    EpsilonReport,
+    check_accountant,
+    epsilon_report,
+)
+from dpdl.accounting.validators import ADD_REMOVE
 from dpdl.accounting.validators import per_step as array_schedule
 from dpdl.errors import DPDLError, require
 
@@ -109,8 +115,11 @@ def noise_from_budget(clip: ArrayLike, mu: ArrayLike) -> np.ndarray:
 class PrivacySchedule:
     """The per-step clip bound and noise of one run, and how they were calibrated (MATH.md §2).
 
-    ``mu_tot`` is the CLT total μ (eq. 6) of the schedule; it equals μ(ε, δ) when the schedule
-    was calibrated with the CLT and is smaller when a certified accountant was used.
+    ``mu_tot`` is the CLT total μ (eq. 6) of the schedule under its relation; it equals
+    μ(ε, δ) when the schedule was calibrated with the CLT and is smaller when a certified
+    accountant was used.  ``mu`` (μ_k = C_k / σ_k), ``mu0`` and ``mu_bar`` describe its shape in
+    the paper's units whatever the relation.  ``neighboring``: the relation its ε is stated
+    (and was calibrated) for, "add-remove" or "replace-one" (MATH.md Conventions).
     """
 
     algorithm: str
@@ -127,6 +136,7 @@ class PrivacySchedule:
     mu_bar: float | None = None
     sigma_scale: float | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
+    neighboring: str = ADD_REMOVE
 
     @property
     def private(self) -> bool:
@@ -143,8 +153,9 @@ class PrivacySchedule:
     def epsilon(self, accountant: str = "pld", steps: int | None = None, **options: Any):
         """ε of the first ``steps`` steps (all by default) under ``accountant`` at δ.
 
-        Returns an ``EpsilonReport``; ``sgp`` (no noise) has ε = ∞. ``options`` go to
-        ``dpdl.accounting.certified.compute_epsilon`` (``mode``, ``blocks``, ...).
+        Returns an ``EpsilonReport`` under the schedule's relation; ``sgp`` (no noise) has
+        ε = ∞. ``options`` go to ``dpdl.accounting.certified.compute_epsilon`` (``mode``,
+        ``blocks``, ...).
         """
         require(self.delta is not None, "this schedule has no delta; epsilon is undefined")
         steps = self.steps if steps is None else check.steps(steps)
@@ -154,7 +165,7 @@ class PrivacySchedule:
             self.noise_multipliers[:steps],
             self.sample_rate,
             self.delta,
-            **options,
+            **({"neighboring": self.neighboring} | options),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -167,6 +178,7 @@ class PrivacySchedule:
             "delta": self.delta,
             "epsilon_target": self.epsilon_target,
             "calibrated_with": self.calibrated_with,
+            "neighboring": self.neighboring,
             "mu_tot": self.mu_tot,
             "mu0": self.mu0,
             "mu_bar": self.mu_bar,
@@ -248,6 +260,7 @@ def _build(
     sample_rate: float,
     calibrated_with: str,
     parameters: dict[str, Any],
+    neighboring: str,
 ) -> PrivacySchedule:
     from dpdl.accounting.gdp import clt_mu_total
 
@@ -263,11 +276,12 @@ def _build(
         sigma=scale * sigma_shape,
         mu=mus,
         calibrated_with=calibrated_with,
-        mu_tot=clt_mu_total(sample_rate, mus),
+        mu_tot=clt_mu_total(sample_rate, mus, neighboring=neighboring),
         mu0=float(mus[0]) if is_dyn_mu else None,
         mu_bar=float(mus[0]) if algorithm in ("const-d2p", "dyn-c-d2p") else None,
         sigma_scale=scale if algorithm == "general" else None,
         parameters=parameters,
+        neighboring=neighboring,
     )
 
 
@@ -287,8 +301,11 @@ def make_schedule(
     noise_shape: ArrayLike | None = None,
     blocks: int | None = None,
     on_iteration: ProgressCallback | None = None,
+    neighboring: str = ADD_REMOVE,
 ) -> PrivacySchedule:
-    """The calibrated schedule of ``algorithm`` for a target (ε, δ) (MATH.md §2).
+    """The calibrated schedule of ``algorithm`` for a target (ε, δ) under the neighbouring
+    relation ``neighboring`` (MATH.md §2 and Conventions: "add-remove", dp_accounting's
+    default and this function's, or "replace-one", a run's default; σ is calibrated for it).
 
     ``calibrate`` picks the accountant whose ε must stay ≤ ``epsilon``: ``"clt"`` is the
     paper's approximation (eq. 8-10, closed form / root find); ``"pld"`` (default) and
@@ -303,6 +320,7 @@ def make_schedule(
     )
     steps = check.steps(steps)
     sample_rate = check.sample_rate(sample_rate)
+    neighboring = check.neighboring(neighboring)
     if algorithm == "sgp":
         return PrivacySchedule(
             algorithm="sgp",
@@ -314,6 +332,7 @@ def make_schedule(
             sigma=np.zeros(steps),
             mu=None,
             calibrated_with=None,
+            neighboring=neighboring,
         )
     require(epsilon is not None, f"algorithm {algorithm!r} needs a target epsilon")
     epsilon = check.positive("epsilon", epsilon)
@@ -323,6 +342,7 @@ def make_schedule(
         calibrate in ACCOUNTANTS,
         f"unknown accountant {calibrate!r}; expected one of {ACCOUNTANTS}",
     )
+    check_accountant(calibrate, neighboring)
     clip = check.positive("clip", clip)
     if clip0 is not None:
         clip0 = check.positive("clip0", clip0)
@@ -352,6 +372,7 @@ def make_schedule(
         accountant=calibrate,
         blocks=blocks,
         on_iteration=on_iteration,
+        neighboring=neighboring,
     )
     return _build(
         algorithm,
@@ -364,6 +385,7 @@ def make_schedule(
         sample_rate=sample_rate,
         calibrated_with=calibrate,
         parameters=parameters,
+        neighboring=neighboring,
     )
 
 
@@ -388,10 +410,12 @@ def calibrate(
     **schedule_options: Any,
 ) -> CalibrationResult:
     """``make_schedule(algorithm, **schedule_options)``, then ε under every accountant in
-    ``report`` (issue 2, item 4), each composed as :func:`accountant_options` says.
+    ``report`` (issue 2, item 4) and the schedule's relation, each composed as
+    :func:`accountant_options` says.
     """
+    neighboring = check.neighboring(schedule_options.get("neighboring", ADD_REMOVE))
     for name in report:
-        check_accountant(name)
+        check_accountant(name, neighboring)
     schedule = make_schedule(algorithm, **schedule_options)
     blocks = schedule_options.get("blocks")
     reports: dict[str, EpsilonReport] = {}
@@ -405,5 +429,6 @@ def calibrate(
                 delta=math.nan if schedule.delta is None else schedule.delta,
                 certified=name != "clt",
                 method="no-noise",
+                neighboring=neighboring,
             )
     return CalibrationResult(schedule=schedule, reports=reports)

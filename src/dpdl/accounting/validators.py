@@ -11,9 +11,18 @@ from numpy.typing import ArrayLike
 from dpdl.errors import require
 
 __all__ = [
-    "count", "delta", "epsilon", "mu", "per_step", "positive", "probability", "ratio",
+    "ADD_REMOVE", "DEFAULT_NEIGHBORING", "NEIGHBORING_RELATIONS", "REPLACE_ONE", "count",
+    "delta", "epsilon", "mu", "neighboring", "per_step", "positive", "probability", "ratio",
     "sample_rate", "steps",
 ]  # fmt: skip
+
+# The neighbouring relations a privacy statement can be made under (MATH.md Conventions;
+# JAX-Privacy's ``neighboring_relation``, dp_accounting's ``NeighboringRelation``):
+# replace-one keeps every node's size J_i fixed (J_i public), add-remove changes it (J_i
+# secret, never released).  The default of a run is replace-one: a run releases J_i.
+REPLACE_ONE, ADD_REMOVE = "replace-one", "add-remove"
+NEIGHBORING_RELATIONS = (REPLACE_ONE, ADD_REMOVE)
+DEFAULT_NEIGHBORING = REPLACE_ONE
 
 _NUMBER = (int, float, np.floating, np.integer)
 
@@ -71,6 +80,15 @@ def sample_rate(value: float) -> float:
         _is_number(value) and 0 < value <= 1, f"sample_rate must lie in (0, 1], got {value!r}"
     )
     return float(value)
+
+
+def neighboring(value: str) -> str:
+    """A neighbouring relation: one of :data:`NEIGHBORING_RELATIONS`."""
+    require(
+        isinstance(value, str) and value in NEIGHBORING_RELATIONS,
+        f"unknown neighbouring relation {value!r}; use one of {', '.join(NEIGHBORING_RELATIONS)}",
+    )
+    return value
 
 
 def steps(value: int) -> int:

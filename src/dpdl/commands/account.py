@@ -27,6 +27,7 @@ from dpdl.accounting.schedules import (
     DEFAULT_RHO_MU,
     calibrate,
 )
+from dpdl.accounting.validators import DEFAULT_NEIGHBORING, NEIGHBORING_RELATIONS
 from dpdl.errors import DPDLError, require
 
 HELP = "Privacy accounting of a Dyn-D2P family schedule (CLT, PLD, RDP)."
@@ -54,6 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--calibrate",
         default="pld",
         help="accountant to calibrate with: clt, pld (default, certified) or rdp",
+    )
+    parser.add_argument(
+        "--neighboring",
+        default=DEFAULT_NEIGHBORING,
+        help=f"neighbouring relation: {' or '.join(NEIGHBORING_RELATIONS)} (default "
+        f"{DEFAULT_NEIGHBORING}, a run's default; add-remove when node sizes are secret)",
     )
     parser.add_argument(
         "--report",
@@ -113,6 +120,11 @@ def _validate(args: argparse.Namespace) -> None:
         args.calibrate in ACCOUNTANTS,
         f"unknown accountant {args.calibrate!r} for --calibrate; expected one of "
         f"{', '.join(ACCOUNTANTS)}",
+    )
+    require(
+        args.neighboring in NEIGHBORING_RELATIONS,
+        f"unknown --neighboring {args.neighboring!r}; use one of "
+        f"{', '.join(NEIGHBORING_RELATIONS)}",
     )
     require(args.steps >= 1, f"--steps must be >= 1, got {args.steps}")
     if args.algorithm != "sgp":
@@ -188,6 +200,7 @@ def run(args: argparse.Namespace) -> int:
         "rho_mu": DEFAULT_RHO_MU if args.rho_mu is None else args.rho_mu,
         "calibrate": args.calibrate,
         "blocks": args.blocks,
+        "neighboring": args.neighboring,
     }
     result = calibrate(args.algorithm, report=computed, **options)
     schedule = result.schedule
@@ -230,7 +243,8 @@ def _ends(values: np.ndarray | None) -> str:
 def _print_summary(summary, schedule, reports, report_names) -> None:
     print(
         f"{schedule.algorithm}: K = {schedule.steps} steps, sample rate p = "
-        f"{schedule.sample_rate:.6g}, delta = {summary['delta']:g}"
+        f"{schedule.sample_rate:.6g}, delta = {summary['delta']:g}, neighbouring relation "
+        f"{schedule.neighboring}"
     )
     if not schedule.private:
         print("  non-private (no clipping, no noise): no finite epsilon")

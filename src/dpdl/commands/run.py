@@ -163,6 +163,9 @@ def print_summary(results: dict) -> None:
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
     print("* CLT: the paper's approximation; it can understate epsilon (certified: PLD/RDP).")
+    relations = sorted({c["neighboring"] for c in results.get("cells", []) if c.get("neighboring")})
+    if relations:  # the Dyn-D2P family's cells name the relation every epsilon is stated for
+        print(f"* epsilon under the neighbouring relation {' / '.join(relations)}")
     for line in dyn_vs_const_notes(results.get("summary", [])):
         print(line)
     for cell in results.get("cells", []):

@@ -4,11 +4,12 @@
 for "digits", "breast-cancer", "diabetes" (scikit-learn, no download), "fashion-mnist"
 (IDX files), "cifar10" (python pickle batches) or "csv:<path>".
 ``partition`` splits record indices over nodes; ``stack_node_data`` pads them into stacked
-(n, J_max, ...) arrays with a validity mask for the simulator; ``held_out_slots`` picks the
-records ``training.node_eval_share`` holds out of a node; ``validation_split`` the records
-``data.validation_records`` holds out of the training split (by a keyed hash, never the
-seed).  ``label_histograms`` and ``plot_label_distribution`` describe how heterogeneous the
-nodes' labels are (statistics of private records: for the data owner to compute locally).
+(n, J_max, ...) arrays with a validity mask for the simulator; ``held_out_mask`` picks the
+records ``training.node_eval_share`` holds out of a node (a keyed hash of each record);
+``validation_split`` the records ``data.validation_records`` holds out of the training split
+(by a keyed hash, never the seed).  ``label_histograms`` and ``plot_label_distribution``
+describe how heterogeneous the nodes' labels are (statistics of private records: for the data
+owner to compute locally).
 """
 
 from dpdl.data.cifar10 import download_cifar10, find_cifar10, load_cifar10, read_batch
@@ -20,8 +21,7 @@ from dpdl.data.idx import parse_idx, read_idx, write_idx
 from dpdl.data.nodes import local_arrays, read_records, stack_local_datasets
 from dpdl.data.partition import (
     SCHEMES,
-    held_out_count,
-    held_out_slots,
+    held_out_mask,
     label_distribution,
     partition,
     stack_node_data,
@@ -38,8 +38,7 @@ __all__ = [
     "download_cifar10",
     "find_cifar10",
     "find_fashion_mnist",
-    "held_out_count",
-    "held_out_slots",
+    "held_out_mask",
     "is_public_benchmark",
     "label_distribution",
     "label_histograms",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import numpy as np
@@ -173,29 +174,36 @@ def label_distribution(y: np.ndarray, parts: list[np.ndarray], num_classes: int)
     return counts / np.maximum(sizes, 1)[:, None]
 
 
-def held_out_count(size: int, share: float) -> int:
-    """How many of a node's ``size`` records ``node_eval_share = share`` holds out: ⌈share·size⌉,
-    at least 1 and at most size − 1 (a node keeps a record to train on).  The product is
-    rounded to 9 decimals first, so 0.1 · 30 holds out 3, not ⌈3.0000000000000004⌉ = 4."""
-    return min(max(math.ceil(round(share * size, 9)), 1), size - 1)
+def held_out_mask(inputs, targets, share: float, seed: int, node: int) -> np.ndarray:
+    """Which of node ``node``'s records ``node_eval_share = share`` holds out as the node's own
+    evaluation set: a boolean per record, each decided by a keyed hash of the record alone.
 
-
-def held_out_slots(size: int, share: float, seed: int, node: int) -> np.ndarray:
-    """The (sorted) slots among node ``node``'s ``size`` records that ``node_eval_share =
-    share`` holds out as the node's own evaluation set: :func:`held_out_count` of them, drawn
-    with public randomness of ``seed`` and the node's index alone, so every process (and the
-    config path's label histograms) picks the same records for a node."""
+    Record r is held out iff the first 8 bytes of SHA-256("dpdl node_eval_share" ‖ seed ‖
+    node ‖ r's bytes), read as an unsigned integer, lie below ⌊share · 2⁶⁴⌋: a hash keyed by
+    the public seed, r's bytes its input as little-endian float32 and its target as float64.
+    Neither the node's size J_i nor the record's slot enters, so adding or removing one record
+    never changes which *other* records are held out (a hold-out drawn from J_i did:
+    ``nodeeval_membership``); about share · J_i records are held out (possibly none), and
+    every process (and the config path's label histograms) picks the same ones.
+    ``inputs`` (J, ...) and ``targets`` (J, ...): numpy arrays or CPU tensors.
+    """
     if not 0 < share < 1:
         raise DPDLError(f"node_eval_share must lie strictly between 0 and 1, got {share!r}")
-    if size < 2:
-        raise DPDLError(f"node {node} has {size} record(s): node_eval_share needs at least 2 "
-                        "(one to evaluate on, one to train on)")  # fmt: skip
-    rng = np.random.default_rng([int(seed), int(node), _HOLD_OUT_STREAM])
-    return np.sort(rng.choice(size, held_out_count(size, share), replace=False))
-
-
-# Tells the hold-out's public random stream apart from any other drawn from (seed, node).
-_HOLD_OUT_STREAM = 0x6E6F6465  # "node"
+    x = np.ascontiguousarray(np.asarray(inputs), dtype="<f4")
+    y = np.ascontiguousarray(np.asarray(targets), dtype="<f8")
+    if len(x) != len(y):
+        raise DPDLError(f"node {node} has {len(x)} inputs but {len(y)} targets")
+    key = hashlib.sha256(b"dpdl node_eval_share" + int(seed).to_bytes(16, "little", signed=True))
+    key.update(int(node).to_bytes(8, "little"))
+    threshold = math.floor(share * 2.0**64)
+    rows_x, rows_y = x.reshape(len(x), -1), y.reshape(len(y), -1)
+    held = np.zeros(len(x), dtype=bool)
+    for r in range(len(x)):
+        digest = key.copy()
+        digest.update(rows_x[r].tobytes())
+        digest.update(rows_y[r].tobytes())
+        held[r] = int.from_bytes(digest.digest()[:8], "little") < threshold
+    return held
 
 
 def stack_node_data(x, y, parts: list[np.ndarray]):

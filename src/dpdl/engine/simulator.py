@@ -137,7 +137,9 @@ class Simulator:
     of ``sample_rates``, every node's own rate: with ``sampling="uniform"`` (the default) every
     node samples at p, so a node with more than J_min records has a larger expected batch than
     b; with ``"per-node"`` node i samples at q_i = b / J_i, an expected batch of b everywhere.
-    Either way the noisy sum is divided by b (MATH.md §4 step 5).  The per-node sampling and noise
+    Either way the noisy sum is divided by b (MATH.md §4 step 5).  A ``sample_rate`` given
+    (a hyper-parameter, privacy.neighboring = "add-remove") is every node's rate instead, and
+    no node's size is read or exchanged for it.  The per-node sampling and noise
     streams are secret: ``seed=None`` (the default) keys them from OS entropy; a root key
     (bytes, :func:`dpdl.algorithms.randomness.stream_root`) or an int derives them, with each
     node's data fingerprint, reproducibly (a research choice, see
@@ -172,6 +174,7 @@ class Simulator:
         momentum: float = 0.0,
         weight_decay: float = 0.0,
         sampling: str = "uniform",
+        sample_rate: float | None = None,
     ):
         require(lr > 0 and np.isfinite(lr), f"learning rate must be positive, got {lr}")
         require(0 <= momentum < 1, f"momentum must lie in [0, 1), got {momentum}")
@@ -210,17 +213,25 @@ class Simulator:
         refuse_stateful(self.model, tuple(self.data.inputs.shape[2:]), self.device)
         self.lr = float(lr)
         self.expected_batch_size = float(expected_batch_size)
-        # Every node's size (public), hence every node's rate; the largest is b / J_min.
-        self.node_counts = self._all_node_counts([int(c) for c in self.data.counts])
-        j_min = min(self.node_counts)
-        require(
-            expected_batch_size <= j_min,
-            f"expected batch size b = {expected_batch_size} exceeds the smallest local data "
-            f"set (J_min = {j_min})",
-        )
         self.sampling = sampling
-        self.sample_rates = node_sample_rates(self.node_counts, self.expected_batch_size, sampling)
-        self.sample_rate = float(self.sample_rates.max())  # b / J_min, the accounted rate
+        if sample_rate is None:
+            # Every node's size (public), hence every node's rate; the largest is b / J_min.
+            self.node_counts = self._all_node_counts([int(c) for c in self.data.counts])
+            j_min = min(self.node_counts)
+            require(
+                expected_batch_size <= j_min,
+                f"expected batch size b = {expected_batch_size} exceeds the smallest local "
+                f"data set (J_min = {j_min})",
+            )
+            self.sample_rates = node_sample_rates(self.node_counts, self.expected_batch_size,
+                                                  sampling)  # fmt: skip
+        else:  # a rate given as a hyper-parameter: no node's size is read or exchanged
+            require(0 < sample_rate <= 1 and sampling == "uniform",
+                    f"a given sample_rate must lie in (0, 1] with uniform sampling, got "
+                    f"{sample_rate!r} ({sampling})")  # fmt: skip
+            self.node_counts = None
+            self.sample_rates = np.full(self.n, float(sample_rate))
+        self.sample_rate = float(self.sample_rates.max())  # the accounted rate (b / J_min)
         self.loss = loss
         self.buffers = {name: b.to(self.device) for name, b in model.named_buffers()}
         self.params = stack_params(model, count, self.device)

@@ -9,11 +9,16 @@ unknown keys, and every error names the dotted key::
                   validation_records
     [model]       name
     [topology]    name, nodes, seed, params
-    [training]    steps | epochs, batch_size (expected b), sampling, lr, lr_decay, momentum,
-                  weight_decay, local_steps, eval_every, eval_* sizes,
+    [training]    steps | epochs, batch_size (expected b), sampling, sample_rate, lr,
+                  lr_decay, momentum, weight_decay, local_steps, eval_every, eval_* sizes,
                   node_eval_share (per-node evaluation on held-out records)
-    [privacy]     epsilon (float or list), delta, calibrate, clip, clip0, rho_c, rho_mu,
-                  certified_accountant, eval_blocks, final_mode, final_blocks
+    [privacy]     epsilon (float or list), delta, neighboring, calibrate, clip, clip0, rho_c,
+                  rho_mu, certified_accountant, eval_blocks, final_mode, final_blocks
+
+``privacy.neighboring``: the relation every epsilon is stated and calibrated for,
+``"replace-one"`` (default; node sizes are public and released) or ``"add-remove"`` (node
+sizes secret: needs ``training.steps`` and ``training.sample_rate`` q, refuses epochs and
+per-node sampling, and releases no node size).
 
 ``training.sampling``: ``"uniform"`` (default) samples every node at p = b / J_min, so b is
 the smallest node's expected batch and an epoch is J_min / b steps; ``"per-node"`` samples
@@ -37,6 +42,7 @@ from dpdl.training.settings import (
     ConfigSection,
     PrivacySection,
     TrainingSection,
+    check_neighboring,
     validate_config,
 )
 
@@ -152,5 +158,8 @@ class RunConfig(_Section):
 
 
 def parse_config(config: dict[str, Any] | RunConfig) -> RunConfig:
-    """Validate a ``decentralized`` config; raises DPDLError naming every offending key."""
-    return validate_config(RunConfig, config)
+    """Validate a ``decentralized`` config; raises DPDLError naming every offending key (and
+    the setting privacy.neighboring refuses: :func:`check_neighboring`)."""
+    parsed = validate_config(RunConfig, config)
+    check_neighboring(parsed.privacy, parsed.training)
+    return parsed

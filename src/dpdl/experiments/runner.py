@@ -140,8 +140,8 @@ def prepare_workload(
                       shards_per_node=cfg.data.shards_per_node)
     X, Y, mask = stack_node_data(x_train, y_train, parts[first : first + count])
     node_data = NodeData.from_arrays(X, Y, mask, device=device, first_node=first)
-    counts = _check_batch(cfg, node_data)
-    heterogeneity = _benchmark_heterogeneity(cfg, dataset, y_train, parts, seed)
+    counts = _check_batch(cfg, node_data, seed, first)
+    heterogeneity = _benchmark_heterogeneity(cfg, dataset, (x_train, y_train), parts, seed)
 
     classification = dataset.task == "classification"
     y_dtype = torch.int64 if classification else torch.float32
@@ -171,26 +171,29 @@ def prepare_workload(
         y_val=None if y_val is None else torch.as_tensor(y_val, dtype=y_dtype, device=device),
         device=device,
         steps=_steps(cfg, counts),
-        sample_rate=cfg.training.batch_size / min(counts),
+        sample_rate=_sample_rate(cfg, counts),
         records_per_node=counts,
         heterogeneity=heterogeneity,
     )
 
 
-def _benchmark_heterogeneity(cfg: RunConfig, dataset, y_train, parts, seed: int):
+def _benchmark_heterogeneity(cfg: RunConfig, dataset, train, parts, seed: int):
     """Every node's training size and label histogram when the split is the library's own
     partition of a shipped public benchmark (then a function of public data and the public
     seed, as released here); None for anything else (a CSV file, a user's loader or data:
-    a histogram of those would be a noise-free statistic of private records)."""
-    from dpdl.data import held_out_slots, is_public_benchmark
+    a histogram of those would be a noise-free statistic of private records), and None under
+    privacy.neighboring = "add-remove" (node sizes are secret there: nothing size-dependent
+    is released)."""
+    from dpdl.data import held_out_mask, is_public_benchmark
 
     name = is_public_benchmark(cfg.data.dataset, dataset)
-    if name is None or dataset.task != "classification":
+    if name is None or dataset.task != "classification" or cfg.privacy.neighboring == "add-remove":
         return None
-    share = cfg.training.node_eval_share
+    (x_train, y_train), share = train, cfg.training.node_eval_share
     # the records node i trains on: what the trainer keeps after its node_eval_share hold-out
+    # (the same keyed hash of each record)
     training = [
-        np.delete(part, held_out_slots(len(part), share, seed, i)) if share else part
+        part[~held_out_mask(x_train[part], y_train[part], share, seed, i)] if share else part
         for i, part in enumerate(parts)
     ]
     histograms = [np.bincount(y_train[part], minlength=dataset.num_classes) for part in training]
@@ -218,22 +221,29 @@ def _draw_label_distribution(folder: RunFolder, work: Workload) -> None:
 def _steps(cfg: RunConfig, counts: list[int]) -> int:
     """The run's steps (``training.steps``, or its epochs under its sampling)."""
     training = cfg.training
-    return resolve_steps(
-        training.steps, training.epochs, counts, training.batch_size, training.sampling
-    )
+    return resolve_steps(training.steps, training.epochs, counts, training.batch_size,
+                         training.sampling, training.sample_rate)  # fmt: skip
 
 
-def _check_batch(cfg: RunConfig, node_data: NodeData) -> list[int]:
-    """The records each node trains on: after a ``node_eval_share`` hold-out, as the trainer
-    counts them, so the workload's steps and sampling rate (``dpdl audit --config``'s
-    mechanism) are the run's."""
-    from dpdl.data import held_out_count
+def _sample_rate(cfg: RunConfig, counts: list[int]) -> float:
+    """The rate the run's schedule is accounted at: ``training.sample_rate``, else b / J_min."""
+    given = cfg.training.sample_rate
+    return given if given is not None else cfg.training.batch_size / min(counts)
+
+
+def _check_batch(cfg: RunConfig, node_data: NodeData, seed: int, first: int) -> list[int]:
+    """The records each node trains on: after a ``node_eval_share`` hold-out (the trainer's
+    keyed hash of each record), as the trainer counts them, so the workload's steps and
+    sampling rate (``dpdl audit --config``'s mechanism) are the run's."""
+    from dpdl.training.node_eval import held_out_masks
 
     counts = [int(c) for c in node_data.counts]
-    if cfg.training.node_eval_share:
-        counts = [c - held_out_count(c, cfg.training.node_eval_share) for c in counts]
+    share = cfg.training.node_eval_share
+    if share:
+        masks = held_out_masks(node_data, share, seed, first)
+        counts = [c - int(mask.sum()) for c, mask in zip(counts, masks, strict=True)]
     b = cfg.training.batch_size
-    if b > min(counts):
+    if cfg.training.sample_rate is None and b > min(counts):
         raise DPDLError(
             f"training.batch_size = {b} exceeds the smallest local data set ({min(counts)})"
         )
@@ -250,7 +260,7 @@ def _per_node_workload(cfg, seed, device, topology, first, count, rank) -> Workl
              for i in range(first, first + count)]  # fmt: skip
     X, Y, mask = stack_local_datasets(local, first_node=first, min_nodes=1)
     node_data = NodeData.from_arrays(X, Y, mask, device=device, first_node=first)
-    counts = _check_batch(cfg, node_data)
+    counts = _check_batch(cfg, node_data, seed, first)
     if cfg.data.eval_file:
         x_test, y_test = read_records(node_file(cfg.data.eval_file, None, rank), "data.eval_file")
     else:
@@ -275,7 +285,7 @@ def _per_node_workload(cfg, seed, device, topology, first, count, rank) -> Workl
         y_test=torch.as_tensor(np.asarray(y_test), dtype=y_dtype, device=device),
         x_train_eval=None, y_train_eval=None, x_val=None, y_val=None, device=device,
         steps=_steps(cfg, counts),
-        sample_rate=cfg.training.batch_size / min(counts), records_per_node=counts,
+        sample_rate=_sample_rate(cfg, counts), records_per_node=counts,
     )  # fmt: skip
 
 

@@ -219,6 +219,8 @@ def sweep_runs(sweep_dir: Path, metric: str) -> list[dict]:
                 "value": math.nan if value is None else float(value),
                 "test_accuracy": _number(final.get("test_accuracy")),
                 "epsilon_certified": _number(final.get("epsilon_certified")),
+                # the relation ε is stated for (add/remove before dpdl recorded it)
+                "neighboring": cell.get("neighboring") or "add-remove",
                 "status": cell.get("status"),
                 "schedule": _recorded_schedule(cell.get("schedule")),
             })
@@ -356,7 +358,8 @@ def tuning_summary(base: dict, tune: dict, out: Path) -> dict[str, Any]:
             test_rows.append({"name": name, "kind": kind, "algorithm": algorithm,
                               "settings": json.dumps(settings, sort_keys=True), **{
                                   k: run[k] for k in ("seed", "epsilon", "status",
-                                                      "test_accuracy", "epsilon_certified")}})
+                                                      "test_accuracy", "epsilon_certified",
+                                                      "neighboring")}})
     summary["tests"] = test_rows
     summary["privacy"] = _release_privacy(base, tune, out, summary)
     return summary
@@ -495,7 +498,7 @@ def _write(out: Path, summary: dict, tune: dict) -> None:
         writer = csv.writer(fh)
         writer.writerows(_selection_rows(summary, tune))
     fields = ["name", "kind", "algorithm", "settings", "seed", "epsilon", "status",
-              "test_accuracy", "epsilon_certified"]  # fmt: skip
+              "test_accuracy", "epsilon_certified", "neighboring"]  # fmt: skip
     with (out / "test.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=fields)
         writer.writeheader()

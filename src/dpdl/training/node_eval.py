@@ -5,11 +5,13 @@ The sets are evaluation data the user declares public, given one of two ways:
 
 * ``node_eval_data=[(x_0, y_0), (x_1, y_1), ...]``: one set per node (checked like
   ``eval_data``: record shape, labels, non-empty; each message names the node);
-* ``training.node_eval_share = s``: each node holds out :func:`dpdl.data.held_out_count`
-  (⌈s·J_i⌉) of its records, drawn with public randomness of the seed before anything
-  trains.  Those records are taken out of the node's training data (its size, the sampling
-  rate b / J_min and the accounting use the rest), so they are never sampled; choosing the
-  option is declaring them public.
+* ``training.node_eval_share = s``: each record of a node is held out with probability s,
+  decided by a keyed hash of the record itself and the public seed
+  (:func:`dpdl.data.held_out_mask`) before anything trains, never by J_i or the record's
+  slot: adding a record never changes which others are held out.  Those records are taken
+  out of the node's training data (its size, the sampling rate b / J_min and the accounting
+  use the rest), so they are never sampled; choosing the option is declaring them public.
+  A node that holds out none scores NaN (left out of the mean and worst).
 
 Only scores leave a process: in the distributed runtime each process scores its own nodes on
 their own sets and the per-node means are gathered (:meth:`Simulator.node_scores`).
@@ -28,22 +30,36 @@ from dpdl.engine.simulator import NodeData, Simulator
 from dpdl.errors import DPDLError, require
 from dpdl.training.inputs import check_eval_records, first_line, per_record_loss
 
-__all__ = ["hold_out_node_eval", "node_eval_sets", "node_local_metrics"]
+__all__ = ["held_out_masks", "hold_out_node_eval", "node_eval_sets", "node_local_metrics"]
+
+
+def held_out_masks(node_data: NodeData, share: float, seed: int,
+                   first_node: int) -> list[np.ndarray]:  # fmt: skip
+    """Per hosted node ``first_node ..``, which of its records ``node_eval_share = share``
+    holds out (:func:`dpdl.data.held_out_mask`: a keyed hash of each record, whichever
+    process hosts the node); refused (one line) where a node would keep none to train on."""
+    from dpdl.data import held_out_mask
+
+    masks = []
+    for row, size in enumerate(node_data.counts.tolist()):
+        x = node_data.inputs[row, :size].detach().cpu().numpy()
+        y = node_data.targets[row, :size].detach().cpu().numpy()
+        held = held_out_mask(x, y, share, seed, first_node + row)
+        require(not held.all(), f"node {first_node + row}: node_eval_share = {share!r} holds "
+                f"out all its {size} records; lower the share")  # fmt: skip
+        masks.append(held)
+    return masks
 
 
 def hold_out_node_eval(node_data: NodeData, share: float, seed: int,
                        first_node: int) -> tuple[NodeData, NodeData]:  # fmt: skip
     """(the training records left, the held-out evaluation sets) of the hosted nodes
-    ``first_node ..``: node i keeps its records in their order, minus
-    :func:`dpdl.data.held_out_slots` of them, which a node draws whichever process hosts it."""
-    from dpdl.data import held_out_slots
-
+    ``first_node ..``: node i keeps its records in their order, minus those
+    :func:`held_out_masks` holds out (a node's set may be empty)."""
     kept, held = [], []
-    for row, size in enumerate(node_data.counts.tolist()):
-        slots = held_out_slots(size, share, seed, first_node + row)
-        rest = np.setdiff1d(np.arange(size), slots)
-        kept.append(_records(node_data, row, rest))
-        held.append(_records(node_data, row, slots))
+    for row, mask in enumerate(held_out_masks(node_data, share, seed, first_node)):
+        kept.append(_records(node_data, row, np.flatnonzero(~mask)))
+        held.append(_records(node_data, row, np.flatnonzero(mask)))
     return _padded(kept), _padded(held)
 
 
@@ -87,16 +103,32 @@ def node_local_metrics(sim: Simulator, sets: NodeData, loss) -> dict[str, Any]:
     losses = per_node["loss"]
     row: dict[str, Any] = {"node_local_accuracy_mean": math.nan,
                            "node_local_accuracy_worst": math.nan}  # fmt: skip
+    # a node with an empty set scores NaN (node_eval_share held none of its records out):
+    # the mean and worst are those of the nodes that have one
     if "accuracy" in per_node:
         accuracies = per_node["accuracy"]
-        row |= {"node_local_accuracy_mean": float(accuracies.mean()),
-                "node_local_accuracy_worst": float(accuracies.min())}  # fmt: skip
-    row |= {"node_local_loss_mean": float(losses.mean()),
-            "node_local_loss_worst": float(losses.max())}  # fmt: skip
+        row |= {"node_local_accuracy_mean": _nan_reduce(torch.nanmean, accuracies),
+                "node_local_accuracy_worst": _nan_reduce(_nanmin, accuracies)}  # fmt: skip
+    row |= {"node_local_loss_mean": _nan_reduce(torch.nanmean, losses),
+            "node_local_loss_worst": _nan_reduce(_nanmax, losses)}  # fmt: skip
     if "accuracy" in per_node:
         row["node_local_accuracy"] = [float(v) for v in per_node["accuracy"]]
     row["node_local_loss"] = [float(v) for v in losses]
     return row
+
+
+def _nanmin(values: torch.Tensor) -> torch.Tensor:
+    return values[~values.isnan()].min()
+
+
+def _nanmax(values: torch.Tensor) -> torch.Tensor:
+    return values[~values.isnan()].max()
+
+
+def _nan_reduce(reduce: Callable, values: torch.Tensor) -> float:
+    """``reduce`` over the non-NaN entries; NaN when every entry is NaN."""
+    values = torch.as_tensor(values)
+    return math.nan if bool(values.isnan().all()) else float(reduce(values))
 
 
 def _called(function, node: int):
@@ -123,7 +155,7 @@ def _records(node_data: NodeData, row: int, slots: np.ndarray):
 def _padded(sets: list[tuple[torch.Tensor, torch.Tensor]]) -> NodeData:
     """One node's records per row, first in the row, zero padding after (NodeData's layout)."""
     sizes = [len(x) for x, _ in sets]
-    longest = max(sizes)
+    longest = max(max(sizes), 1)  # every set empty (a tiny share): one slot of padding
     x0, y0 = sets[0]
     inputs = x0.new_zeros((len(sets), longest, *x0.shape[1:]))
     targets = y0.new_zeros((len(sets), longest, *y0.shape[1:]))

@@ -20,6 +20,7 @@ from dpdl.accounting.calibration import ProgressCallback
 from dpdl.accounting.certified import accountant_options
 from dpdl.accounting.ledger import MAX_NODE_RATES, PrivacyLedger, accounted_node_rates
 from dpdl.accounting.schedules import PrivacySchedule, make_schedule
+from dpdl.algorithms.dyn_d2p import node_sample_rates
 from dpdl.algorithms.randomness import stream_root
 from dpdl.training.settings import AlgorithmSpec, PrivacySection, TrainingSection
 
@@ -29,6 +30,7 @@ __all__ = [
     "build_schedule",
     "epsilon_per_node",
     "epsilon_spent",
+    "node_rates",
     "noise_root",
     "resolve_steps",
 ]
@@ -46,18 +48,33 @@ def noise_root(entropy: str, seed: int, settings: dict[str, Any]) -> bytes | Non
     return stream_root(entropy, seed, settings)
 
 
-def resolve_steps(steps: int | None, epochs: float | None, counts: Sequence[int],
-                  batch_size: float, sampling: str = "uniform") -> int:  # fmt: skip
+def resolve_steps(steps: int | None, epochs: float | None, counts: Sequence[int] | None,
+                  batch_size: float, sampling: str = "uniform",
+                  sample_rate: float | None = None) -> int:  # fmt: skip
     """``steps``, or ``epochs`` in steps.  One epoch with ``"uniform"`` sampling is J_min / b
     steps (the smallest node samples each of its records once per epoch on average); with
     ``"per-node"`` it is J̄ / b steps, J̄ = Σ J_i / n the mean node size: the network then draws
     n·b records per step, as many records per epoch as it holds (a node of mean size sees
-    each record once, a smaller node more often, a larger one less)."""
+    each record once, a smaller node more often, a larger one less); with a given
+    ``sample_rate`` q it is 1 / q steps (every record sampled once per epoch on average)."""
     if steps is not None:
         return steps
+    if sample_rate is not None:
+        return max(1, math.ceil(epochs / sample_rate))
     if sampling == "per-node":
         return max(1, math.ceil(epochs * sum(counts) / (len(counts) * batch_size)))
     return max(1, math.ceil(epochs * min(counts) / batch_size))
+
+
+def node_rates(training: TrainingSection, n: int,
+               counts: Sequence[int] | None) -> tuple[np.ndarray, float]:  # fmt: skip
+    """(every node's Poisson rate, the rate the schedule is accounted at, the largest): the
+    given ``training.sample_rate`` q at every node (no size read), else b / J_min or b / J_i
+    as ``training.sampling`` says (:func:`dpdl.algorithms.dyn_d2p.node_sample_rates`)."""
+    if training.sample_rate is not None:
+        return np.full(n, float(training.sample_rate)), float(training.sample_rate)
+    rates = node_sample_rates(counts, training.batch_size, training.sampling)
+    return rates, training.batch_size / min(counts)
 
 
 def build_schedule(
@@ -84,6 +101,7 @@ def build_schedule(
         calibrate=calibrate,
         blocks=privacy.calibration_blocks if calibrate == "pld" else None,
         on_iteration=on_iteration,
+        neighboring=privacy.neighboring,
     )
 
 

@@ -33,11 +33,14 @@ class RunRecord:
     left out there) and of a checkpointed run's ``finished.json`` (rows included).
 
     ``epsilon_target`` None for a non-private run; ``delta`` None there too;
+    ``neighboring`` the relation every epsilon of the record is stated for ("replace-one" or
+    "add-remove"; a record written before it was recorded reads as "add-remove");
     ``final`` the last metrics row (non-finite numbers as None) with the ledger's final
     epsilons; ``steps_done`` the engine's iteration at the end, ``steps_spent`` the
     ledger's (a diverged step is recorded before it runs); ``unaccounted_outputs`` what the
     run releases without accounting for it; ``node_sizes`` every node's training records J_i
-    (public by the threat model; after a ``node_eval_share`` hold-out); ``heterogeneity`` only
+    (public under replace-one; after a ``node_eval_share`` hold-out; None under add-remove,
+    where J_i is secret, as are ``sample_rates`` and ``epsilon_per_node``); ``heterogeneity`` only
     for a library-made partition of a shipped public benchmark (``dpdl run``): node sizes, per-
     node label histograms and their source, never for a user's data; ``sampling`` "uniform" |
     "per-node", ``sample_rates`` every node's Poisson rate; ``epsilon_per_node`` every node's
@@ -53,6 +56,7 @@ class RunRecord:
     epsilon_target: float | None
     delta: float | None
     calibrated_with: str | None
+    neighboring: str | None
     noise_entropy: str | None
     noise_mechanism: str | None
     private: bool | None
@@ -96,6 +100,8 @@ class RunRecord:
         ignored."""
         values = {f.name: record.get(f.name) for f in dataclasses.fields(cls)}
         values["rows"] = tuple(record.get("rows") or ())
+        # dpdl stated every epsilon under add/remove before it recorded the relation
+        values["neighboring"] = record.get("neighboring") or "add-remove"
         for key in ("unaccounted_outputs", "node_sizes"):
             if values[key] is not None:
                 values[key] = tuple(values[key])

@@ -21,7 +21,8 @@ from pydantic import (
 
 from dpdl.accounting.certified import ACCOUNTANTS
 from dpdl.accounting.schedules import ALGORITHMS, DEFAULT_CLIP, DEFAULT_RHO_C, DEFAULT_RHO_MU
-from dpdl.errors import DPDLError
+from dpdl.accounting.validators import ADD_REMOVE, DEFAULT_NEIGHBORING
+from dpdl.errors import DPDLError, require
 
 CALIBRATIONS = ACCOUNTANTS
 
@@ -35,6 +36,7 @@ __all__ = [
     "PrivacySection",
     "REPRODUCIBLE_NOISE_NOTE",
     "TrainingSection",
+    "check_neighboring",
     "seeded_cell_name",
     "validate_config",
     "with_overrides",
@@ -138,7 +140,7 @@ class AlgorithmSpec(BaseModel):
 # they existed: same digests, same noise, and its run folders still resume.
 LATER_SETTING_DEFAULTS: dict[str, Any] = {
     "momentum": 0.0, "weight_decay": 0.0, "local_steps": 1, "node_eval_share": 0.0,
-    "sampling": "uniform",
+    "sampling": "uniform", "sample_rate": None,
 }  # fmt: skip
 
 
@@ -158,6 +160,10 @@ class TrainingSection(_Section):
     # The privacy schedule is calibrated at b / J_min, the largest rate, either way.
     batch_size: float = Field(1.0, gt=0)
     sampling: Literal["uniform", "per-node"] = "uniform"
+    # The Poisson rate q of every node, given as a hyper-parameter (None: b / J_min, read off
+    # the node sizes).  The noisy sum is still divided by batch_size b, a public constant.
+    # privacy.neighboring = "add-remove" needs it (check_neighboring).
+    sample_rate: float | None = Field(None, gt=0, le=1)
     lr: float = Field(0.03, gt=0)
     # Step-size decay: gamma_k = lr * lr_decay^(-k/K), shaped like Dyn[C]'s clip decay
     # C0 rho_c^(-k/K) (1: constant).  Const-D2P with lr_decay = rho_c has Dyn[C]-D2P's
@@ -179,11 +185,12 @@ class TrainingSection(_Section):
     unsafe_train_metrics: bool = False
     eval_test_samples: int | None = Field(None, ge=1)
     eval_node_samples: int = Field(1000, ge=1)
-    # Per-node evaluation (0: off): each node holds out ⌈share·J_i⌉ of its records (at least
-    # one, and one left to train on), drawn with public randomness of the seed before training,
-    # as its own evaluation set.  Those records are never trained on (node sizes, the sampling
-    # rate and the accounting use the rest); choosing the option declares them public: their
-    # scores (node_local_*) are released as they are.
+    # Per-node evaluation (0: off): each record of a node is held out with probability share,
+    # decided by a keyed hash of the record itself (dpdl.data.held_out_mask: a public key of
+    # the seed, the node's index and the record's bytes), never by J_i or the record's slot,
+    # so adding a record never changes which others are held out.  Those records are never
+    # trained on (node sizes, the sampling rate and the accounting use the rest); choosing the
+    # option declares them public: their scores (node_local_*) are released as they are.
     node_eval_share: float = Field(0.0, ge=0, lt=1)
     # Save a checkpoint (models, push-sum weights, generator states, privacy ledger) every
     # this many steps; `dpdl run --resume RUN_DIR` continues from the last one.
@@ -193,12 +200,20 @@ class TrainingSection(_Section):
     def _steps_or_epochs(self) -> TrainingSection:
         if (self.steps is None) == (self.epochs is None):
             raise ValueError("set exactly one of training.steps and training.epochs")
+        if self.sample_rate is not None and self.sampling == "per-node":
+            raise ValueError("training.sample_rate fixes one rate for every node: not with "
+                             "training.sampling = 'per-node' (rates b / J_i)")  # fmt: skip
         return self
 
 
 class PrivacySection(_Section):
     epsilon: float | list[float] = 1.0
     delta: float = Field(1e-4, gt=0, lt=1)
+    # The neighbouring relation every epsilon is stated (and sigma calibrated) for (MATH.md
+    # Conventions, THREAT_MODEL "Adjacency"): "replace-one" (default: node sizes J_i are
+    # public and released) or "add-remove" (J_i secret: needs training.steps and
+    # training.sample_rate, releases nothing size-dependent; check_neighboring).
+    neighboring: Literal["replace-one", "add-remove"] = DEFAULT_NEIGHBORING
     calibrate: Literal["clt", "pld", "rdp"] = "pld"
     clip: float = Field(DEFAULT_CLIP, gt=0)
     clip0: float | None = Field(None, gt=0)
@@ -234,6 +249,29 @@ REMOVED_KEYS = {
     "secure_noise": "removed: every private step's noise is now exact in law, a stronger "
                     "guarantee than the hardened sampler gave (docs/MATH.md §10); delete the key",
 }
+
+
+# What the add/remove relation refuses: (the test on the training settings, what it would
+# read off J_i and what to give instead).  Under add/remove J_i differs between them, so q, K
+# and b must be fixed without looking at it (THREAT_MODEL "What is assumed public").
+_ADD_REMOVE_REFUSES: tuple[tuple[Any, str], ...] = (
+    (lambda t: t.epochs is not None,
+     "training.epochs reads the steps off the node sizes; give training.steps"),
+    (lambda t: t.sample_rate is None,
+     "without training.sample_rate the rate is b / J_min; give training.sample_rate (q)"),
+    (lambda t: t.sampling == "per-node",
+     "training.sampling = 'per-node' samples at b / J_i; use 'uniform' with training.sample_rate"),
+)  # fmt: skip
+
+
+def check_neighboring(privacy: PrivacySection, training: TrainingSection) -> None:
+    """Refuse (one line) settings whose outputs would tell neighbouring data sets apart under
+    ``privacy.neighboring``."""
+    if privacy.neighboring != ADD_REMOVE:
+        return
+    for refused, why in _ADD_REMOVE_REFUSES:
+        require(not refused(training),
+                f"privacy.neighboring = 'add-remove' keeps node sizes secret, but {why}")
 
 
 def _describe(err: ValidationError) -> str:

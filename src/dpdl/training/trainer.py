@@ -42,7 +42,7 @@ from torch import nn
 
 from dpdl.accounting.ledger import PrivacyLedger
 from dpdl.accounting.schedules import PrivacySchedule
-from dpdl.algorithms.dyn_d2p import GAUSSIAN_RELEASE, node_sample_rates
+from dpdl.algorithms.dyn_d2p import GAUSSIAN_RELEASE
 from dpdl.algorithms.randomness import DEFAULT_ENTROPY, ENTROPY_MODES, settings_digest
 from dpdl.engine import checkpoint as checkpoints
 from dpdl.engine.simulator import NodeData, Simulator, resolve_device
@@ -77,6 +77,7 @@ from dpdl.training.plan import (
     build_schedule,
     epsilon_per_node,
     epsilon_spent,
+    node_rates,
     noise_root,
     resolve_steps,
 )
@@ -85,6 +86,7 @@ from dpdl.training.settings import (
     AlgorithmSpec,
     PrivacySection,
     TrainingSection,
+    check_neighboring,
     with_overrides,
     without_later_defaults,
 )
@@ -198,12 +200,16 @@ class DecentralizedTrainer:
     * ``algorithm`` (a name of ``dpdl.accounting.schedules.ALGORITHMS``, optionally
       ``"name@clt|pld|rdp"``) and ``epsilon``, its target (default 1.0).
     * ``privacy``: a :class:`PrivacySection` or a dict of one (a config's [privacy] table, but
-      its target epsilon, which is ``epsilon``): ``delta``, ``calibrate``, ``clip``,
+      its target epsilon, which is ``epsilon``): ``delta``, ``neighboring`` (the relation
+      every epsilon is stated and calibrated for: "replace-one", the default, node sizes
+      public and released; or "add-remove", node sizes secret: needs ``steps`` and
+      ``sample_rate`` and releases nothing size-dependent), ``calibrate``, ``clip``,
       ``clip0``, ``rho_c``, ``rho_mu``; accounting: ``certified_accountant``,
       ``eval_blocks``, ``final_mode``, ``final_blocks``, ``calibration_blocks``.
     * ``training``: a :class:`TrainingSection` or a dict of one (a config's [training]):
       ``batch_size`` (expected b), ``sampling`` ("uniform": every node at b / J_min;
       "per-node": node i at b / J_i, each node's epsilon in ``record.epsilon_per_node``),
+      ``sample_rate`` (q at every node, a hyper-parameter; the sum is still divided by b),
       ``lr`` (γ), ``lr_decay``, ``steps`` or ``epochs``,
       ``momentum`` (heavy-ball β ∈ [0, 1)), ``weight_decay`` (λ ≥ 0), ``local_steps`` (H:
       gossip every H-th step; see MATH.md §4), ``eval_every``,
@@ -223,8 +229,8 @@ class DecentralizedTrainer:
       on which node i's de-biased model z_i is scored (``node_local_accuracy`` /
       ``node_local_loss`` vectors in the rows, their mean and worst as ``node_local_*``),
       also evaluation data the user declares public, released as scores; or
-      ``node_eval_share=s``: each node holds out ⌈s·J_i⌉ of its records as its own set
-      (never trained on; choosing it declares them public); ``metric``
+      ``node_eval_share=s``: each record is held out with probability s by a keyed hash of
+      the record (never trained on; choosing it declares them public); ``metric``
       ``(outputs, targets) -> float | dict``, ``callbacks``: callables receiving an
       :class:`Evaluation`.  Nothing computed from the nodes' training records leaves the
       trainer without noise; ``unsafe_train_metrics=True`` adds the noise-free training loss
@@ -332,6 +338,7 @@ class DecentralizedTrainer:
             {k: v for k, v in settings.items() if k in TrainingSection.model_fields},
             "training settings",
         )  # fmt: skip
+        check_neighboring(self.privacy, self.training)
         self.epsilon = float(epsilon) if private else None
 
     def _options(self, entropy, runtime, seed, device, callbacks, callbacks_on, output_dir,
@@ -382,7 +389,12 @@ class DecentralizedTrainer:
         # Every process loads, checks and probes only the nodes it hosts; in the distributed
         # runtime all ranks then agree that every rank passed (no record crosses a rank).
         self._agree(lambda: self._load_and_probe(data, n, hosted))
-        self.records_per_node = self._all_counts([int(c) for c in self.node_data.counts])
+        # Every node's size: public under replace-one (gathered, used, released); under
+        # add-remove secret, so never gathered across processes nor released (None).
+        self.records_per_node = (
+            None if self._sizes_secret
+            else self._all_counts([int(c) for c in self.node_data.counts])
+        )  # fmt: skip
 
     def _load_and_probe(self, data, n: int, hosted: int) -> None:
         self.node_data = inputs.local_node_data(data, n, self.first_node, hosted, self.device)
@@ -414,27 +426,36 @@ class DecentralizedTrainer:
 
     def _plan(self) -> None:
         """Steps, sampling, schedule, and the ledger's approval of all of it."""
-        counts, b = self.records_per_node, self.training.batch_size
-        sampling = self.training.sampling
+        counts, training = self.records_per_node, self.training
+        b, sampling = training.batch_size, training.sampling
         require(
-            b <= min(counts),
+            training.sample_rate is not None or b <= min(counts),
             f"batch_size = {b:g} exceeds the smallest local data set (node "
-            f"{int(np.argmin(counts))} has {min(counts)} records)",
+            f"{int(np.argmin(counts or [0]))} has {min(counts or [0])} records)",
         )
-        # Every node's own rate; the schedule is accounted at the largest, b / J_min.
-        self.sample_rates = node_sample_rates(counts, b, sampling)
-        self.sample_rate = b / min(counts)
-        self.steps = resolve_steps(self.training.steps, self.training.epochs, counts, b, sampling)
+        # Every node's own rate; the schedule is accounted at the largest (b / J_min, or the
+        # sample_rate given).
+        self.sample_rates, self.sample_rate = node_rates(training, self.topology.n, counts)
+        self.steps = resolve_steps(training.steps, training.epochs, counts, b, sampling,
+                                   training.sample_rate)  # fmt: skip
         shown = self.progress and self._is_main_process()
         with CalibrationProgress(f"calibrating {self.spec.label}", shown) as progress:
             self.schedule = build_schedule(
                 self.privacy, self.spec, self.epsilon, self.steps, self.sample_rate, progress
             )
+        # per-node rates (and epsilons) only where they can differ: never under add-remove,
+        # whose one rate is a hyper-parameter
+        rates = None if self._sizes_secret else self.sample_rates
         self.ledger = (
-            approve_schedule(self.privacy, self.schedule, self.sample_rates)
+            approve_schedule(self.privacy, self.schedule, rates)
             if self.schedule.private else None
         )  # fmt: skip
         self.plan = RunPlan.of(self.schedule, self.training)
+
+    @property
+    def _sizes_secret(self) -> bool:
+        """Whether the node sizes are secret (add-remove): nothing size-dependent leaves."""
+        return self.privacy.neighboring == "add-remove"
 
     def _hosted_block(self, n: int) -> tuple[int, int]:
         """(first node, count) of the nodes this process hosts: all, or the rank's block."""
@@ -511,11 +532,14 @@ class DecentralizedTrainer:
             main_process = distributed.is_main_process()
         # The sampling and noise streams are secret and the run's own (dpdl.algorithms.randomness).
         root = noise_root(self.entropy, self.seed, self.stream_settings())
+        # a rate given as a hyper-parameter: the engine reads no node's size for it
+        given = ({} if self.training.sample_rate is None
+                 else {"sample_rate": self.training.sample_rate})  # fmt: skip
         sim = self._factory()(
             self.model, self.node_data, self.topology, lr=self.training.lr,
             expected_batch_size=self.training.batch_size, seed=root, device=self.device,
             loss=self.loss, momentum=self.training.momentum,
-            weight_decay=self.training.weight_decay, sampling=self.training.sampling,
+            weight_decay=self.training.weight_decay, sampling=self.training.sampling, **given,
         )  # fmt: skip
         del root  # the generators hold the secret now; nothing else should
         require(
@@ -731,12 +755,15 @@ class DecentralizedTrainer:
         uniformly at p."""
         restored, ledger = PrivacyLedger.from_json(saved), self.ledger
         saved_rates = restored.node_sample_rates
-        if saved_rates is None:
+        if saved_rates is None and ledger.node_sample_rates is not None:
             saved_rates = np.full(len(self.sample_rates), restored.sample_rate)
+        same_rates = (saved_rates is None and ledger.node_sample_rates is None) or (
+            saved_rates is not None and ledger.node_sample_rates is not None
+            and np.array_equal(saved_rates, ledger.node_sample_rates))  # fmt: skip
         same = (
-            (restored.sample_rate, restored.delta, restored.accountant)
-            == (ledger.sample_rate, ledger.delta, ledger.accountant)
-            and np.array_equal(saved_rates, ledger.node_sample_rates)
+            (restored.sample_rate, restored.delta, restored.accountant, restored.neighboring)
+            == (ledger.sample_rate, ledger.delta, ledger.accountant, ledger.neighboring)
+            and same_rates
             and restored.epsilon_budget <= ledger.epsilon_budget
             and restored.steps_taken == iteration
         )
@@ -749,7 +776,8 @@ class DecentralizedTrainer:
         schedule, ledger, private = self.schedule, state.ledger, self.schedule.private
         eps_clt, eps_cert, method = spent
         per_node, per_node_method = epsilon_per_node(self.privacy, ledger)
-        final_row = state.rows[-1] | {"epsilon_clt": eps_clt, "epsilon_certified": eps_cert}
+        final_row = state.rows[-1] | {"epsilon_clt": eps_clt, "epsilon_certified": eps_cert,
+                                      "neighboring": self.privacy.neighboring}  # fmt: skip
         unaccounted = [UNACCOUNTED_TRAIN_LOSS] if self.training.unsafe_train_metrics else []
         if self.training.node_eval_share:  # scores of records held out of the nodes' data
             unaccounted.append("node_local_metrics")
@@ -758,7 +786,8 @@ class DecentralizedTrainer:
         return RunRecord(
             algorithm=self.spec.label, base_algorithm=self.spec.name, seed=self.seed,
             epsilon_target=self.epsilon, delta=self.privacy.delta if private else None,
-            calibrated_with=schedule.calibrated_with, noise_entropy=self.entropy,
+            calibrated_with=schedule.calibrated_with, neighboring=self.privacy.neighboring,
+            noise_entropy=self.entropy,
             noise_mechanism=GAUSSIAN_RELEASE.name if private else None, private=private,
             status=status,
             message=message, steps=self.steps, steps_done=state.engine.iteration,
@@ -770,8 +799,11 @@ class DecentralizedTrainer:
             unaccounted_outputs=tuple(unaccounted),
             ledger_epsilon_spent=None if ledger is None else ledger.epsilon_spent(),
             ledger_accountant=None if ledger is None else ledger.accountant,
-            schedule=schedule.to_dict(), node_sizes=tuple(self.records_per_node),
-            sampling=self.training.sampling, sample_rates=self.sample_rates.tolist(),
+            schedule=schedule.to_dict(),
+            # under add-remove J_i is secret: neither the sizes nor per-node rates are released
+            node_sizes=None if self._sizes_secret else tuple(self.records_per_node),
+            sampling=self.training.sampling,
+            sample_rates=None if self._sizes_secret else self.sample_rates.tolist(),
             epsilon_per_node=per_node, epsilon_per_node_method=per_node_method,
             rows=tuple(state.rows),
         )  # fmt: skip

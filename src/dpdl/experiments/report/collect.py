@@ -43,6 +43,8 @@ class CellRun:
     calibrated_with: str | None = None
     status: str = "ok"  # "diverged": the runner stopped it on a NaN/inf update
     noise_entropy: str | None = None  # "os", "seed" (reproducible noise), None: not recorded
+    # the relation its ε is stated for; a run recorded before dpdl named it was add/remove
+    neighboring: str = "add-remove"
     extra: dict = field(default_factory=dict)
 
     @property
@@ -188,6 +190,7 @@ def _runs_of_file(metrics_path: Path, overrides: dict, cell: str) -> list[CellRu
                 calibrated_with=calibration,
                 status="ok" if record is None or record.status is None else str(record.status),
                 noise_entropy=record and record.noise_entropy,
+                neighboring=(record and record.neighboring) or "add-remove",
                 extra={
                     "metrics_path": str(metrics_path),
                     "train_seconds": as_float(record and record.train_seconds),

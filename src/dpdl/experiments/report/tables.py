@@ -4,7 +4,9 @@
   (ddof = 1: ``results.sample_std``), one row per (setting, ε), one column per algorithm
   label (``dyn-d2p@clt``: calibrated with the paper's CLT, MATH.md §2), and the relative gain of
   Dyn-D2P over Const-D2P per calibration;
-* privacy: for every run the ε of the CLT approximation beside the certified ε;
+* privacy: for every run the ε of the CLT approximation beside the certified ε, and the
+  neighbouring relation both are stated for (results.json's ``neighboring``; add/remove for
+  a run recorded before dpdl named it);
 * calibration: for the runs of each algorithm and target ε, the certified ε they really
   spend against their target -- how much the paper's accounting understated privacy loss.
 """
@@ -41,6 +43,7 @@ PRIVACY_HEADER = [
     "ε CLT (approx.)",
     "ε certified",
     "certified / CLT",
+    "neighbouring relation",
     "noise",
 ]
 CALIBRATION_HEADER = [
@@ -144,6 +147,7 @@ def _privacy_table(runs: list[CellRun]) -> tuple[list[list[str]], list, list, di
                 f"{r.epsilon_clt:.4g}",
                 f"{r.epsilon_certified:.4g}",
                 f"{ratio:.2f}×" if math.isfinite(ratio) else "—",
+                r.neighboring,
                 noise_text(r.noise_entropy),
             ]
         )
@@ -159,7 +163,8 @@ def _calibration_rows(runs: list[CellRun]) -> list[list[str]]:
                 continue
             clt = float(np.nanmean([r.epsilon_clt for r in chosen]))
             cert = np.asarray([r.epsilon_certified for r in chosen], dtype=float)
-            calibrated = sorted({r.calibrated_with or "?" for r in chosen})
+            calibrated = sorted({f"{r.calibrated_with or '?'} ({r.neighboring})"
+                                 for r in chosen})  # fmt: skip
             rows.append(
                 [
                     algorithm,
