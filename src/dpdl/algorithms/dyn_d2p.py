@@ -434,7 +434,7 @@ def clipped_record_sums(
     require(isinstance(clip, int | float) and math.isfinite(clip) and clip > 0,
             f"clip bound C_k must be a positive number, got {clip!r}")  # fmt: skip
     loss_fn = _loss_fn(loss)
-    into = Accumulator.zeros(out, params) if into is None else into
+    into = Accumulator.zeros(out, params, exact=True) if into is None else into
     if batch.size == 0:
         return into.finish()
     if method != "per-record":
@@ -754,14 +754,15 @@ def _noisy_local_step(model, params, at, batch, generators, *, clip, sigma, step
         return mechanism.start(generators, d, sigma, device=first.device, reuse=reuse)
 
     pending = _run_beside(start, work)
-    into = Accumulator(work, alpha=1.0, pending=pending)
+    into = Accumulator(work, alpha=1.0, pending=pending, exact=True)
     try:
         sums = clipped_record_sums(model, at, batch, clip, loss=loss, buffers=buffers,
                                    method=clip_method, into=into)  # fmt: skip
     except BaseException:
         futures_wait([pending])  # never leave a generator (or work) in use after we return
         raise
-    return mechanism.noisy_step(pending.result(), params, sums, step_size, out=sums)
+    # sums is ``work`` itself, or its float64 widening (a node summed in several parts)
+    return mechanism.noisy_step(pending.result(), params, sums, step_size, out=work)
 
 
 def _sgp_local_step(model, params, at, batch, *, lr, loss, buffers, work) -> Params:

@@ -90,6 +90,10 @@ class NoiseLaw(Protocol):
         """F^{-1}(p) for an mpmath p in (0, 1), at the current mpmath precision."""
         ...
 
+    def lower_quantile(self, t: float) -> float:
+        """F^{-1}(t) for 0 < t <= 1/2 in float64 (a guess: the exact path checks it)."""
+        ...
+
 
 class _Gaussian:
     name = "gaussian"
@@ -106,6 +110,14 @@ class _Gaussian:
         import mpmath
 
         return mpmath.sqrt(2) * mpmath.erfinv(2 * p - 1)
+
+    def lower_quantile(self, t):
+        from scipy.special import ndtri
+
+        return float(ndtri(t))
+
+    def lower_quantile_tensor(self, t):
+        return torch.special.ndtri(t)
 
 
 class _Laplace:
@@ -124,6 +136,12 @@ class _Laplace:
         import mpmath
 
         return mpmath.log(2 * p) if p < 0.5 else -mpmath.log(2 * (1 - p))
+
+    def lower_quantile(self, t):
+        return math.log(2 * t)
+
+    def lower_quantile_tensor(self, t):
+        return torch.log(2 * t)
 
 
 LAWS: dict[str, NoiseLaw] = {law.name: law for law in (_Gaussian(), _Laplace())}
@@ -165,25 +183,28 @@ class GeneratorBits:
 @dataclass
 class NoiseDraw:
     """The data-free half of a release: every coordinate's word and its noise in grid units,
-    split for a float32 second half.
+    split for a float32 second half, and what the fast path may certify.
 
     ``words`` (m, d) uint64 (numpy, on the host: the raw words); with s = X̂·scale/g the noise
-    in grid units (X̂ the fast path's quantile), ``whole`` (m, d) float32 = round(s), ``frac``
-    (m, d) float32 = s - round(s) rounded to float32, ``limit`` (m, d) float32: the largest
-    |t - round(t)| (t the fractional part of centre/g + s, grid units) the fast path
-    certifies, -1 where it certifies nothing; ``scratch``, ``scratch2`` (m, d) float32 for the
-    second half;
-    ``scale``, ``grid``, the law; ``sources``: row i's bit source (the exact path's further
-    bits).  Pass a draw back to :func:`draw` as ``reuse``: its buffers are refilled (fresh
-    multi-megabyte tensors cost page faults every step, more than the arithmetic).
+    in grid units (X̂ the fast path's quantile), ``whole`` (m, d) float32 = round(s) and
+    ``frac`` (m, d) float32 = s - round(s) rounded to float32; ``scratch``, ``scratch2`` (m, d)
+    float32 for the second half.  The fast path certifies a coordinate when the fractional
+    distance t of centre/g + s to its nearest integer is at most ``bulk_limit`` (grid units);
+    the tail coordinates (min(P, 1 - P) < 2^-8, about 0.8 %: their X̂ comes from ``ndtri``)
+    have their own limits ``tail_limit`` at the flat indices ``tail_index`` (-1: only the
+    exact path decides).  ``scale``, ``grid``, the law; ``sources``: row i's bit source (the
+    exact path's further bits).  Pass a draw back to :func:`draw` as ``reuse``: its buffers
+    are refilled (fresh multi-megabyte tensors cost page faults every step).
     """
 
     words: np.ndarray
     whole: torch.Tensor
     frac: torch.Tensor
-    limit: torch.Tensor
     scratch: torch.Tensor
     scratch2: torch.Tensor
+    tail_index: torch.Tensor | None = None
+    tail_limit: torch.Tensor | None = None
+    bulk_limit: float = -1.0
     scale: float = 1.0
     grid: float = 1.0
     law: NoiseLaw | None = None
@@ -195,7 +216,7 @@ class NoiseDraw:
         def buffer():
             return torch.empty((m, d), dtype=torch.float32, device=device)
 
-        return cls(np.empty((m, d), dtype=np.uint64), *(buffer() for _ in range(5)))
+        return cls(np.empty((m, d), dtype=np.uint64), *(buffer() for _ in range(4)))
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -203,21 +224,26 @@ class NoiseDraw:
 
     def columns(self, lo: int, hi: int) -> NoiseDraw:
         """The draw's columns lo..hi-1 (views: one parameter's block of a flat draw)."""
-        views = (t[:, lo:hi] for t in (self.whole, self.frac, self.limit, self.scratch,
-                                        self.scratch2))  # fmt: skip
-        return NoiseDraw(self.words[:, lo:hi], *views, self.scale, self.grid, self.law,
+        views = (t[:, lo:hi] for t in (self.whole, self.frac, self.scratch, self.scratch2))
+        d = self.shape[1]
+        rows, cols = self.tail_index // d, self.tail_index % d
+        inside = (cols >= lo) & (cols < hi)
+        index = rows[inside] * (hi - lo) + cols[inside] - lo
+        return NoiseDraw(self.words[:, lo:hi], *views, index, self.tail_limit[inside],
+                         self.bulk_limit, self.scale, self.grid, self.law,
                          self.sources)  # fmt: skip
 
 
 # What the certificate leaves for the arithmetic after the quantile: frac rounded to float32
-# (|frac| <= 1/2: 2^-25), the float32 sum t = frac(centre/g) + frac (|t| < 1: 2^-25), and the
-# limit itself rounded down to float32 (2^-24 taken off first).
-_ARITHMETIC_SLACK = 2.0**-25 + 2.0**-25 + 2.0**-24
+# (|frac| <= 1/2: 2^-25) and the float32 sum t = frac(centre/g) + frac (|t| < 1: 2^-25).
+_ARITHMETIC_SLACK = 2.0**-25 + 2.0**-25
 # centre/g is exact in float32 and its integer part exact below 2^23; the whole count j below
 # 2^24 (what float32 holds exactly) with |s| < 2^15: beyond, release() takes float64.
 _FLOAT32_RANGE = 2.0**23 - 2.0**16
 # Rows of the first half processed together: float64 temporaries that stay in cache.
 _GROUP_ELEMENTS = 1 << 16
+# min(P, 1 - P) below this: a tail coordinate (its X̂ from ndtri, its own limit).
+_TAIL_T = 2.0**-8
 
 
 def draw(sources: Sequence[BitSource], d: int, scale: float, law: str | NoiseLaw = "gaussian",
@@ -236,30 +262,51 @@ def draw(sources: Sequence[BitSource], d: int, scale: float, law: str | NoiseLaw
             source.read_into(row.view(np.uint8))
         else:
             row[:] = source.words(d)
-    flat = out.words.reshape(-1)
-    for lo in range(0, flat.size, _GROUP_ELEMENTS):
-        hi = min(lo + _GROUP_ELEMENTS, flat.size)
-        _first_half(out, flat[lo:hi], slice(lo, hi), law, scale / g)
+    flat, units = out.words.reshape(-1), scale / g
+    tails = [_first_half(out, flat[lo : lo + _GROUP_ELEMENTS], lo, law, units)
+             for lo in range(0, flat.size, _GROUP_ELEMENTS)]  # fmt: skip
+    out.tail_index = torch.cat([t[0] for t in tails]) if tails else torch.zeros(0, dtype=torch.long)
+    out.tail_limit = torch.cat([t[1] for t in tails]) if tails else torch.zeros(0)
+    # the bulk: T >= 2^-8, |X| <= 2.67, so |X̂ - X| <= A / T + B |X| (module doc) at most
+    bulk_error = _A / _TAIL_T + _B * 2.67 + 2.0**-52 * 2.67  # and scale·X̂'s rounding
+    out.bulk_limit = 0.5 - units * bulk_error - _ARITHMETIC_SLACK
     out.scale, out.grid, out.law, out.sources = float(scale), g, law, list(sources)
     return out
 
 
-def _first_half(out: NoiseDraw, words: np.ndarray, where: slice, law, units: float) -> None:
-    """whole, frac and limit of the coordinates ``where`` (flat indices) from their words."""
+def _first_half(out: NoiseDraw, words: np.ndarray, lo: int, law, units: float):
+    """whole and frac of the flat coordinates lo.. from their words; returns the tail
+    coordinates' (flat indices, limits)."""
     w = torch.from_numpy(words.view(np.int64)).to(out.whole.device)
     # u = 2P - 1 at the bottom of P's interval (the error model covers the whole interval)
     u = w.to(torch.float64).mul_(2.0**-63)
+    tail = (u.abs() > 1.0 - 2.0 * _TAIL_T).nonzero().squeeze(1)
     steps = law.quantile(u).mul_(units)  # s = X̂ scale / g: the noise in grid units
-    r = u.abs_().neg_().add_(1.0)  # 1 - |u| = 2T, T = min(P, 1 - P), to 2^-54
-    tail = r < 2.0 * _TAIL
-    steps.masked_fill_(tail, 0.0)  # (infinite at u = -1) the exact path decides the tails
+    limits = torch.zeros(0, dtype=torch.float32, device=w.device)
+    if tail.numel():
+        values, limits = _tail_steps(law, w[tail], units)
+        steps[tail] = values
     whole = torch.round(steps)
+    where = slice(lo, lo + len(words))
     out.whole.view(-1)[where] = whole
-    out.frac.view(-1)[where] = steps - whole
-    # |X̂ - X| <= A / T + B |X̂| (and the rounding of scale·X̂, 2^-53 |X̂|), in grid units
-    margin = r.reciprocal_().mul_(2.0 * _A * units).add_(steps.abs_(), alpha=_B + 2.0**-52)
-    limit = margin.neg_().add_(0.5 - _ARITHMETIC_SLACK).masked_fill_(tail, -1.0)
-    out.limit.view(-1)[where] = limit
+    out.frac.view(-1)[where] = steps.sub_(whole)
+    return tail + lo, limits
+
+
+def _tail_steps(law, w: torch.Tensor, units: float):
+    """s and its certified limit for tail words, from T = min(P, 1 - P) taken exactly off the
+    word's integer (no 1 - |u| cancellation) and the law's lower quantile (ndtri, log)."""
+    lower = w < 0  # P < 1/2
+    ones = torch.bitwise_xor(w, torch.bitwise_right_shift(w, 63))  # |w| (ones' complement)
+    # T·2^64 at the middle of P's interval: K + 1/2 below 1/2, 2^64 - K - 1/2 above
+    t = ((2**63 - 1) - ones).to(torch.float64).add_(0.5).mul_(2.0**-64)
+    x = law.lower_quantile_tensor(t)
+    x = torch.where(lower, x, -x)
+    # |X̂ - X| <= B |X| + 2^-62 / T: the interval's half-width (2^-65 · 1.26 / T) and T's
+    # float64 rounding, with the quantile's error B |X| (ndtri, log: checked against mpmath)
+    limit = 0.5 - units * (_B * x.abs() + 2.0**-62 / t) - _ARITHMETIC_SLACK
+    limit = torch.where(limit > 0.25, limit, torch.full_like(limit, -1.0))
+    return x.mul_(units), (limit - 2.0**-24).to(torch.float32)  # rounded down to float32
 
 
 # --------------------------------------------------------------------------- phase 2
@@ -283,10 +330,30 @@ def release_float32(noise: NoiseDraw, centre: torch.Tensor) -> torch.Tensor:
     noise.whole.add_(whole_a)
     q = torch.round(t.add_(noise.frac), out=noise.scratch2)
     noise.whole.add_(q)  # j = round(s) + round(centre / g) + round(t): integers, exact
-    slack = t.sub_(q).abs_()  # exact (Sterbenz)
-    if bool((slack > noise.limit).any()):
-        _exact_rows(noise, centre, noise.whole, slack > noise.limit)
+    slack = t.sub_(q)  # signed, exact (Sterbenz)
+    uncertain = _uncertain(noise, slack)
+    if uncertain is not None:
+        _exact_rows(noise, centre, noise.whole, uncertain)
     return noise.whole
+
+
+def _uncertain(noise: NoiseDraw, slack: torch.Tensor) -> torch.Tensor | None:
+    """The flat indices where |slack| exceeds the certified limit, NaN included (None when
+    nowhere: the usual case, found by one reduction)."""
+    low, high = torch.aminmax(slack)
+    tail = slack.reshape(-1)[noise.tail_index].abs()
+    tail_fails = ~(tail <= noise.tail_limit.to(tail.dtype))
+    if max(-float(low), float(high)) <= noise.bulk_limit and not bool(tail_fails.any()):
+        return None
+    size = slack.abs().contiguous()
+    judged = torch.where(tail_fails, torch.inf, 0.0).to(size.dtype)  # the tails: judged above
+    size.view(-1)[noise.tail_index] = judged
+    if math.isnan(float(low)) or math.isnan(float(high)):  # aminmax propagates NaN
+        size = torch.nan_to_num_(size, nan=torch.inf)
+    d, found = size.shape[1], []
+    for row in (size.amax(dim=1) > noise.bulk_limit).nonzero().squeeze(1).tolist():
+        found.append((size[row] > noise.bulk_limit).nonzero().squeeze(1) + row * d)
+    return torch.cat(found) if found else None  # row-major: each row's in coordinate order
 
 
 def release(noise: NoiseDraw, centre: torch.Tensor) -> torch.Tensor:
@@ -300,24 +367,25 @@ def release(noise: NoiseDraw, centre: torch.Tensor) -> torch.Tensor:
     j = torch.round(v)
     span = float(v.abs().max()) + 1.0 if v.numel() else 0.0
     # |v - j| plus the float64 rounding of v (at most 2^-52 |v|) against the certificate
-    excess = v.sub_(j).abs_().add_(2.0**-52 * span).sub_(noise.limit.double())
-    if v.numel() and float(excess.max()) > 0:
-        _exact_rows(noise, centre.double(), j, excess > 0)
+    # the float64 rounding of v (at most 2^-52 |v|) against the certificate
+    slack = v.sub_(j).abs_().add_(2.0**-52 * span)
+    uncertain = _uncertain(noise, slack)
+    if uncertain is not None:
+        _exact_rows(noise, centre.double(), j, uncertain)
     return j
 
 
-def _exact_rows(noise: NoiseDraw, centre, j, uncertain) -> None:
-    """The exact path for every uncertain coordinate, row by row (each row's own stream
-    supplies any further bits, in coordinate order)."""
-    rows, cols = (t.tolist() for t in uncertain.nonzero(as_tuple=True))
-    noise.exact_count += len(rows)
+def _exact_rows(noise: NoiseDraw, centre, j, flat: torch.Tensor) -> None:
+    """The exact path for the coordinates at sorted flat indices ``flat``, row by row (each
+    row's own stream supplies any further bits, in coordinate order)."""
+    d = noise.shape[1]
+    noise.exact_count += int(flat.numel())
+    rows, cols = (flat // d).tolist(), (flat % d).tolist()
     words = noise.words[rows, cols].tolist()
-    centres = centre[uncertain].double().cpu().tolist()
-    exact = [
-        exact_cell(c, noise.scale, noise.grid, noise.law, w, noise.sources[r].words)
-        for r, c, w in zip(rows, centres, words, strict=True)
-    ]  # fmt: skip
-    j[uncertain] = torch.tensor(exact, dtype=j.dtype, device=j.device)
+    centres = centre.reshape(-1)[flat].double().cpu().tolist() if centre.is_contiguous() else \
+        [float(centre[r, c]) for r, c in zip(rows, cols, strict=True)]  # fmt: skip
+    for r, c, cell, w in zip(rows, cols, centres, words, strict=True):
+        j[r, c] = exact_cell(cell, noise.scale, noise.grid, noise.law, w, noise.sources[r].words)
 
 
 # --------------------------------------------------------------------------- exact path
@@ -334,15 +402,14 @@ def exact_cell(centre: float, scale: float, grid: float, law: str | NoiseLaw, wo
     import mpmath
 
     law = _law(law)
+    require(math.isfinite(centre), f"a noisy sum's centre is not finite ({centre}): nothing "
+            "is released")  # fmt: skip
     numerator, bits = (int(word) ^ _HALF_WORD), 64
     c, s, g = mpmath.mpf(centre), mpmath.mpf(scale), mpmath.mpf(grid)
-    j = None
+    j = _guess(law, centre, scale, grid, numerator)
     while True:
-        prec = 2 * bits + 128
+        prec = bits + 64  # F(b) to 2^-(bits + 32) relative: far finer than P's interval
         with mpmath.workprec(prec):
-            if j is None:
-                p_mid = (mpmath.mpf(numerator) + mpmath.mpf(0.5)) / mpmath.mpf(2) ** bits
-                j = int(mpmath.nint((c + s * law.quantile_mp(p_mid)) / g))
             side = _side_of_cell(law, c, s, g, j, numerator, bits, prec)
         if side == 0:
             return j
@@ -354,6 +421,14 @@ def exact_cell(centre: float, scale: float, grid: float, law: str | NoiseLaw, wo
             bits += 64
         else:
             j += side
+
+
+def _guess(law, centre, scale, grid, numerator) -> int:
+    """A first cell for the exact path (float64; the search walks from it to the right one)."""
+    low = numerator < _HALF_WORD
+    t = (numerator if low else (1 << 64) - numerator) * 2.0**-64 + 2.0**-65  # P's middle
+    x = law.lower_quantile(t)
+    return round((centre + scale * (x if low else -x)) / grid)
 
 
 def _side_of_cell(law, c, s, g, j, numerator, bits, prec):
@@ -394,14 +469,14 @@ def _compare(law, b, numerator, bits, prec) -> int | None:
 
 def _tail(law, b, prec):
     """P(X > b) at ``prec`` bits with a relative tolerance that covers its error: computed at
-    prec and prec + 64 bits, the tolerance is 2^-(prec/2) when they agree to it."""
+    prec and prec + 64 bits, the tolerance is 2^-(prec - 32) when they agree to a quarter."""
     import mpmath
 
     with mpmath.workprec(prec + 64):
         finer = law.upper_tail(b)
     with mpmath.workprec(prec):
         value = law.upper_tail(b)
-        tol = mpmath.mpf(2) ** (-(prec // 2))
+        tol = mpmath.mpf(2) ** (-(prec - 32))
         require(value > 0 and abs(finer - value) <= tol * value / 4,
                 "the exact noise path could not resolve a tail probability")  # fmt: skip
         return value, tol

@@ -65,10 +65,13 @@ log = logging.getLogger(__name__)
 
 # Clip bounds are applied at C (1 - 2^-12): the float32 arithmetic that forms a record's norm,
 # scales its terms and sums them with the others' may move a sum by a few 2^-24 relative more
-# than the exact C; this margin keeps the sensitivity at most C for node batches up to ~45
-# records in the worst case of the rounding bounds, and far beyond in practice (MATH.md §10.3;
-# `dpdl audit --threat implementation` measures it).
+# than the exact C.  The worst case of a float32 sum of R terms moves it by 2 R^2 2^-24 C (an
+# adversary can make it happen: records that round each other away), so no float32 sum of a
+# private step covers more than EXACT_RECORDS records of one node, which the margin covers;
+# longer sums go on in float64 (Accumulator(exact=True)), where it covers ~2^20 records
+# (MATH.md §10.3; `dpdl audit --threat implementation` measures it).
 SENSITIVITY_MARGIN = 1.0 - 2.0**-12
+EXACT_RECORDS = 32
 
 # Working memory one chunk of records may use, as the plan estimates it (each layer's input,
 # output, probe and output gradient, and per-record gradients): bounds the peak whatever n and
@@ -501,27 +504,30 @@ def _in_order(counts, macs_per_record, records_per_chunk):
 
 
 def plan_chunks(counts: list[int], macs_per_record: float, records_per_chunk: int,
-                params_per_node: int = 0) -> list[Chunk]:  # fmt: skip
+                params_per_node: int = 0, max_unit: int | None = None) -> list[Chunk]:  # fmt: skip
     """The cheapest way found to cover every sampled record once.
 
     Candidates: the nodes in order (parameter slices, padded to the largest batch), or each
     node's records cut into units of U = 1, 2, 4, ... records (U = 1 is the per-record layout:
     no padding, one parameter copy per record), units grouped by length to pad little.  The
     cost model counts per-record work in multiply-adds, a chunk's fixed overhead and
-    ``COPY_MACS_PER_PARAMETER`` per parameter copied.
+    ``COPY_MACS_PER_PARAMETER`` per parameter copied.  ``max_unit`` bounds the records of one
+    node in one unit (a private step's float32 sums: :data:`EXACT_RECORDS`).
     """
     if not any(counts):
         return []
     copy_macs = COPY_MACS_PER_PARAMETER * params_per_node
-    best = _in_order(counts, macs_per_record, records_per_chunk)
+    cap = max(counts) if max_unit is None else max_unit
+    best = (_in_order(counts, macs_per_record, records_per_chunk) if max(counts) <= cap
+            else (math.inf, []))  # fmt: skip
     unit = 1
     while True:
         candidate = _grouped(_split(counts, unit), macs_per_record, records_per_chunk, copy_macs)
         if candidate[0] < best[0]:
             best = candidate
-        if unit >= max(counts):
+        if unit >= min(max(counts), cap):
             break
-        unit *= 2
+        unit = min(2 * unit, cap)
     return best[1]
 
 
@@ -553,7 +559,7 @@ class _ChunkInputs:
     params: Params
 
 
-def _chunk_inputs(plan: _Plan, params: Params, batch) -> Iterator[_ChunkInputs]:
+def _chunk_inputs(plan: _Plan, params: Params, batch, max_unit=None) -> Iterator[_ChunkInputs]:
     """The chunks laid out one at a time: a chunk's parameter copies (a node's d parameters
     per unit) exist only while that chunk runs, not every chunk's at once."""
     counts = batch.counts.tolist()
@@ -561,7 +567,7 @@ def _chunk_inputs(plan: _Plan, params: Params, batch) -> Iterator[_ChunkInputs]:
     d = sum(p[0].numel() for p in params.values())
     device = batch.node.device
     last_row = max(batch.size - 1, 0)
-    for chunk in plan_chunks(counts, plan.macs_per_record, records_per_chunk, d):
+    for chunk in plan_chunks(counts, plan.macs_per_record, records_per_chunk, d, max_unit):
         slot = torch.arange(chunk.batch, device=device)
         lengths = torch.tensor(chunk.lengths, device=device)
         starts = torch.tensor(chunk.starts, device=device)
@@ -594,16 +600,23 @@ class Accumulator:
     b) xi, which a worker thread may still be writing: ``pending`` (a future of that write)
     holds every part back until it is done, so the chunks keep running meanwhile;
     :meth:`finish` waits for it, re-raising its error, and adds what was held.
+
+    ``exact`` (a private step's clipped sums): a node's sum is one float32 part (at most
+    :data:`EXACT_RECORDS` records) or, from its second part on, a float64 sum of parts: the
+    target moves to float64 (a copy; :meth:`finish` returns it), so no float32 rounding acts
+    on more than EXACT_RECORDS records of a node (MATH.md §10.3).
     """
 
-    def __init__(self, target: Params, alpha: float = 1.0, pending: Future | None = None):
+    def __init__(self, target: Params, alpha: float = 1.0, pending: Future | None = None,
+                 exact: bool = False):  # fmt: skip
         self.target, self.alpha, self._pending = target, float(alpha), pending
         self._held: list[tuple[torch.Tensor | slice, Params]] = []
+        self.exact, self._seen = exact, set()
 
     @classmethod
-    def zeros(cls, out: Params | None, params: Params) -> Accumulator:
+    def zeros(cls, out: Params | None, params: Params, exact: bool = False) -> Accumulator:
         """Plain sums: ``out`` zeroed (or fresh zeros like ``params``), weight 1."""
-        return cls(zeroed_like(out, params))
+        return cls(zeroed_like(out, params), exact=exact)
 
     def add_rows(self, lo: int, hi: int, sums: Params) -> None:
         """Nodes lo..hi-1 receive ``sums`` {name: (hi - lo, *shape)}."""
@@ -623,12 +636,25 @@ class Accumulator:
             self._pending.result()  # the target is complete (or its writer's error is raised)
             self._pending = None
         for where, sums in self._held:
+            if self.exact:
+                self._widen_if_summed_again(where)
             for name, total in sums.items():
+                target = self.target[name]
                 if isinstance(where, slice):
-                    self.target[name][where].add_(total, alpha=self.alpha)
+                    target[where].add_(total, alpha=self.alpha)
                 else:
-                    self.target[name].index_add_(0, where, total, alpha=self.alpha)
+                    target.index_add_(0, where, total.to(target.dtype), alpha=self.alpha)
         self._held.clear()
+
+    def _widen_if_summed_again(self, where) -> None:
+        """Move the target to float64 the first time a node receives a second part."""
+        nodes = list(range(where.start, where.stop)) if isinstance(where, slice) else \
+            where.tolist()  # fmt: skip
+        again = len(set(nodes)) < len(nodes) or not self._seen.isdisjoint(nodes)
+        self._seen.update(nodes)
+        first = next(iter(self.target.values()))
+        if again and first.dtype != torch.float64:
+            self.target = {name: t.to(torch.float64) for name, t in self.target.items()}
 
     def finish(self) -> Params:
         """The target, once everything (the worker's part included) is in it."""
@@ -650,13 +676,17 @@ def clipped_sums_by_node(
     directly: no norm is needed), so the non-private step never costs more than the private
     one."""
     buffers = buffers or {}
-    into = Accumulator.zeros(out, params) if into is None else into
+    private = clip is not None
+    into = Accumulator.zeros(out, params, exact=private) if into is None else into
     device = batch.node.device
-    for part in _chunk_inputs(plan, params, batch):
+    # a private step sums at most EXACT_RECORDS records of a node in float32: its units are no
+    # longer, and two units of one node are never merged in float32 (the Accumulator adds them)
+    max_unit = EXACT_RECORDS if private else None
+    for part in _chunk_inputs(plan, params, batch, max_unit):
         chunk, regroup = part.chunk, None
         if chunk.view is None:
             idx = torch.tensor(chunk.nodes, device=device)
-            if len(set(chunk.nodes)) < len(chunk.nodes):
+            if len(set(chunk.nodes)) < len(chunk.nodes) and not private:
                 regroup, uniq = _regroup(chunk, device)
                 idx = torch.tensor(uniq, device=device)
         record_weights = None if weights is None else weights[part.rows] * part.mask
