@@ -64,9 +64,9 @@ __all__ = [
 GRID_BITS = 10
 #: Error model of the float64 quantile functions (with the P interval and the conversion):
 #: |X̂ - F^{-1}(P)| <= _A / T + _B |X̂|, T = min(P, 1 - P).  Measured against mpmath at
-#: 200 bits: torch's erfinv stays below 2^-52 / T and 2^-52 |X|; 2^-40 leaves 4096 times that.
-_A = 2.0**-40
-_B = 2.0**-40
+#: 200 bits: torch's erfinv stays below 0.18 2^-52 (1/T + |X|); 2^-44 leaves 1400 times that.
+_A = 2.0**-44
+_B = 2.0**-44
 #: P within this of 0 or 1 always takes the exact path (|X| > 4.9 for the Gaussian).
 _TAIL = 2.0**-20
 _HALF_WORD = 1 << 63
@@ -502,7 +502,7 @@ def release_numpy(centre, scale: float, rng: np.random.Generator | BitSource,
 def secret_normals(rng: np.random.Generator | BitSource, shape, scale: float) -> np.ndarray:
     """scale·X, X standard normals that are never released themselves (DECOR's pairwise
     secrets, which cancel in the network's sum and enter a release only inside its centre):
-    X = F^{-1}(P) in float64 from a 64-bit P, within 2^-40 (1 / min(P, 1 - P) + |X|) of the
+    X = F^{-1}(P) in float64 from a 64-bit P, within 2^-44 (1 / min(P, 1 - P) + |X|) of the
     real quantile (the error model above; MATH.md §10 bounds what that changes), computed in
     mpmath where P is within 2^-20 of 0 or 1."""
     import mpmath
