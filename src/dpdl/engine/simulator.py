@@ -146,8 +146,10 @@ class Simulator:
     :mod:`dpdl.algorithms.randomness`).  Every private step's noise is released exactly
     (:data:`~dpdl.algorithms.dyn_d2p.GAUSSIAN_RELEASE`, MATH.md §10); ``noise_mechanism``
     replaces it only for the audit's deliberately broken samplers.
-    A model whose state (buffers, Python attributes of any submodule) changes across a
-    forward is refused (:func:`dpdl.models.validation.refuse_stateful`, on a copy).
+    A model whose state (buffers, Python attributes and class data attributes of any
+    submodule) or whose loss's state changes across a forward, or whose forward draws from a
+    process-wide random generator (dropout), is refused
+    (:func:`dpdl.models.validation.refuse_stateful`, on a copy, every way the engine runs it).
     ``clip_method`` chooses how per-record clipped sums are computed (``"auto"``,
     ``"book-keeping"``, ``"per-record"``; see :func:`dpdl.algorithms.dyn_d2p.
     clipped_record_sums`): the numbers agree to rounding.
@@ -209,8 +211,11 @@ class Simulator:
             data.inputs.to(self.device), data.targets.to(self.device), data.mask.to(self.device)
         )
         # The engine runs the model once per chunk of the hosted nodes' sampled records: state
-        # a forward changes would couple those nodes and keep a noise-free statistic of them.
-        refuse_stateful(self.model, tuple(self.data.inputs.shape[2:]), self.device)
+        # a forward (or the loss) changes, or a draw from a process-wide generator, would
+        # couple those nodes (and state would keep a noise-free statistic of them).
+        refuse_stateful(self.model, tuple(self.data.inputs.shape[2:]), self.device,
+                        loss=loss if callable(loss) else LOSSES[loss],
+                        target_like=self.data.targets.new_zeros(self.data.targets.shape[2:]))
         self.lr = float(lr)
         self.expected_batch_size = float(expected_batch_size)
         self.sampling = sampling
@@ -536,13 +541,15 @@ class Simulator:
 @contextlib.contextmanager
 def evaluation_mode(model: nn.Module):
     """The model in eval mode (dropout off: a score of the model, not of one random mask),
-    back in its own mode after."""
-    was_training = model.training
+    every module back in its own mode after (``model.train(flag)`` would set them all alike,
+    and turn on a layer the user keeps in eval mode so that training draws nothing)."""
+    modes = [(module, module.training) for module in model.modules()]
     model.eval()
     try:
         yield
     finally:
-        model.train(was_training)
+        for module, training in modes:
+            module.training = training
 
 
 def accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,10 @@
-"""A module's whole state as data: every parameter and buffer, and every attribute of every
+"""A module's whole state as data: every parameter and buffer, every attribute of every
 submodule (its Python-level ``__dict__``: counters, lists, tensors kept as attributes,
-generators, callables by qualified name and code), as JSON-able values, tensors by digest.
+generators, callables by qualified name and code) and every class-level data attribute of
+its classes (``SCALE = 3.0``, a counter kept on the class), as JSON-able values, tensors by
+digest.  A value that cannot be read as data (a C object such as ``itertools.count``, or one
+nested deeper than :data:`MAX_DEPTH`) is marked, and :func:`undescribed` lists such marks:
+its state could change unseen, so the checks refuse it rather than guess.
 
 Two uses.  :func:`dpdl.models.validation.refuse_stateful` compares it before and after a
 forward: a model whose state changes across a forward would keep a noise-free statistic of
@@ -18,10 +22,14 @@ Global variables that a method reads are not followed (its code names them).
 from __future__ import annotations
 
 import collections
+import datetime
+import decimal
 import functools
 import hashlib
 import json
+import logging
 import random
+import re
 import types
 import weakref
 from typing import Any
@@ -30,7 +38,8 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["class_code", "code_fingerprint", "describe_value", "module_state", "state_changes"]
+__all__ = ["class_code", "class_data", "code_fingerprint", "describe_value", "module_state",
+           "state_changes", "undescribed"]  # fmt: skip
 
 # How deep attribute values are followed (an object in a list in an object ...): deeper than
 # any model attribute met in practice; beyond it a value is named by its type only.
@@ -39,6 +48,14 @@ MAX_DEPTH = 8
 _OWN_ENTRIES = ("_parameters", "_buffers", "_modules")
 _SCALARS = (bool, int, float, complex, str)
 _TORCH_NAMED = (torch.dtype, torch.device, torch.Size, torch.layout, torch.memory_format)
+# What marks a value that is not described (never a Python name nor a repr: no other part of
+# a description can read so)
+OPAQUE, DEEP = "<opaque>", "<deep>"
+# Classes whose class-level entries are library machinery, not a model's data: torch's own
+# (nn.Module's _version, a TypeVar), Python's (object) and the typing / ABC machinery's
+_LIBRARY_MODULES = ("torch", "builtins", "typing", "abc")
+# Class entries that are caches of the ABC machinery (isinstance results), not data
+_MACHINERY = frozenset({"_abc_impl"})
 
 
 def code_fingerprint(fn) -> Any:
@@ -78,8 +95,36 @@ def class_code(cls: type) -> list:
             member = getattr(member, "__func__", member)  # staticmethod / classmethod
             if isinstance(member, property):
                 member = member.fget
+            elif isinstance(member, functools.cached_property):
+                member = member.func
             if isinstance(member, types.FunctionType):
                 out.append([_qualified(base), name, code_fingerprint(member)])
+    return out
+
+
+def _library_class(cls: type) -> bool:
+    module = getattr(cls, "__module__", None) or ""
+    return module.split(".")[0] in _LIBRARY_MODULES
+
+
+def class_data(cls: type) -> list[tuple[type, str, Any]]:
+    """(class, name, value) of every class-level data attribute of ``cls`` and its bases
+    (torch's, Python's and the typing / ABC machinery's classes excepted): every entry of a
+    class ``__dict__`` but dunders, functions and descriptors (:func:`class_code` describes
+    those as code).  A forward may read such a value (``self.SCALE``) or change it
+    (``type(self).calls += 1``) as it would an instance attribute."""
+    out = []
+    for base in cls.__mro__:
+        if _library_class(base):
+            continue
+        for name, value in vars(base).items():
+            if (name.startswith("__") and name.endswith("__")) or name in _MACHINERY:
+                continue
+            if isinstance(value, staticmethod | classmethod):
+                value = value.__func__  # a Python function: code; a builtin (torch.relu): data
+            # a descriptor (function, property, slot) is code, not data
+            if not hasattr(type(value), "__get__"):
+                out.append((base, name, value))
     return out
 
 
@@ -99,7 +144,8 @@ def tensor_description(t: torch.Tensor) -> list:
 def module_state(model: nn.Module) -> dict[str, Any]:
     """{what: description} of everything a forward of ``model`` could read or write: each
     ``parameter NAME`` and ``buffer NAME``, each submodule's ``module WHERE`` (class, code,
-    the names of its parameters, buffers and children) and ``attribute WHERE.NAME``."""
+    the names of its parameters, buffers and children), ``attribute WHERE.NAME`` and
+    ``class attribute WHERE.NAME (CLASS)`` (:func:`class_data` of the submodule's class)."""
     names = {id(m): name or "model" for name, m in model.named_modules()}
     state: dict[str, Any] = {}
     for name, p in model.named_parameters():
@@ -119,7 +165,29 @@ def module_state(model: nn.Module) -> dict[str, Any]:
             if key.startswith("_") and "hooks" in key and isinstance(value, dict):
                 value = list(value.values())  # keyed by a process-wide handle counter
             state[f"attribute {where}.{key}"] = describe_value(value, names)
+        for cls, key, value in class_data(type(module)):
+            state[f"class attribute {where}.{key} ({_qualified(cls)})"] = describe_value(
+                value, names)  # fmt: skip
     return state
+
+
+def undescribed(description: Any) -> list[str]:
+    """The classes of the values a description could not read (marked opaque, or nested
+    deeper than :data:`MAX_DEPTH`), each once, in the order met."""
+    found: list[str] = []
+    stack = [description]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(reversed(list(item.values())))
+        elif isinstance(item, list):
+            if len(item) == 2 and item[0] in (OPAQUE, DEEP):
+                kind = item[1] + (" (nested too deep)" if item[0] == DEEP else "")
+                if kind not in found:
+                    found.append(kind)
+            else:
+                stack.extend(reversed(item))
+    return found
 
 
 def state_changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
@@ -139,7 +207,7 @@ def describe_value(value: Any, names: dict[int, str] | None = None, depth: int =
     if id(value) in names:
         return ["submodule", names[id(value)]]
     if depth >= MAX_DEPTH or id(value) in path:
-        return ["deep" if depth >= MAX_DEPTH else "cycle", _qualified(type(value))]
+        return [DEEP if depth >= MAX_DEPTH else "cycle", _qualified(type(value))]
     path = path | {id(value)}
 
     def inner(v):
@@ -149,12 +217,21 @@ def describe_value(value: Any, names: dict[int, str] | None = None, depth: int =
         if isinstance(value, kinds):
             return describe(value, inner)
     if hasattr(value, "__dict__"):
-        return ["object", _qualified(type(value)), class_code(type(value)), inner(vars(value))]
+        return ["object", _qualified(type(value)), class_code(type(value)),
+                inner(vars(value)), *_class_part(type(value), inner)]  # fmt: skip
     slots = [s for c in type(value).__mro__ for s in getattr(c, "__slots__", ())]
     if slots:
         return ["object", _qualified(type(value)),
-                [[s, inner(getattr(value, s, None))] for s in slots]]  # fmt: skip
-    return ["opaque", _qualified(type(value))]
+                [[s, inner(getattr(value, s, None))] for s in slots],
+                *_class_part(type(value), inner)]  # fmt: skip
+    return [OPAQUE, _qualified(type(value))]
+
+
+def _class_part(cls: type, inner) -> list:
+    """[class data described] when ``cls`` holds any, else nothing: the descriptions (and so
+    a seeded run's keys) of objects whose classes hold none stay what they were."""
+    data = class_data(cls)
+    return [[[_qualified(c), name, inner(v)] for c, name, v in data]] if data else []
 
 
 def _simple(value) -> list | None:
@@ -177,7 +254,11 @@ def _simple(value) -> list | None:
         return ["torch.Generator", tensor_description(value.get_state())]
     if isinstance(value, types.ModuleType):
         return ["python-module", value.__name__]
-    if isinstance(value, type):
+    if isinstance(value, logging.Logger):  # a process-wide singleton, by name (as a module)
+        return ["logging.Logger", value.name]
+    if isinstance(value, torch.finfo | torch.iinfo):  # constants of a dtype
+        return [type(value).__name__, str(value.dtype)]
+    if isinstance(value, type) and not class_data(value):  # else followed: see _class
         return ["class", _qualified(value), class_code(value)]
     if isinstance(value, types.BuiltinFunctionType | types.BuiltinMethodType):
         owner = getattr(value, "__self__", None)
@@ -185,6 +266,27 @@ def _simple(value) -> list | None:
         if bound is None:  # torch.relu, math.exp: named; a bound C method: see _COMPOSITES
             return ["builtin", getattr(value, "__module__", None), value.__qualname__]
     return None
+
+
+def _class(cls: type, inner) -> list:
+    return ["class", _qualified(cls), class_code(cls), *_class_part(cls, inner)]
+
+
+def _immutable(value, inner) -> list:
+    """Immutable values of the standard library without a ``__dict__``, by their fields."""
+    if isinstance(value, range | slice):
+        return [type(value).__name__, inner([value.start, value.stop, value.step])]
+    if isinstance(value, re.Pattern):
+        return ["re.Pattern", inner(value.pattern), value.flags]
+    if isinstance(value, decimal.Decimal):
+        return ["decimal.Decimal", str(value), inner(getattr(value, "__dict__", None))]
+    if isinstance(value, datetime.date | datetime.time):  # a datetime is a date
+        zone = getattr(value, "tzinfo", None)
+        naive = value if zone is None else value.replace(tzinfo=None)
+        return [_qualified(type(value)), naive.isoformat(), getattr(value, "fold", 0),
+                inner(zone), inner(getattr(value, "__dict__", None))]  # fmt: skip
+    # a timedelta, a fixed-offset timezone, Ellipsis, NotImplemented: the repr is the value
+    return [_qualified(type(value)), repr(value), inner(getattr(value, "__dict__", None))]
 
 
 def _function(fn: types.FunctionType, inner) -> list:
@@ -208,6 +310,10 @@ def _random_state(value, inner) -> list:
 
 
 _COMPOSITES: list[tuple[Any, Any]] = [
+    (type, _class),
+    (range | slice | re.Pattern | decimal.Decimal | datetime.date | datetime.time
+     | datetime.timedelta | datetime.timezone | types.EllipsisType | types.NotImplementedType,
+     _immutable),
     (list | tuple | collections.deque,
      lambda v, inner: [type(v).__name__, [inner(x) for x in v]]),
     (dict, lambda v, inner: [type(v).__name__, [[inner(k), inner(x)] for k, x in v.items()]]),

@@ -41,9 +41,10 @@ def behaviour_digest(model: nn.Module, loss) -> str:
 
 def state_digest(model: nn.Module, loss) -> str:
     """SHA-256 of the model's whole state and code (:func:`dpdl.models.state.module_state`:
-    every parameter and buffer, persistent or not, every submodule's class code and every
-    attribute, followed into containers, objects and callables: ``self.act = torch.relu``
-    and ``torch.tanh`` differ) and of the loss (a name, or the callable described alike)."""
+    every parameter and buffer, persistent or not, every submodule's class code, every
+    attribute and every class data attribute (``SCALE = 3.0`` on the class), followed into
+    containers, objects and callables: ``self.act = torch.relu`` and ``torch.tanh`` differ)
+    and of the loss (a name, or the callable described alike, its class's data too)."""
     loss_part = loss if isinstance(loss, str) else describe_value(loss)
     return settings_digest([module_state(model), loss_part])
 

@@ -200,20 +200,21 @@ def probe_model(model: nn.Module, node_data: NodeData, loss, device,
     (never on their records: a forward may keep what it sees in the module), with the loss:
     outputs, per-record losses, records treated independently, per-record gradients under
     torch.func, and no state changed by any of these forwards nor by a plain one in train or
-    eval mode (:func:`~dpdl.models.validation.refuse_stateful`).  Then every hosted node's
-    labels (cross_entropy: class indices the model scores).  Returns the number of classes
-    the model scores (cross_entropy), else None."""
+    eval mode, every way the engine runs it, nor any draw from a process-wide random generator
+    (:func:`~dpdl.models.validation.refuse_stateful`, the loss's state too).  Then every
+    hosted node's labels (cross_entropy: class indices the model scores).  Returns the
+    number of classes the model scores (cross_entropy), else None."""
     record_shape = tuple(node_data.inputs.shape[2:])
-    refuse_stateful(model, record_shape, device)  # also: the model takes such records
-    probe = throwaway_copy(model, device).train()
+    target_like = node_data.targets.new_zeros(node_data.targets.shape[2:])
+    # also: the model takes such records
+    refuse_stateful(model, record_shape, device, loss=per_record_loss(loss),
+                    target_like=target_like)  # fmt: skip
+    probe = throwaway_copy(model, device)  # in its own modes: those it trains in
     before = module_state(probe)
-    # as many records as node 0's first three: a model drawing dropout masks from torch's
-    # global generator then draws what it always drew before training
-    count = min(3, int(node_data.counts[0]))
+    count = 3
     x = synthetic_records(record_shape, count, device)
     # zeros: a class every classifier scores, a value every regression target can take
-    y = torch.zeros((count, *node_data.targets.shape[2:]), dtype=node_data.targets.dtype,
-                    device=device)  # fmt: skip
+    y = torch.zeros((count, *target_like.shape), dtype=target_like.dtype, device=device)
     with torch.no_grad():
         out = probe(x)
     _check_per_record_losses(loss, out, y, count)
