@@ -451,6 +451,7 @@ def clipped_record_sums(
 
 
 def _per_record_clipped_sums(model, params, batch, clip, loss, buffers, into) -> Params:
+    into.expect_records(int(batch.counts.max()))  # float64 beyond EXACT_RECORDS a node
     grads = per_record_grads(model, params, batch, loss=loss, buffers=buffers)
     norms = _record_norms(grads)
     factors = (clip * SENSITIVITY_MARGIN / norms.clamp_min(1e-30)).clamp(max=1.0)

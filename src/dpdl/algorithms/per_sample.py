@@ -601,22 +601,27 @@ class Accumulator:
     holds every part back until it is done, so the chunks keep running meanwhile;
     :meth:`finish` waits for it, re-raising its error, and adds what was held.
 
-    ``exact`` (a private step's clipped sums): a node's sum is one float32 part (at most
-    :data:`EXACT_RECORDS` records) or, from its second part on, a float64 sum of parts: the
-    target moves to float64 (a copy; :meth:`finish` returns it), so no float32 rounding acts
-    on more than EXACT_RECORDS records of a node (MATH.md §10.3).
+    ``exact`` (a private step's clipped sums): once told that some node sums more than
+    :data:`EXACT_RECORDS` records (:meth:`expect_records`), the target moves to float64 (a
+    copy; :meth:`finish` returns it), so no float32 rounding acts on more than EXACT_RECORDS
+    records of a node: the float32 bound of a sum holds whatever its order and grouping, and
+    the chunks keep every float32 part of a longer sum within EXACT_RECORDS (MATH.md §10.3).
     """
 
     def __init__(self, target: Params, alpha: float = 1.0, pending: Future | None = None,
                  exact: bool = False):  # fmt: skip
         self.target, self.alpha, self._pending = target, float(alpha), pending
         self._held: list[tuple[torch.Tensor | slice, Params]] = []
-        self.exact, self._seen = exact, set()
+        self.exact, self._wide = exact, False
 
     @classmethod
     def zeros(cls, out: Params | None, params: Params, exact: bool = False) -> Accumulator:
         """Plain sums: ``out`` zeroed (or fresh zeros like ``params``), weight 1."""
         return cls(zeroed_like(out, params), exact=exact)
+
+    def expect_records(self, most: int) -> None:
+        """The most records one node's sum will cover: above EXACT_RECORDS, float64."""
+        self._wide = self._wide or (self.exact and most > EXACT_RECORDS)
 
     def add_rows(self, lo: int, hi: int, sums: Params) -> None:
         """Nodes lo..hi-1 receive ``sums`` {name: (hi - lo, *shape)}."""
@@ -635,9 +640,10 @@ class Accumulator:
         if self._pending is not None:
             self._pending.result()  # the target is complete (or its writer's error is raised)
             self._pending = None
+        first = next(iter(self.target.values()), None)
+        if self._wide and first is not None and first.dtype != torch.float64:
+            self.target = {name: t.to(torch.float64) for name, t in self.target.items()}
         for where, sums in self._held:
-            if self.exact:
-                self._widen_if_summed_again(where)
             for name, total in sums.items():
                 target = self.target[name]
                 if isinstance(where, slice):
@@ -645,16 +651,6 @@ class Accumulator:
                 else:
                     target.index_add_(0, where, total.to(target.dtype), alpha=self.alpha)
         self._held.clear()
-
-    def _widen_if_summed_again(self, where) -> None:
-        """Move the target to float64 the first time a node receives a second part."""
-        nodes = list(range(where.start, where.stop)) if isinstance(where, slice) else \
-            where.tolist()  # fmt: skip
-        again = len(set(nodes)) < len(nodes) or not self._seen.isdisjoint(nodes)
-        self._seen.update(nodes)
-        first = next(iter(self.target.values()))
-        if again and first.dtype != torch.float64:
-            self.target = {name: t.to(torch.float64) for name, t in self.target.items()}
 
     def finish(self) -> Params:
         """The target, once everything (the worker's part included) is in it."""
@@ -682,6 +678,7 @@ def clipped_sums_by_node(
     # a private step sums at most EXACT_RECORDS records of a node in float32: its units are no
     # longer, and two units of one node are never merged in float32 (the Accumulator adds them)
     max_unit = EXACT_RECORDS if private else None
+    into.expect_records(int(batch.counts.max()) if batch.size else 0)
     for part in _chunk_inputs(plan, params, batch, max_unit):
         chunk, regroup = part.chunk, None
         if chunk.view is None:
