@@ -84,7 +84,7 @@ def test_user_model_on_user_data_beats_chance_within_budget(trained):
     result, seen, nodes, (x_test, y_test) = trained
     assert result.status == "ok"
     accuracy = result.history[-1]["test_accuracy"]
-    assert accuracy > 0.3  # 10 classes: chance is 0.1
+    assert accuracy > 0.2  # 10 classes: chance is 0.1 (replace-one: twice the sensitivity)
     # the certified epsilon spent, recomputed from the schedule's multipliers by the
     # accountant itself (PLD, exact), is within the target; the ledger agrees
     spent = compute_epsilon(
