@@ -150,3 +150,19 @@ def test_bad_input_is_one_line_naming_the_value(call, message):
     with pytest.raises(DPDLError, match=message) as error:
         call()
     assert "\n" not in str(error.value)
+
+
+def test_a_replace_one_schedules_curve_bounds_each_order_by_the_next_computed_one():
+    """Under replace-one the curve is the replace-one RDP (exact at q = 1: 2 alpha / z^2 per
+    step, sensitivity 2C), at each selection order the value of the next order computed, and
+    never below the add/remove curve of the same schedule."""
+    from dpdl.accounting._rdp_replace import ORDERS
+    from dpdl.accounting.selection import SELECTION_ORDERS, schedule_rdp
+
+    full = schedule_rdp([2.0] * 3, 1.0, orders=ORDERS, neighboring="replace-one")
+    np.testing.assert_allclose(full, 3 * 2 * ORDERS / 4.0, rtol=1e-12)
+    replace = schedule_rdp([1.5] * 10, 0.05, neighboring="replace-one")
+    add = schedule_rdp([1.5] * 10, 0.05)
+    finite = np.isfinite(replace)
+    assert finite.sum() > 20 and np.all(SELECTION_ORDERS[~finite] > ORDERS[-1])
+    assert np.all(replace[finite] >= add[finite])

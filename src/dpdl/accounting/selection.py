@@ -120,11 +120,15 @@ def draw_repetitions(eta: float, gamma: float, uniform: float) -> int:
 
 
 def schedule_rdp(noise_multipliers: ArrayLike, sample_rate: float,
-                 orders: ArrayLike = SELECTION_ORDERS) -> np.ndarray:  # fmt: skip
+                 orders: ArrayLike = SELECTION_ORDERS,
+                 neighboring: str = "add-remove") -> np.ndarray:  # fmt: skip
     """The RDP curve (one ε per order) of Poisson(``sample_rate``)-subsampled Gaussian steps
     with multipliers z_k: a sum over steps (RDP composes additively).  A schedule with more
     than ``EXACT_MAX_DISTINCT["rdp"]`` distinct multipliers is composed blocked, each block
-    at its smallest multiplier (a larger ε: certified.py's ``blocked_run_length``)."""
+    at its smallest multiplier (a larger ε: certified.py's ``blocked_run_length``).
+    ``neighboring="replace-one"`` takes the replace-one RDP of each step (computed at its own
+    orders), each order bounded by the next one computed (RDP grows with the order): above
+    the last, infinite."""
     multipliers, counts = run_length(noise_multipliers)
     if multipliers.size > EXACT_MAX_DISTINCT["rdp"]:
         multipliers, counts = blocked_run_length(multipliers, counts, DEFAULT_BLOCKS)
@@ -132,9 +136,21 @@ def schedule_rdp(noise_multipliers: ArrayLike, sample_rate: float,
     total = np.zeros(orders.size)
     with _quiet_rdp_orders():
         for z, count in zip(multipliers, counts, strict=True):
-            step = _rdp._compute_rdp_poisson_subsampled_gaussian(q, float(z), orders)
+            step = _step_rdp(q, float(z), orders, neighboring)
             total += int(count) * np.asarray(step, dtype=float)
     return total
+
+
+def _step_rdp(q: float, z: float, orders: np.ndarray, neighboring: str) -> np.ndarray:
+    require(neighboring in ("add-remove", "replace-one"),
+            f"unknown neighbouring relation {neighboring!r}")  # fmt: skip
+    if neighboring == "add-remove":
+        return np.asarray(_rdp._compute_rdp_poisson_subsampled_gaussian(q, z, orders))
+    from dpdl.accounting._rdp_replace import ORDERS, rdp_replace_one
+
+    computed = np.asarray(rdp_replace_one(z, q))
+    above = np.searchsorted(ORDERS, orders, side="left")  # the first computed order >= each
+    return np.where(above < ORDERS.size, computed[np.minimum(above, ORDERS.size - 1)], np.inf)
 
 
 def best_of_rdp(orders: ArrayLike, rdp: ArrayLike, eta: float, gamma: float) -> np.ndarray:

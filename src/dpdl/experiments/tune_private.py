@@ -196,7 +196,8 @@ def _curve_into(cache, by_sizes, base, run, key, work):
                        default=str)  # fmt: skip
     if sizes not in by_sizes:
         schedule = cell_trainer(planned, cfg.experiment.specs[0], eps).schedule
-        by_sizes[sizes] = schedule_rdp(schedule.noise_multipliers, schedule.sample_rate).tolist()
+        by_sizes[sizes] = schedule_rdp(schedule.noise_multipliers, schedule.sample_rate,
+                                       neighboring=schedule.neighboring).tolist()  # fmt: skip
     cache[key] = by_sizes[sizes]
     return work
 
@@ -220,17 +221,17 @@ def _recorded_curve(base: dict, run: tuple, memo: dict) -> list[float]:
     key = json.dumps([run[0], run[1], run[2], run[4]], sort_keys=True, default=str)
     if key in memo:
         return memo[key]
+    cfg = _cell(base, run)
     if first == last:
         z = np.full(int(steps), float(first))
     else:
-        cfg = _cell(base, run)
         z = build_schedule(cfg.privacy, cfg.experiment.specs[0], run[2], int(steps),
                            float(rate)).noise_multipliers  # fmt: skip
         require(np.allclose([z[0], z[-1]], [first, last], rtol=1e-6, atol=0),
                 f"a run of {run[0]} at {run[1]} (ε {run[2]:g}, seed {run[3]}) recorded noise "
                 f"multipliers {first:.6g} .. {last:.6g}, its settings now plan {z[0]:.6g} .. "
                 f"{z[-1]:.6g}: its ε cannot be restated")  # fmt: skip
-    memo[key] = schedule_rdp(z, float(rate)).tolist()
+    memo[key] = schedule_rdp(z, float(rate), neighboring=cfg.privacy.neighboring).tolist()
     return memo[key]
 
 
