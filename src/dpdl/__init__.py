@@ -24,9 +24,12 @@ from types import ModuleType as _ModuleType
 from dpdl.errors import DPDLError
 
 __version__ = "0.1.0"
-__all__ = ["DPDLError", "DecentralizedTrainer", "TrainingResult", "__version__", "train"]
+__all__ = ["Algorithm", "DPDLError", "DecentralizedTrainer", "Release", "TrainingResult", "View",
+           "__version__", "register_algorithm", "train"]
 
 _TRAINER_EXPORTS = ("DecentralizedTrainer", "TrainingResult", "train")
+# The algorithm plugin API (dpdl.algorithms.registry; docs/EXTENDING.md).
+_PLUGIN_EXPORTS = ("Algorithm", "Release", "View", "register_algorithm")
 
 
 def __getattr__(name: str):
@@ -35,6 +38,10 @@ def __getattr__(name: str):
         from dpdl.training import trainer
 
         return getattr(trainer, name)
+    if name in _PLUGIN_EXPORTS:
+        from dpdl.algorithms import registry
+
+        return getattr(registry, name)
     raise AttributeError(f"module 'dpdl' has no attribute {name!r}")
 
 

@@ -1,7 +1,11 @@
 """A privacy ledger for training: what every step spent, and a budget that fails closed.
 
 Each step is a Poisson(p)-subsampled Gaussian mechanism with noise multiplier z = σ/C (MATH.md §2),
-stored run-length encoded ([z, count] pairs). Training calls :meth:`PrivacyLedger.plan` once
+stored run-length encoded ([z, count] pairs); an algorithm whose step releases several messages
+with fresh noise (``releases``: gradient tracking's model and tracker) records one such
+mechanism per release, each on its own Poisson sample, z = σ_r / Δ_r with that release's own
+sensitivity Δ_r: in dp_accounting's event algebra (:meth:`PrivacyLedger.dp_event`) a step is
+the composition of its releases' ``PoissonSampledDpEvent(p, GaussianDpEvent(z))``. Training calls :meth:`PrivacyLedger.plan` once
 with the whole schedule (one certified ε computation, refused if over budget) and then
 :meth:`PrivacyLedger.record_step` per step, which only compares z with the approved plan: a
 step beyond the plan or with less noise than planned raises ``PrivacyBudgetExceeded``. Without
@@ -27,8 +31,8 @@ from dpdl.accounting.validators import ADD_REMOVE
 from dpdl.errors import DPDLError, PrivacyBudgetExceeded, require
 
 __all__ = [
-    "LEDGER_SCHEMA_VERSION", "MAX_NODE_RATES", "PrivacyLedger", "accounted_node_rates",
-    "run_length_encode", "run_length_decode",
+    "LEDGER_SCHEMA_VERSION", "MAX_NODE_RATES", "ONE_RELEASE", "PrivacyLedger",
+    "accounted_node_rates", "run_length_encode", "run_length_decode",
 ]  # fmt: skip
 
 LEDGER_SCHEMA_VERSION = 1
@@ -37,6 +41,8 @@ MULTIPLIER_RTOL = 1e-9
 # At most this many distinct node rates are composed for the per-node epsilons; more are
 # rounded up to this many (:func:`accounted_node_rates`), so the cost stays bounded.
 MAX_NODE_RATES = 8
+# What a step of the Dyn-D2P family releases: one noisy message.
+ONE_RELEASE = ("update",)
 
 
 def run_length_encode(values: ArrayLike) -> list[list[float | int]]:
@@ -131,6 +137,11 @@ class PrivacyLedger:
     ``neighboring``: the relation every ε of the ledger is stated for ("add-remove", the
     default here as in dp_accounting, or "replace-one"; MATH.md Conventions). A ledger saved
     without it (before it existed) was add/remove and reads back as such.
+
+    ``releases``: the names of the noisy messages every step releases (default one,
+    :data:`ONE_RELEASE`); a step then records one multiplier per release, in this order, and
+    every multiplier sequence (plans, :attr:`recorded_multipliers`) lists the mechanisms step
+    by step, release by release.
     """
 
     def __init__(
@@ -143,8 +154,10 @@ class PrivacyLedger:
         blocks: int | None = None,
         node_sample_rates: ArrayLike | None = None,
         neighboring: str = ADD_REMOVE,
+        releases: tuple[str, ...] = ONE_RELEASE,
     ):
         self.sample_rate = check.sample_rate(sample_rate)
+        self.releases = _check_releases(releases)
         self.delta = check.delta(delta)
         self.epsilon_budget = check.positive("epsilon_budget", epsilon_budget)
         self.neighboring = check.neighboring(neighboring)
@@ -155,7 +168,7 @@ class PrivacyLedger:
         )
         self.blocks = blocks
         self.node_sample_rates = _check_node_rates(node_sample_rates, self.sample_rate)
-        self._recorded: list[float] = []  # per step; encoded on save
+        self._recorded: list[float] = []  # per mechanism, step by step; encoded on save
         self._approved: np.ndarray | None = None  # the whole approved sequence from step 0
         self._approved_epsilon: float | None = None
 
@@ -193,8 +206,9 @@ class PrivacyLedger:
             blocks=blocks if blocks is not None else schedule.parameters.get("blocks"),
             node_sample_rates=node_sample_rates,
             neighboring=getattr(schedule, "neighboring", ADD_REMOVE),
+            releases=getattr(schedule, "releases", ONE_RELEASE),
         )
-        ledger.plan(schedule.noise_multipliers)
+        ledger.plan(getattr(schedule, "release_multipliers", schedule.noise_multipliers))
         return ledger
 
     # ------------------------------------------------------------------ accounting
@@ -214,7 +228,7 @@ class PrivacyLedger:
 
     @property
     def steps_taken(self) -> int:
-        return len(self._recorded)
+        return len(self._recorded) // len(self.releases)
 
     @property
     def recorded_multipliers(self) -> np.ndarray:
@@ -223,7 +237,7 @@ class PrivacyLedger:
     @property
     def planned_steps(self) -> int | None:
         """Length of the approved plan (counted from step 0), or None without a plan."""
-        return None if self._approved is None else int(self._approved.size)
+        return None if self._approved is None else int(self._approved.size) // len(self.releases)
 
     def spent_report(self, accountant: str | None = None, **options: Any) -> EpsilonReport:
         """The ``EpsilonReport`` of all steps recorded so far, at the ledger's rate p (the
@@ -273,11 +287,13 @@ class PrivacyLedger:
         the ledger's accountant; then ``record_step`` only checks each step against the plan.
         """
         planned = _check_multipliers(noise_multipliers, "planned noise multipliers")
+        _check_whole_steps(planned.size, self.releases, "the planned noise multipliers")
         whole = np.concatenate([self.recorded_multipliers, planned])
         report = self._report(whole)
         if not report.epsilon <= self.epsilon_budget:
             raise PrivacyBudgetExceeded(
-                f"the planned schedule ({self.steps_taken} recorded + {planned.size} planned "
+                f"the planned schedule ({self.steps_taken} recorded + "
+                f"{planned.size // len(self.releases)} planned "
                 f"steps) has {report.accountant} epsilon {report.epsilon:.6g} > budget "
                 f"{self.epsilon_budget:.6g} at delta {self.delta:g}"
             )
@@ -285,33 +301,57 @@ class PrivacyLedger:
         self._approved_epsilon = float(report.epsilon)
         return report
 
-    def record_step(self, noise_multiplier: float) -> None:
-        """Record one step with multiplier z = σ/C, or raise ``PrivacyBudgetExceeded``."""
-        z = float(_check_multipliers([noise_multiplier], "noise multiplier")[0])
+    def record_step(self, noise_multiplier: float | ArrayLike) -> None:
+        """Record one step, or raise ``PrivacyBudgetExceeded``: its multiplier z = σ/C, or one
+        per release (``releases``) when the step releases several noisy messages."""
+        zs = _check_multipliers(np.atleast_1d(noise_multiplier), "noise multiplier")
+        m = len(self.releases)
+        require(zs.size == m, f"a step of this ledger releases {m} mechanisms "
+                f"({', '.join(self.releases)}), got {zs.size} noise multipliers")  # fmt: skip
         k = self.steps_taken
         if self._approved is not None:
-            if k >= self._approved.size:
+            if (k + 1) * m > self._approved.size:
                 raise PrivacyBudgetExceeded(
-                    f"step {k} lies beyond the approved plan of {self._approved.size} steps"
+                    f"step {k} lies beyond the approved plan of {self.planned_steps} steps"
                 )
-            planned = float(self._approved[k])
-            if z < planned * (1 - MULTIPLIER_RTOL):
+            planned = self._approved[k * m : (k + 1) * m]
+            short = zs < planned * (1 - MULTIPLIER_RTOL)
+            if np.any(short):
+                r = int(np.flatnonzero(short)[0])
                 raise PrivacyBudgetExceeded(
-                    f"step {k} has noise multiplier {z:.9g} < the planned {planned:.9g}"
+                    f"step {k} has noise multiplier {zs[r]:.9g} < the planned "
+                    f"{planned[r]:.9g}" + ("" if m == 1 else f" (release {self.releases[r]!r})")
                 )
         else:
-            report = self._report(np.append(self.recorded_multipliers, z))
+            report = self._report(np.append(self.recorded_multipliers, zs))
             if not report.epsilon <= self.epsilon_budget:
                 raise PrivacyBudgetExceeded(
                     f"step {k} would bring {report.accountant} epsilon to {report.epsilon:.6g}"
                     f" > budget {self.epsilon_budget:.6g}"
                 )
-        self._recorded.append(z)
+        self._recorded.extend(float(z) for z in zs)
 
     def record_steps(self, noise_multipliers: ArrayLike) -> None:
-        """Record several steps at once, each checked as by :meth:`record_step`."""
-        for z in _check_multipliers(noise_multipliers, "noise multipliers"):
-            self.record_step(float(z))
+        """Record several steps at once (one multiplier per step, or a (steps, releases)
+        array), each checked as by :meth:`record_step`."""
+        for z in np.asarray(noise_multipliers, dtype=np.float64).reshape(-1, len(self.releases)):
+            self.record_step(z if z.size > 1 else float(z[0]))
+
+    def dp_event(self) -> Any:
+        """The recorded steps as one dp_accounting event: the composition, step by step, of
+        each release's ``PoissonSampledDpEvent(p, GaussianDpEvent(z))`` (the ledger's rate p;
+        the relation is :attr:`neighboring`, an accountant's setting in dp_accounting)."""
+        import dp_accounting
+
+        m = len(self.releases)
+        zs = self.recorded_multipliers.reshape(-1, m)
+        return dp_accounting.ComposedDpEvent([
+            dp_accounting.ComposedDpEvent([
+                dp_accounting.PoissonSampledDpEvent(self.sample_rate,
+                                                    dp_accounting.GaussianDpEvent(float(z)))
+                for z in step
+            ]) for step in zs
+        ])  # fmt: skip
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:
@@ -330,7 +370,7 @@ class PrivacyLedger:
             "recorded": run_length_encode(self._recorded),
             "approved_plan": None if self._approved is None else run_length_encode(self._approved),
             "approved_epsilon": self._approved_epsilon,
-        }
+        } | ({} if self.releases == ONE_RELEASE else {"releases": list(self.releases)})
 
     def to_json(self, **json_options: Any) -> str:
         return json.dumps(self.to_dict(), **json_options)
@@ -354,13 +394,15 @@ class PrivacyLedger:
             node_sample_rates=data.get("node_sample_rates"),
             # a ledger written before the relation was recorded was add/remove
             neighboring=data.get("neighboring", ADD_REMOVE),
+            releases=tuple(data.get("releases", ONE_RELEASE)),
         )
         recorded = _decode(data["recorded"], "recorded")
+        _check_whole_steps(recorded.size, ledger.releases, "the recorded multipliers")
         if "steps_taken" in data:
             require(
-                data["steps_taken"] == recorded.size,
+                data["steps_taken"] * len(ledger.releases) == recorded.size,
                 f"ledger says steps_taken = {data['steps_taken']!r} but records "
-                f"{recorded.size} steps",
+                f"{recorded.size // len(ledger.releases)} steps",
             )
         if data.get("approved_plan") is not None:
             # Never trust a saved approval: re-check the plan against the budget, and every
@@ -373,10 +415,10 @@ class PrivacyLedger:
             ledger.plan(approved)
             short = recorded < approved[: recorded.size] * (1 - MULTIPLIER_RTOL)
             if np.any(short):
-                k = int(np.flatnonzero(short)[0])
+                i = int(np.flatnonzero(short)[0])
                 raise PrivacyBudgetExceeded(
-                    f"ledger records step {k} with noise multiplier {recorded[k]:.9g} below "
-                    f"the planned {approved[k]:.9g}"
+                    f"ledger records step {i // len(ledger.releases)} with noise multiplier "
+                    f"{recorded[i]:.9g} below the planned {approved[i]:.9g}"
                 )
         elif recorded.size:
             spent = ledger._report(recorded)
@@ -403,6 +445,20 @@ class PrivacyLedger:
             f"epsilon_budget={self.epsilon_budget}, delta={self.delta}, "
             f"sample_rate={self.sample_rate}, planned_steps={self.planned_steps})"
         )
+
+
+def _check_releases(releases: Any) -> tuple[str, ...]:
+    ok = (isinstance(releases, tuple | list) and len(releases) >= 1
+          and all(isinstance(r, str) and r for r in releases)
+          and len(set(releases)) == len(releases))  # fmt: skip
+    require(ok, f"releases must be distinct non-empty names, got {releases!r}")
+    return tuple(releases)
+
+
+def _check_whole_steps(size: int, releases: tuple[str, ...], what: str) -> None:
+    require(size % len(releases) == 0,
+            f"{what} ({size}) are not a whole number of steps of {len(releases)} releases "
+            f"({', '.join(releases)})")  # fmt: skip
 
 
 def _decode(runs: Any, what: str) -> np.ndarray:

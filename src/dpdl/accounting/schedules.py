@@ -26,7 +26,7 @@ C_k ∝ ρ_c^(−k/K), σ̃_k ∝ (ρ_c ρ_μ)^(−k/K) with C_0 = C0.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -137,6 +137,19 @@ class PrivacySchedule:
     sigma_scale: float | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
     neighboring: str = ADD_REMOVE
+    # The noisy messages one step releases (an algorithm's releases: name, multiplier factor):
+    # release r of step k is a subsampled Gaussian with multiplier z_k * factor_r.
+    release_names: tuple[str, ...] = ("update",)
+    release_factors: tuple[float, ...] = (1.0,)
+
+    @property
+    def releases(self) -> tuple[str, ...]:
+        return self.release_names
+
+    @property
+    def release_multipliers(self) -> np.ndarray:
+        """Every mechanism of the run, step by step and release by release: z_k * factor_r."""
+        return np.outer(self.noise_multipliers, self.release_factors).ravel()
 
     @property
     def private(self) -> bool:
@@ -162,7 +175,7 @@ class PrivacySchedule:
         require(steps <= self.steps, f"steps = {steps} exceeds the schedule's {self.steps} steps")
         return epsilon_report(
             accountant,
-            self.noise_multipliers[:steps],
+            self.release_multipliers[: steps * len(self.release_factors)],
             self.sample_rate,
             self.delta,
             **({"neighboring": self.neighboring} | options),
@@ -190,7 +203,8 @@ class PrivacySchedule:
             "noise_multiplier_first": float(z[0]),
             "noise_multiplier_last": float(z[-1]),
             **self.parameters,
-        }
+        } | ({} if self.release_factors == (1.0,) else {
+            "releases": dict(zip(self.release_names, self.release_factors, strict=True))})
 
     def table(self) -> np.ndarray:
         """Per-step rows (k, C_k, μ_k, σ_k); NaN where undefined (sgp)."""
@@ -302,6 +316,7 @@ def make_schedule(
     blocks: int | None = None,
     on_iteration: ProgressCallback | None = None,
     neighboring: str = ADD_REMOVE,
+    releases: dict[str, float] | None = None,
 ) -> PrivacySchedule:
     """The calibrated schedule of ``algorithm`` for a target (ε, δ) under the neighbouring
     relation ``neighboring`` (MATH.md §2 and Conventions: "add-remove", dp_accounting's
@@ -313,6 +328,9 @@ def make_schedule(
     (default C̄). ``blocks`` selects the blocked PLD upper bound with that many blocks.
     ``on_iteration(i, total, epsilon)`` is told of the calibration's progress
     (``dpdl.accounting.calibration``).
+    ``releases`` ({name: factor}, default one release of factor 1): a step releases one
+    subsampled Gaussian per entry, with multiplier z_k * factor; σ is calibrated so that all
+    of them, composed, meet the target.
     ``sgp`` is non-private: no clipping, zero noise, and ε, δ may be None.
     """
     require(
@@ -364,8 +382,9 @@ def make_schedule(
     if blocks is not None:
         parameters["blocks"] = int(blocks)
 
+    names, factors = _releases(releases)
     scale = calibrate_noise_scale(
-        multiplier_shape,
+        np.outer(multiplier_shape, factors).ravel(),
         epsilon=epsilon,
         delta=delta,
         sample_rate=sample_rate,
@@ -374,7 +393,7 @@ def make_schedule(
         on_iteration=on_iteration,
         neighboring=neighboring,
     )
-    return _build(
+    schedule = _build(
         algorithm,
         clips,
         multiplier_shape,
@@ -387,6 +406,15 @@ def make_schedule(
         parameters=parameters,
         neighboring=neighboring,
     )
+    return replace(schedule, release_names=names, release_factors=factors)
+
+
+def _releases(releases: dict[str, float] | None) -> tuple[tuple[str, ...], tuple[float, ...]]:
+    if releases is None:
+        return ("update",), (1.0,)
+    require(len(releases) >= 1 and all(math.isfinite(f) and f > 0 for f in releases.values()),
+            f"releases must map names to factors > 0, got {releases!r}")  # fmt: skip
+    return tuple(releases), tuple(float(f) for f in releases.values())
 
 
 @dataclass(frozen=True)

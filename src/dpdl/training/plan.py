@@ -88,9 +88,11 @@ def build_schedule(
     """The calibrated privacy schedule of one run (MATH.md §2); ``on_iteration`` is told of
     the calibration's progress (``dpdl.accounting.calibration``)."""
     calibrate = spec.calibrate or privacy.calibrate
+    algorithm = spec.algorithm
+    releases = algorithm.releases(spec.algorithm_settings)
     return make_schedule(
-        spec.name,
-        epsilon=None if spec.name == "sgp" else epsilon,
+        algorithm.schedule,
+        epsilon=epsilon if algorithm.private else None,
         delta=privacy.delta,
         steps=steps,
         sample_rate=sample_rate,
@@ -102,6 +104,8 @@ def build_schedule(
         blocks=privacy.calibration_blocks if calibrate == "pld" else None,
         on_iteration=on_iteration,
         neighboring=privacy.neighboring,
+        releases=None if len(releases) == 1 and releases[0].noise_factor == 1.0 else
+        {r.name: r.noise_factor for r in releases},
     )
 
 
@@ -191,8 +195,11 @@ class RunPlan:
     def steps(self) -> int:
         return self.schedule.steps
 
-    def noise_multiplier(self, k: int) -> float:
-        return float(self.noise_multipliers[k])
+    def noise_multiplier(self, k: int) -> float | tuple[float, ...]:
+        """z_k, or z_k times each release's factor when the step releases several messages."""
+        z = float(self.noise_multipliers[k])
+        factors = self.schedule.release_factors
+        return z if factors == (1.0,) else tuple(z * f for f in factors)
 
     def mixes(self, k: int) -> bool:
         """Whether step k ends with a gossip round (every H-th step, and the last)."""

@@ -20,7 +20,7 @@ from pydantic import (
 )
 
 from dpdl.accounting.certified import ACCOUNTANTS
-from dpdl.accounting.schedules import ALGORITHMS, DEFAULT_CLIP, DEFAULT_RHO_C, DEFAULT_RHO_MU
+from dpdl.accounting.schedules import DEFAULT_CLIP, DEFAULT_RHO_C, DEFAULT_RHO_MU
 from dpdl.accounting.validators import ADD_REMOVE, DEFAULT_NEIGHBORING
 from dpdl.errors import DPDLError, require
 
@@ -109,28 +109,88 @@ REPRODUCIBLE_NOISE_NOTE = (
 
 
 class AlgorithmSpec(BaseModel):
-    """``name`` from ALGORITHMS, ``calibrate`` the accountant (None: privacy.calibrate)."""
+    """``name`` of a registered algorithm (:mod:`dpdl.algorithms.registry`), its own
+    ``settings`` (validated by the algorithm; ``(key, value)`` pairs, the non-default ones)
+    and ``calibrate`` the accountant (None: privacy.calibrate).  Written
+    ``"name(key=value, ...)@accountant"``; the label lists the settings, so two settings of
+    one algorithm never share a run's label, its seeded noise or its checkpoints."""
 
     model_config = ConfigDict(frozen=True)
     name: str
     calibrate: str | None = None
+    settings: tuple[tuple[str, Any], ...] = ()
 
     @classmethod
     def parse(cls, text: str) -> AlgorithmSpec:
-        name, _, calibrate = str(text).strip().lower().partition("@")
-        if name not in ALGORITHMS:
-            raise ValueError(f"unknown algorithm {text!r}; choose one of {', '.join(ALGORITHMS)}")
+        from dpdl.algorithms.registry import get_algorithm
+
+        head, _, calibrate = str(text).strip().lower().partition("@")
+        name, given = _split_settings(head, text)
+        try:
+            algorithm = get_algorithm(name)
+        except DPDLError as err:
+            raise ValueError(f"{err} (in {text!r})") from None
         if calibrate and calibrate not in CALIBRATIONS:
             raise ValueError(
                 f"unknown calibration {calibrate!r} in {text!r}; use one of {CALIBRATIONS}"
             )
-        if name == "sgp" and calibrate:
-            raise ValueError(f"{text!r}: sgp is not private and takes no calibration")
-        return cls(name=name, calibrate=calibrate or None)
+        if not algorithm.private and calibrate:
+            raise ValueError(f"{text!r}: {name} is not private and takes no calibration")
+        try:
+            settings = _parse_settings(algorithm, given)
+        except DPDLError as err:
+            raise ValueError(str(err)) from None
+        return cls(name=name, calibrate=calibrate or None, settings=settings)
+
+    @property
+    def algorithm(self):
+        from dpdl.algorithms.registry import get_algorithm
+
+        return get_algorithm(self.name)
+
+    @property
+    def algorithm_settings(self) -> BaseModel:
+        from dpdl.algorithms.registry import parse_settings
+
+        return parse_settings(self.algorithm, dict(self.settings))
 
     @property
     def label(self) -> str:
-        return self.name if self.calibrate is None else f"{self.name}@{self.calibrate}"
+        shown = ", ".join(f"{k}={v!r}" for k, v in self.settings)
+        name = f"{self.name}({shown})" if shown else self.name
+        return name if self.calibrate is None else f"{name}@{self.calibrate}"
+
+
+def _split_settings(head: str, text: str) -> tuple[str, dict[str, Any]]:
+    """("name", {key: value}) of "name(key=value, ...)": values are Python literals (numbers,
+    strings, booleans), anything else a string."""
+    import ast
+
+    name, paren, rest = head.partition("(")
+    if not paren:
+        return name.strip(), {}
+    if not rest.endswith(")"):
+        raise ValueError(f"algorithm {text!r}: settings must be written name(key=value, ...)")
+    given: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in rest[:-1].split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip().isidentifier():
+            raise ValueError(f"algorithm {text!r}: {item!r} is not key=value")
+        try:
+            given[key.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            given[key.strip()] = value.strip()
+    return name.strip(), given
+
+
+def _parse_settings(algorithm, given: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """The validated settings that differ from the algorithm's defaults, sorted by key: one
+    canonical form for equal settings however they were written."""
+    from dpdl.algorithms.registry import parse_settings
+
+    values = parse_settings(algorithm, given).model_dump()
+    defaults = algorithm.Settings().model_dump()
+    return tuple(sorted((k, v) for k, v in values.items() if v != defaults.get(k)))
 
 
 # Settings of TrainingSection added since the first runs (the optimiser's: Algorithm 1 itself

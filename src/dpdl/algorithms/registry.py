@@ -1,0 +1,253 @@
+"""Algorithms by name: what a run's ``algorithm = "name(setting=value)@accountant"`` means.
+
+An :class:`Algorithm` declares everything the rest of dpdl needs to run, account, audit and
+report it, so that a researcher adds one in one file (``docs/EXTENDING.md``):
+
+* ``name`` and ``schedule``: the noise schedule family whose clip bounds C_k and multipliers
+  z_k it is calibrated with (``dpdl.accounting.schedules``: "const-d2p", "dyn-d2p", ...);
+* ``Settings``: a pydantic model of its own settings, validated when the name is parsed and
+  part of the run's label, so they key the seeded noise, the checkpoint digest and every
+  output (two settings never share noise);
+* :meth:`Algorithm.releases`: the noisy messages one step releases, each a Poisson-subsampled
+  Gaussian on its own sample with multiplier ``z_k * noise_factor`` (the ledger records and
+  composes one mechanism per release, :class:`dpdl.accounting.ledger.PrivacyLedger`);
+* :meth:`Algorithm.rounds` and :meth:`Algorithm.view`: how many gossip rounds a step takes and
+  what an observer sees of them (``dpdl gossip account``, ``dpdl audit --threat observer``);
+* :meth:`Algorithm.step`: the step itself, written against the engine's
+  :class:`StepContext` (sampling, clipping and the exact noise release, the update
+  transforms, mixing of any tensors, per-node state the engine checkpoints).
+
+The built-in Dyn-D2P family and SGP register through :func:`register_algorithm` like any
+plugin.  Plugins load from the entry-point group ``dpdl.algorithms`` (an installed package
+registers itself) and from ``DPDL_PLUGINS`` (a comma-separated list of modules or ``.py``
+files), once, before a command parses its configuration.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from dpdl.errors import DPDLError, require
+
+__all__ = [
+    "ALGORITHM_REGISTRY",
+    "Algorithm",
+    "NoSettings",
+    "PLUGIN_ENTRY_POINTS",
+    "PLUGINS_VARIABLE",
+    "Release",
+    "StepContext",
+    "View",
+    "algorithm_names",
+    "get_algorithm",
+    "load_plugins",
+    "parse_settings",
+    "register_algorithm",
+]
+
+PLUGIN_ENTRY_POINTS = "dpdl.algorithms"
+PLUGINS_VARIABLE = "DPDL_PLUGINS"
+_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
+
+
+class NoSettings(BaseModel):
+    """An algorithm without settings of its own."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+@dataclass(frozen=True)
+class Release:
+    """One noisy message a step releases: ``name`` (for the ledger and outputs) and its
+    multiplier relative to the schedule's, σ_r / Δ_r = ``noise_factor`` · z_k (Δ_r = C_k, the
+    step's clip bound, for a clipped sum)."""
+
+    name: str
+    noise_factor: float = 1.0
+
+
+@dataclass(frozen=True)
+class View:
+    """What an observer sees of one step: ``rounds`` gossip rounds of the model, the first
+    with the step's contribution and fresh noise, the others only mixing (Muffliato) when
+    ``fresh_noise_every_round`` is False.  ``exact`` False: the algorithm's messages are not
+    one linear Gaussian stream (e.g. gradient tracking's two coupled streams); the observer
+    accounting then states the local-DP bound of its releases, which always holds."""
+
+    rounds: int = 1
+    fresh_noise_every_round: bool = True
+    exact: bool = True
+
+
+class StepContext(Protocol):
+    """What an algorithm's step is given by the engine (``dpdl.engine.simulator``)."""
+
+    iteration: int  # k, the step being taken
+    arguments: Any  # the plan's StepArguments: private, clip, sigma, lr, mix, mixing_round
+    settings: BaseModel  # the algorithm's validated settings
+    state: dict[str, Any]  # per-node tensors the algorithm keeps (checkpointed)
+
+    def local_update(self) -> Any: ...  # the built-in sampling → clipping → noise → transforms
+
+    def noisy_gradient(self, release: int) -> Any: ...  # a further release's noisy sum / b
+
+    def mix(self, tensors: dict[str, Any], round_: int) -> dict[str, Any]: ...
+
+    def mix_model(self, half: dict[str, Any], round_: int) -> None: ...
+
+    def keep_model(self, half: dict[str, Any]) -> None: ...
+
+
+class Algorithm:
+    """Subclass and :func:`register_algorithm` an instance (see the module doc)."""
+
+    name: ClassVar[str] = ""
+    schedule: ClassVar[str] = "const-d2p"
+    display: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    Settings: ClassVar[type[BaseModel]] = NoSettings
+
+    @property
+    def private(self) -> bool:
+        return self.schedule != "sgp"
+
+    def releases(self, settings: BaseModel) -> tuple[Release, ...]:
+        return (Release("update"),)
+
+    def rounds(self, settings: BaseModel) -> int:
+        """Gossip rounds per (mixing) step."""
+        return 1
+
+    def view(self, settings: BaseModel) -> View:
+        return View(rounds=self.rounds(settings))
+
+    def init_state(self, context: StepContext) -> dict[str, Any]:
+        """Per-node tensors (rows = the hosted nodes) the step keeps across steps."""
+        return {}
+
+    def step(self, context: StepContext) -> Any:
+        """One step of every hosted node; returns the sampled batch sizes |S_i^k|.  The
+        default is Algorithm 1's: the private local update, then one push-sum round."""
+        half = context.local_update()
+        if context.arguments.mix:
+            context.mix_model(half.params, context.arguments.mixing_round)
+        else:
+            context.keep_model(half.params)
+        return half.batch_sizes
+
+    @property
+    def builtin_step(self) -> bool:
+        """Whether the step is Algorithm 1's (the engine then takes its fused path)."""
+        return type(self).step is Algorithm.step and type(self).init_state is Algorithm.init_state
+
+    def label(self) -> str:
+        return self.display or self.name
+
+
+ALGORITHM_REGISTRY: dict[str, Algorithm] = {}
+
+
+def register_algorithm(algorithm: Algorithm, *, replace: bool = False) -> Algorithm:
+    """Register ``algorithm`` under its ``name``; a second registration of a name is refused
+    unless ``replace`` (a plugin cannot silently shadow a built-in)."""
+    from dpdl.accounting.schedules import ALGORITHMS as SCHEDULES
+
+    require(isinstance(algorithm, Algorithm),
+            f"register_algorithm takes an Algorithm instance, got {algorithm!r}")  # fmt: skip
+    name = algorithm.name
+    require(isinstance(name, str) and bool(_NAME.match(name)),
+            f"an algorithm's name must be lower-case letters, digits, '-' or '_', got {name!r}")
+    require(algorithm.schedule in SCHEDULES,
+            f"algorithm {name!r}: unknown schedule family {algorithm.schedule!r}; one of "
+            f"{', '.join(SCHEDULES)}")  # fmt: skip
+    require(replace or name not in ALGORITHM_REGISTRY or ALGORITHM_REGISTRY[name] is algorithm,
+            f"an algorithm named {name!r} is already registered")  # fmt: skip
+    require(issubclass(algorithm.Settings, BaseModel),
+            f"algorithm {name!r}: Settings must be a pydantic model")  # fmt: skip
+    releases = algorithm.releases(algorithm.Settings())
+    require(len(releases) >= 1 and len({r.name for r in releases}) == len(releases),
+            f"algorithm {name!r}: its releases must be distinct, got {releases!r}")  # fmt: skip
+    ALGORITHM_REGISTRY[name] = algorithm
+    return algorithm
+
+
+def get_algorithm(name: str) -> Algorithm:
+    load_plugins()
+    algorithm = ALGORITHM_REGISTRY.get(name)
+    if algorithm is None:
+        raise DPDLError(f"unknown algorithm {name!r}; choose one of "
+                        f"{', '.join(algorithm_names())}")  # fmt: skip
+    return algorithm
+
+
+def algorithm_names() -> tuple[str, ...]:
+    load_plugins()
+    return tuple(ALGORITHM_REGISTRY)
+
+
+def parse_settings(algorithm: Algorithm, given: dict[str, Any]) -> BaseModel:
+    """The algorithm's settings from ``given`` (one line naming the value when invalid)."""
+    try:
+        return algorithm.Settings(**given)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "settings"
+        raise DPDLError(f"algorithm {algorithm.name!r}: {where}: {first['msg']} "
+                        f"(got {first.get('input')!r})") from None
+
+
+# ---------------------------------------------------------------------- plugins
+_loaded: set[str] = set()
+
+
+def load_plugins() -> None:
+    """Import every plugin once: the entry points of ``dpdl.algorithms`` and the modules or
+    ``.py`` files listed in ``DPDL_PLUGINS``.  A plugin that fails to import is one error
+    naming it (never a silently missing algorithm)."""
+    from importlib.metadata import entry_points
+
+    _register_builtins()
+    for entry in entry_points(group=PLUGIN_ENTRY_POINTS):
+        _load_once(f"entry point {entry.name}", entry.load)
+    for item in filter(None, (s.strip() for s in os.environ.get(PLUGINS_VARIABLE, "").split(","))):
+        _load_once(item, lambda item=item: _import(item))
+
+
+def _load_once(key: str, load) -> None:
+    if key in _loaded:
+        return
+    _loaded.add(key)
+    try:
+        load()
+    except DPDLError:
+        raise
+    except Exception as err:
+        raise DPDLError(f"plugin {key}: {type(err).__name__}: {err}") from err
+
+
+def _import(item: str) -> None:
+    if item.endswith(".py"):
+        path = Path(item).expanduser()
+        require(path.is_file(), f"{PLUGINS_VARIABLE}: no plugin file {item!r}")
+        module_name = f"dpdl_plugin_{path.stem}"
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+    else:
+        importlib.import_module(item)
+
+
+def _register_builtins() -> None:
+    if "builtins" not in _loaded:
+        _loaded.add("builtins")
+        from dpdl.algorithms import builtin  # noqa: F401  (registers the Dyn-D2P family)
