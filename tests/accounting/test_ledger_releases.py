@@ -16,7 +16,8 @@ def _dp_accounting_epsilon(multipliers_per_step):
     accountant = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)
     for step in multipliers_per_step:
         for z in step:
-            accountant.compose(dp_accounting.PoissonSampledDpEvent(Q, dp_accounting.GaussianDpEvent(z)))
+            gaussian = dp_accounting.GaussianDpEvent(z)
+            accountant.compose(dp_accounting.PoissonSampledDpEvent(Q, gaussian))
     return accountant.get_epsilon(DELTA)
 
 

@@ -5,7 +5,8 @@ stored run-length encoded ([z, count] pairs); an algorithm whose step releases s
 with fresh noise (``releases``: gradient tracking's model and tracker) records one such
 mechanism per release, each on its own Poisson sample, z = σ_r / Δ_r with that release's own
 sensitivity Δ_r: in dp_accounting's event algebra (:meth:`PrivacyLedger.dp_event`) a step is
-the composition of its releases' ``PoissonSampledDpEvent(p, GaussianDpEvent(z))``. Training calls :meth:`PrivacyLedger.plan` once
+the composition of its releases' ``PoissonSampledDpEvent(p, GaussianDpEvent(z))``.
+Training calls :meth:`PrivacyLedger.plan` once
 with the whole schedule (one certified ε computation, refused if over budget) and then
 :meth:`PrivacyLedger.record_step` per step, which only compares z with the approved plan: a
 step beyond the plan or with less noise than planned raises ``PrivacyBudgetExceeded``. Without
