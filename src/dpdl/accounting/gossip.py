@@ -189,32 +189,41 @@ def _sparse_if_pays(P: np.ndarray):
     return sparse.csr_array(P)
 
 
-def _contribution(view: View, target: int, contribution: str) -> np.ndarray:
+def _contribution(view: View, target: int, contribution: str, period: int = 1) -> np.ndarray:
     require(contribution in CONTRIBUTIONS,
             f"contribution must be one of {CONTRIBUTIONS}, got {contribution!r}")  # fmt: skip
     target = _check_target(target, view.n)
     require(target not in view.observers, f"the target {target} is one of the observers")
-    times = range(view.rounds) if contribution == "every-round" else (0,)
+    times = range(0, view.rounds, _check_period(period)) if contribution == "every-round" else (0,)
     return sum(view.column(target, t) for t in times)
 
 
-def _honest_columns(view: View, noise: str = "every-round") -> np.ndarray:
+def _honest_columns(view: View, noise: str = "every-round", period: int = 1) -> np.ndarray:
     """B: the columns of the noises the observers do not know (every node outside V, at
-    every round, or at t = 0 only with ``noise="once"``)."""
+    every ``period``-th round from t = 0, or at t = 0 only with ``noise="once"``)."""
     require(noise in NOISES, f"noise must be one of {NOISES}, got {noise!r}")
     keep = np.ones(view.n, dtype=bool)
     keep[list(view.observers)] = False
-    columns = np.tile(keep, view.rounds)
+    fresh = np.arange(view.rounds) % _check_period(period) == 0
+    columns = (fresh[:, None] & keep[None, :]).ravel()
     if noise == "once":
         columns[view.n :] = False
     return view.matrix[:, columns]
 
 
+def _check_period(period) -> int:
+    require(isinstance(period, int | np.integer) and not isinstance(period, bool) and period >= 1,
+            f"period must be a positive integer (rounds per step), got {period!r}")
+    return int(period)
+
+
 def view_norms(view: View, targets: Sequence[int], contribution: str = "every-round",
-               noise: str = "every-round") -> np.ndarray:
-    """min ‖w‖ with B w = c_u for each target u (∞ where c_u ∉ col(B)): μ_u = (Δ/σ) · this."""
-    B = _honest_columns(view, noise)
-    C = np.stack([_contribution(view, u, contribution) for u in targets], axis=1)
+               noise: str = "every-round", period: int = 1) -> np.ndarray:
+    """min ‖w‖ with B w = c_u for each target u (∞ where c_u ∉ col(B)): μ_u = (Δ/σ) · this.
+    ``period`` R > 1: contributions and noise enter every R-th round only (a step of R
+    gossip rounds, the first with fresh noise: Muffliato's steps)."""
+    B = _honest_columns(view, noise, period)
+    C = np.stack([_contribution(view, u, contribution, period) for u in targets], axis=1)
     if B.shape[0] == 0:  # the observers see nothing
         return np.zeros(len(targets))
     w, *_ = np.linalg.lstsq(B, C, rcond=None)  # the minimum-norm solutions, by SVD
@@ -234,27 +243,32 @@ def _check_sigma(sigma: float, sensitivity: float) -> tuple[float, float]:
 
 def view_mu(mixing, *, rounds: int, target: int, observers: Sequence[int] | int, sigma: float,
             sensitivity: float = 1.0, contribution: str = "every-round",
-            noise: str = "every-round", progress: Callable[[int], None] | None = None) -> float:
+            noise: str = "every-round", progress: Callable[[int], None] | None = None,
+            period: int = 1) -> float:
     """μ of node ``target`` against the coalition ``observers`` (μ = ∞: reconstructible);
-    ``progress(1)`` after each of the ``rounds`` rounds of the view."""
+    ``progress(1)`` after each of the ``rounds`` rounds of the view; ``period`` as
+    :func:`view_norms`'s."""
     sigma, sensitivity = _check_sigma(sigma, sensitivity)
     _check_target(target, _mixing_of(mixing)[1])  # before the view is built
     view = build_view(mixing, rounds=rounds, observers=observers, progress=progress)
-    return float(sensitivity / sigma * view_norms(view, [target], contribution, noise)[0])
+    norms = view_norms(view, [target], contribution, noise, period)
+    return float(sensitivity / sigma * norms[0])
 
 
 def pairwise_mu(mixing, *, rounds: int, sigma: float, sensitivity: float = 1.0,
                 contribution: str = "every-round", noise: str = "every-round",
-                progress: Callable[[int], None] | None = None) -> np.ndarray:
+                progress: Callable[[int], None] | None = None, period: int = 1) -> np.ndarray:
     """(n, n): entry [u, v] the μ of node u against the single observer v (NaN on the
-    diagonal); ``progress(1)`` after each observer (n in all)."""
+    diagonal); ``progress(1)`` after each observer (n in all); ``period`` as
+    :func:`view_norms`'s."""
     sigma, sensitivity = _check_sigma(sigma, sensitivity)
     _, n = _mixing_of(mixing)
     out = np.full((n, n), math.nan)
     for v in range(n):
         view = build_view(mixing, rounds=rounds, observers=[v])
         targets = [u for u in range(n) if u != v]
-        out[targets, v] = sensitivity / sigma * view_norms(view, targets, contribution, noise)
+        norms = view_norms(view, targets, contribution, noise, period)
+        out[targets, v] = sensitivity / sigma * norms
         _advance(progress)
     return out
 
@@ -356,7 +370,7 @@ def graph_distances(mixing, rounds: int) -> np.ndarray:
 def sigma_for_target(mixing, *, rounds: int, epsilon: float, delta: float,
                      beyond_distance: int = 0, sensitivity: float = 1.0,
                      contribution: str = "every-round", noise: str = "every-round",
-                     progress: Callable[[int], None] | None = None) -> float:
+                     progress: Callable[[int], None] | None = None, period: int = 1) -> float:
     """The smallest σ with every pair (u, v) at graph distance > ``beyond_distance`` within
     (ε, δ): μ is exactly (Δ/σ) · the view norm, so σ = Δ · max norm / μ(ε, δ).
     ``progress`` as :func:`pairwise_mu`'s."""
@@ -367,7 +381,8 @@ def sigma_for_target(mixing, *, rounds: int, epsilon: float, delta: float,
             f"beyond_distance must be an integer >= 0 (hops), got {beyond_distance!r}")
     mu = mu_from_epsilon_delta(epsilon, delta)
     norms = pairwise_mu(mixing, rounds=rounds, sigma=1.0, sensitivity=sensitivity,
-                        contribution=contribution, noise=noise, progress=progress)  # fmt: skip
+                        contribution=contribution, noise=noise, progress=progress,
+                        period=period)  # fmt: skip
     far = graph_distances(mixing, rounds) > beyond_distance
     np.fill_diagonal(far, False)
     worst = float(np.nanmax(np.where(far, norms, math.nan))) if far.any() else 0.0

@@ -52,6 +52,8 @@ __all__ = [
     "load_plugins",
     "parse_settings",
     "register_algorithm",
+    "resolve",
+    "split_settings",
 ]
 
 PLUGIN_ENTRY_POINTS = "dpdl.algorithms"
@@ -203,6 +205,35 @@ def parse_settings(algorithm: Algorithm, given: dict[str, Any]) -> BaseModel:
         where = ".".join(str(p) for p in first["loc"]) or "settings"
         raise DPDLError(f"algorithm {algorithm.name!r}: {where}: {first['msg']} "
                         f"(got {first.get('input')!r})") from None
+
+
+def split_settings(head: str) -> tuple[str, dict[str, Any]]:
+    """("name", {key: value}) of "name(key=value, ...)" (no accountant suffix): values are
+    Python literals (numbers, strings, booleans), anything else a string."""
+    import ast
+
+    name, paren, rest = head.partition("(")
+    if not paren:
+        return name.strip(), {}
+    require(rest.endswith(")"), f"algorithm {head!r}: write its settings name(key=value, ...)")
+    given: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in rest[:-1].split(","))):
+        key, eq, value = item.partition("=")
+        require(bool(eq) and key.strip().isidentifier(),
+                f"algorithm {head!r}: {item!r} is not key=value")  # fmt: skip
+        try:
+            given[key.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            given[key.strip()] = value.strip()
+    return name.strip(), given
+
+
+def resolve(text: str) -> tuple[Algorithm, BaseModel]:
+    """The registered algorithm and its validated settings of "name(key=value, ...)" (an
+    ``@accountant`` suffix is ignored here)."""
+    name, given = split_settings(str(text).strip().lower().partition("@")[0])
+    algorithm = get_algorithm(name)
+    return algorithm, parse_settings(algorithm, given)
 
 
 # ---------------------------------------------------------------------- plugins

@@ -32,6 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--contribution", choices=("every-round", "once"), default="every-round")
     p.add_argument("--noise", choices=("every-round", "once"), default="every-round",
                    help="fresh noise every round (default) or once at t = 0 (Muffliato)")
+    p.add_argument("--algorithm", metavar="NAME",
+                   help="a registered algorithm, name(key=value, ...): its view (rounds per "
+                        "step, when noise is fresh); --rounds then counts its steps")
     p.add_argument("--target", "-u", type=int, help="the node whose privacy is asked")
     p.add_argument("--observer", "-v", type=int, nargs="+", help="the observers (a coalition)")
     p.add_argument("--calibrate", type=float, metavar="EPS",
@@ -94,18 +97,50 @@ def _check_nodes_of(args, n: int) -> None:
             f"the target {args.target} is one of the observers")  # fmt: skip
 
 
+def _algorithm_view(args) -> dict | None:
+    """With --algorithm: the algorithm's view of one step turned into this command's rounds,
+    noise and contribution (its first round of a step carries the contribution and fresh
+    noise; the others only mix), or None.  An algorithm whose messages are not one linear
+    Gaussian stream is stated by the local-DP bound of its releases, which always holds."""
+    if not args.algorithm:
+        return None
+    from dpdl.algorithms.registry import resolve
+
+    algorithm, settings = resolve(args.algorithm)
+    view = algorithm.view(settings)
+    steps = args.rounds
+    described = {"algorithm": args.algorithm, "steps": steps, "rounds_per_step": view.rounds,
+                 "exact_view": view.exact}  # fmt: skip
+    if view.exact and not view.fresh_noise_every_round:
+        args.rounds, args.period = steps * view.rounds, view.rounds
+    elif view.exact:
+        args.rounds = steps * view.rounds
+    else:
+        factors = [r.noise_factor for r in algorithm.releases(settings)]
+        described["releases"] = {r.name: r.noise_factor for r in algorithm.releases(settings)}
+        described["local_dp_mu"] = math.sqrt(steps * sum(1 / f**2 for f in factors)) * (
+            args.sensitivity / args.sigma)
+    return described
+
+
 def run(args) -> int:
     from dpdl.accounting import gossip
 
     _check_arguments(args)  # one-line errors before any work
+    args.period = 1
+    described = _algorithm_view(args)
+    if described is not None and not described["exact_view"]:
+        return _local_bound_only(args, described)
     topology = _topology(args)
     _check_nodes_of(args, topology.n)
-    local = math.sqrt(args.rounds if args.contribution == "every-round" else 1) * (
-        args.sensitivity / args.sigma)
+    contributions = -(-args.rounds // args.period) if args.contribution == "every-round" else 1
+    local = math.sqrt(contributions) * (args.sensitivity / args.sigma)
     out: dict = {"topology": topology.name, "nodes": topology.n, "rounds": args.rounds,
                  "sigma": args.sigma, "delta": args.delta, "contribution": args.contribution,
                  "noise": args.noise, "local_dp_mu": local,
                  "local_dp_epsilon": gossip.epsilon_of(local, args.delta)}  # fmt: skip
+    if described is not None:
+        out |= described
     if args.target is not None:
         text = _one_pair(args, topology, out)
     else:
@@ -118,7 +153,21 @@ def run(args) -> int:
 
 def _common(args) -> dict:
     return dict(rounds=args.rounds, sigma=args.sigma, sensitivity=args.sensitivity,
-                contribution=args.contribution, noise=args.noise)  # fmt: skip
+                contribution=args.contribution, noise=args.noise, period=args.period)
+
+
+def _local_bound_only(args, described: dict) -> int:
+    from dpdl.accounting import gossip
+
+    mu = described["local_dp_mu"]
+    described["local_dp_epsilon"] = gossip.epsilon_of(mu, args.delta)
+    text = (f"{args.algorithm}: its messages are not one linear Gaussian stream, so the exact "
+            f"view is not modelled; every observer is bounded by the local DP of its "
+            f"{len(described['releases'])} releases per step over {described['steps']} steps: "
+            f"mu = {mu:.4g}, epsilon = {described['local_dp_epsilon']:.4g} at delta = "
+            f"{args.delta:g}")  # fmt: skip
+    print(json.dumps(described, indent=2, default=float) if args.json else text)
+    return 0
 
 
 def _bar(args, total: int, what: str):
@@ -179,6 +228,7 @@ def _calibrated(args, topology, out: dict) -> str:
             topology.mixing_matrix, epsilon=args.calibrate, delta=args.delta,
             beyond_distance=args.beyond, rounds=args.rounds, sensitivity=args.sensitivity,
             contribution=args.contribution, noise=args.noise, progress=bar.update,
+            period=args.period,
         )  # fmt: skip
     out["calibrated_sigma"] = sigma
     return (f"sigma = {sigma:.6g} holds every pair beyond {args.beyond} hops to "

@@ -122,10 +122,13 @@ class AlgorithmSpec(BaseModel):
 
     @classmethod
     def parse(cls, text: str) -> AlgorithmSpec:
-        from dpdl.algorithms.registry import get_algorithm
+        from dpdl.algorithms.registry import get_algorithm, split_settings
 
         head, _, calibrate = str(text).strip().lower().partition("@")
-        name, given = _split_settings(head, text)
+        try:
+            name, given = split_settings(head)
+        except DPDLError as err:
+            raise ValueError(f"{err} (in {text!r})") from None
         try:
             algorithm = get_algorithm(name)
         except DPDLError as err:
@@ -159,28 +162,6 @@ class AlgorithmSpec(BaseModel):
         shown = ", ".join(f"{k}={v!r}" for k, v in self.settings)
         name = f"{self.name}({shown})" if shown else self.name
         return name if self.calibrate is None else f"{name}@{self.calibrate}"
-
-
-def _split_settings(head: str, text: str) -> tuple[str, dict[str, Any]]:
-    """("name", {key: value}) of "name(key=value, ...)": values are Python literals (numbers,
-    strings, booleans), anything else a string."""
-    import ast
-
-    name, paren, rest = head.partition("(")
-    if not paren:
-        return name.strip(), {}
-    if not rest.endswith(")"):
-        raise ValueError(f"algorithm {text!r}: settings must be written name(key=value, ...)")
-    given: dict[str, Any] = {}
-    for item in filter(None, (part.strip() for part in rest[:-1].split(","))):
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip().isidentifier():
-            raise ValueError(f"algorithm {text!r}: {item!r} is not key=value")
-        try:
-            given[key.strip()] = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError):
-            given[key.strip()] = value.strip()
-    return name.strip(), given
 
 
 def _parse_settings(algorithm, given: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
