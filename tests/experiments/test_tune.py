@@ -25,8 +25,12 @@ BASE = {
     "data": {"dataset": "digits", "max_train_records": 300, "validation_records": 60},
     "model": {"name": "logreg"},
     "topology": {"name": "exp", "nodes": 4},
-    "training": {"steps": 6, "batch_size": 4, "lr": 0.3, "eval_every": 100},
-    "privacy": {"epsilon": [2.0, 4.0], "calibrate": "clt", "certified_accountant": "rdp"},
+    # add/remove with a given rate: the relation dp_accounting's Poisson RDP is stated for,
+    # so its composition is the reference of the tuning's epsilon below
+    "training": {"steps": 6, "batch_size": 4, "lr": 0.3, "eval_every": 100,
+                 "sample_rate": 0.06},
+    "privacy": {"epsilon": [2.0, 4.0], "calibrate": "clt", "certified_accountant": "rdp",
+                "neighboring": "add-remove"},
 }
 TUNE = {
     "selection_seeds": [0, 1],

@@ -38,10 +38,12 @@ steps = 6
 batch_size = 4
 lr = 0.3
 eval_every = 100
+sample_rate = 0.06
 [privacy]
 epsilon = 2.0
 calibrate = "clt"
 certified_accountant = "rdp"
+neighboring = "add-remove"
 [tune]
 selection_seeds = [0, 1]
 test_seeds = [5]

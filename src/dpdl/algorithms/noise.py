@@ -410,8 +410,10 @@ def exact_cell(centre: float, scale: float, grid: float, law: str | NoiseLaw, wo
     j = _guess(law, centre, scale, grid, numerator)
     while True:
         prec = bits + 64  # F(b) to 2^-(bits + 32) relative: far finer than P's interval
-        with mpmath.workprec(prec):
-            side = _side_of_cell(law, c, s, g, j, numerator, bits, prec)
+        # P's interval touching 0 or 1 maps to an unbounded set of cells: only more bits
+        # can decide it (never comparisons, which would walk the cells one by one).
+        side = None if numerator in (0, (1 << bits) - 1) else _side(law, c, s, g, j,
+                                                                    numerator, bits, prec)
         if side == 0:
             return j
         if side is None:  # P's interval straddles a boundary: 64 more bits of P
@@ -420,8 +422,26 @@ def exact_cell(centre: float, scale: float, grid: float, law: str | NoiseLaw, wo
                     "this with probability below 2^-4000)")  # fmt: skip
             numerator = (numerator << 64) | int(more(1)[0])
             bits += 64
+            if numerator not in (0, (1 << bits) - 1):  # jump near the cell: no long walk
+                with mpmath.workprec(bits + 64):
+                    j = _guess_mp(law, c, s, g, numerator, bits)
         else:
             j += side
+
+
+def _side(law, c, s, g, j, numerator, bits, prec):
+    import mpmath
+
+    with mpmath.workprec(prec):
+        return _side_of_cell(law, c, s, g, j, numerator, bits, prec)
+
+
+def _guess_mp(law, c, s, g, numerator, bits) -> int:
+    """The cell of P's interval midpoint, in mpmath at the working precision."""
+    import mpmath
+
+    p = (mpmath.mpf(numerator) + mpmath.mpf(0.5)) / mpmath.mpf(2) ** bits
+    return int(mpmath.floor((c + s * law.quantile_mp(p)) / g + mpmath.mpf(0.5)))
 
 
 def _guess(law, centre, scale, grid, numerator) -> int:
