@@ -95,6 +95,7 @@ __all__ = [
     "unregister_accountant",
     "get_accountant",
     "accountant_names",
+    "approximate_accountant",
     "MODES",
     "DEFAULT_BLOCKS",
     "DEFAULT_BINS",
@@ -666,6 +667,13 @@ def get_accountant(name: str | Accountant) -> Accountant:
         f"unknown accountant {name!r}; expected one of {accountant_names()}",
     )
     return ACCOUNTANTS[name]
+
+
+def approximate_accountant(name: str) -> bool:
+    """Whether ``name`` is a registered accountant that is not certified (the CLT): what a
+    report marks as an approximation. A name not registered here is not marked."""
+    accountant = ACCOUNTANTS.get(name)
+    return accountant is not None and not accountant.certified
 
 
 def _bound(value: float | Bound) -> Bound:

@@ -56,6 +56,7 @@ __all__ = [
     "schedule_family",
     "algorithm_names",
     "private_algorithm_names",
+    "algorithm_private",
     "DEFAULT_CLIP",
     "DEFAULT_RHO_C",
     "DEFAULT_RHO_MU",
@@ -334,6 +335,14 @@ def algorithm_names() -> tuple[str, ...]:
 def private_algorithm_names() -> tuple[str, ...]:
     """The registered private families' names, in registration order."""
     return tuple(name for name, family in ALGORITHMS.items() if family.private)
+
+
+def algorithm_private(name: str) -> bool:
+    """Whether the family called ``name`` is private. A name not registered here (a run of a
+    family this process has not registered, read from its results) counts as private, as
+    every name but ``sgp`` always did."""
+    family = ALGORITHMS.get(name)
+    return family is None or family.private
 
 
 def register_schedule_family(family: ScheduleFamily, *, replace: bool = False) -> ScheduleFamily:

@@ -67,6 +67,7 @@ from typing import Any
 
 import numpy as np
 
+from dpdl.accounting.schedules import algorithm_private
 from dpdl.errors import require
 from dpdl.experiments.sweep.driver import finished_cells, run_sweep
 from dpdl.experiments.tune_private import (
@@ -152,7 +153,8 @@ def _check_candidate(name: str, cand: Any, *, needs_grid: bool) -> None:
     unknown = set(cand) - CANDIDATE_KEYS
     require(not unknown, f"unknown key(s) in {what}: {', '.join(sorted(unknown))}")
     require(isinstance(cand.get("algorithm"), str), f"{what}.algorithm must name an algorithm")
-    require(cand["algorithm"].partition("@")[0] != "sgp", f"{what}: sgp is not private")
+    base = cand["algorithm"].partition("@")[0]
+    require(algorithm_private(base), f"{what}: {base} is not private")
     if not needs_grid:
         require("grid" not in cand and "zip" not in cand,
                 f"{what} runs at fixed settings: give them in set, not a grid")  # fmt: skip
