@@ -96,13 +96,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _from_config(args) -> dict:
     """Mechanism settings of a run config: its first private algorithm, first epsilon, K, p."""
     from dpdl.experiments.config import parse_config
-    from dpdl.experiments.registry import load_config_file
+    from dpdl.experiments.registry import kind_of, load_config_file
     from dpdl.experiments.runner import prepare_workload
     from dpdl.training.settings import AlgorithmSpec
 
     raw = load_config_file(args.config)
     require(
-        raw.get("kind", "decentralized") == "decentralized",
+        kind_of(raw).audits,
         f"{args.config}: dpdl audit takes a 'decentralized' run config, not {raw.get('kind')!r}",
     )
     config = parse_config(raw)

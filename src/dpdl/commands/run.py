@@ -228,6 +228,7 @@ def _check_before_launch(args) -> None:
     import json
 
     from dpdl.experiments.config import parse_config
+    from dpdl.experiments.registry import kind_of
     from dpdl.experiments.runner import prepare_workload
 
     if args.procs < 1:
@@ -239,7 +240,7 @@ def _check_before_launch(args) -> None:
         config = json.loads(path.read_text())
     else:
         config = apply_command_overrides(_load(args), _overrides(args))
-    if config.get("kind", "decentralized") != "decentralized":
+    if not kind_of(config).distributed:
         raise DPDLError(f"the distributed runtime runs the decentralized kind, not "
                         f"{config.get('kind')!r}")  # fmt: skip
     cfg = parse_config(config)
@@ -253,7 +254,7 @@ def _check_before_launch(args) -> None:
 def _resume(args) -> int:
     import json
 
-    from dpdl.experiments.registry import experiment_module
+    from dpdl.experiments.registry import experiment_kind, experiment_module
     from dpdl.experiments.runner import resume_run
 
     if args.config or args.preset:
@@ -261,8 +262,8 @@ def _resume(args) -> int:
     path = Path(args.resume) / "config.json"
     if not path.is_file():
         raise DPDLError(f"{args.resume} is not a dpdl run folder (no config.json)")
-    kind = json.loads(path.read_text()).get("kind", "decentralized")
-    if kind != "decentralized":
+    kind = json.loads(path.read_text()).get("kind")
+    if not experiment_kind(kind).distributed:  # the trainer's kind resumes with its runtime
         module = experiment_module(kind)
         if not hasattr(module, "resume_experiment"):
             raise DPDLError(f"experiment kind {kind!r} cannot resume a run folder")

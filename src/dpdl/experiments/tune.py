@@ -69,6 +69,7 @@ import numpy as np
 
 from dpdl.accounting.schedules import algorithm_private
 from dpdl.errors import require
+from dpdl.experiments.registry import EXPERIMENT_KINDS, kind_of
 from dpdl.experiments.sweep.driver import finished_cells, run_sweep
 from dpdl.experiments.tune_private import (
     check_private,
@@ -96,6 +97,10 @@ __all__ = ["run_tuning", "split_tune", "candidate_points", "sweep_runs", "tuning
 
 
 # --------------------------------------------------------------------------- config
+def _tuned_kinds() -> list[str]:
+    return [name for name, kind in EXPERIMENT_KINDS.items() if kind.tunes]
+
+
 def split_tune(config: dict) -> tuple[dict, dict]:
     """The base config and the validated ``[tune]`` table (one-line errors naming the key)."""
     config = copy.deepcopy(config)
@@ -103,8 +108,9 @@ def split_tune(config: dict) -> tuple[dict, dict]:
     require(isinstance(tune, dict), "a tune config needs a [tune] table")
     unknown = set(tune) - TUNE_KEYS
     require(not unknown, f"unknown key(s) in [tune]: {', '.join(sorted(unknown))}")
-    require(config.get("kind", "decentralized") == "decentralized",
-            "tuning runs the decentralized kind (the Dyn-D2P family)")  # fmt: skip
+    kind = kind_of(config)
+    require(kind.tunes, f"tuning runs a kind that tunes ({', '.join(_tuned_kinds())}; the "
+                        f"Dyn-D2P family), not {kind.name!r}")  # fmt: skip
     require("sweep" not in config, "a tune config has no [sweep] table: [tune] makes the grids")
     require(bool(config.get("data", {}).get("validation_records")),
             "tuning chooses on validation records: set data.validation_records")  # fmt: skip
