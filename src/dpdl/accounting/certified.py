@@ -18,6 +18,11 @@ relations (``neighboring``, MATH.md Conventions), each a dp_accounting ``Neighbo
 
 Accountants
 -----------
+Each method is one :class:`Accountant` in the registry :data:`ACCOUNTANTS` (its ε, δ, the
+compositions it accepts, whether it is certified, its calibration's coarse phase);
+``compute_epsilon`` / ``compute_delta`` check the common arguments and dispatch to it, and
+``register_accountant`` adds another, which every caller then takes by name.
+
 ``pld``  (certified) privacy-loss distributions, pessimistic connect-the-dots discretisation
          on a grid of ``value_discretization`` (dp_accounting's construction). ``mode="exact"``
          composes every step: the PMFs of all distinct multipliers are multiplied in the
