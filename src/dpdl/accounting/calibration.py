@@ -1,11 +1,13 @@
-"""Calibrate a schedule's noise scale under any accountant: clt, pld or rdp (MATH.md §2).
+"""Calibrate a schedule's noise scale under any registered accountant (MATH.md §2).
 
 A private schedule has noise multipliers z_k = t · s_k (see ``schedules``): t = 1/μ0 for the
 dyn-μ variants, 1/μ̄ for the constant-budget ones and σ̃ for the general form. ε falls as t
 grows, so calibration is a 1-D root find in log t (scipy's brentq) of ε(t) = target:
 
-* ``clt``: the paper's equations 8-10 (closed form or a cheap root find).
-* ``pld`` / ``rdp``: certified accountants from ``dpdl.accounting.certified``. The answer is
+* ``clt``: the paper's equations 8-10 (closed form or a cheap root find): an accountant's
+  ``closed_form_scale``, when it has one, is the answer.
+* ``pld`` / ``rdp`` (any accountant without a closed form): certified accountants from
+  ``dpdl.accounting.certified``, dispatched through its registry ``ACCOUNTANTS``. The answer is
   bracketed on the *safe* side: the scale returned is the smallest one *evaluated* with the
   requested accountant whose ε is ≤ the target, never an interpolated root.
 
@@ -20,8 +22,9 @@ blocked bound with ``DEFAULT_BLOCKS``. Either way the number is a certified uppe
 its ``method`` says which.
 
 Heterogeneous schedules are calibrated in two phases: a secant/brentq search on a cheap,
-coarse certified bound (PLD binned with 100 bins on a 1e-3 loss grid, or 20 blocks for
-RDP), then a short
+coarse certified bound (the accountant's ``coarse_options``: PLD binned with 100 bins on a
+1e-3 loss grid, or 20 blocks for RDP when it has more than 20 distinct multipliers; none:
+no coarse phase), then a short
 safeguarded secant search with the accountant actually requested, which both refines the
 scale (to ``epsilon_rtol`` below the target) and verifies the final answer.
 
@@ -42,15 +45,18 @@ from numpy.typing import ArrayLike
 from scipy.optimize import brentq
 
 from dpdl.accounting import validators as check
-from dpdl.accounting.certified import _cached_epsilon, accountant_options, check_accountant
+from dpdl.accounting.certified import (
+    COARSE_PLD,
+    COARSE_RDP,
+    Accountant,
+    _cached_epsilon,
+    get_accountant,
+)
 from dpdl.accounting.gdp import clt_noise_scale, mu_from_epsilon_delta
 from dpdl.accounting.validators import ADD_REMOVE
 from dpdl.errors import DPDLError, require
 
-__all__ = ["calibrate_noise_scale", "calibrate_safe"]
-
-COARSE_PLD = {"mode": "binned", "bins": 100, "value_discretization": 1e-3}
-COARSE_RDP = {"mode": "blocked", "blocks": 20}
+__all__ = ["calibrate_noise_scale", "calibrate_safe", "COARSE_PLD", "COARSE_RDP"]
 
 
 ProgressCallback = Callable[[int, "int | None", float], None]
@@ -193,7 +199,8 @@ def calibrate_noise_scale(
     :func:`accountant_options` (``blocks``) has been computed and is ≤ the target.
     ``on_iteration``: progress (see the module docstring).
     """
-    check_accountant(accountant, neighboring)
+    chosen = get_accountant(accountant)
+    check.neighboring(neighboring)
     shape = np.asarray(multiplier_shape, dtype=np.float64).ravel()
     require(
         shape.size > 0 and bool(np.all(np.isfinite(shape))) and bool(np.all(shape > 0)),
@@ -207,36 +214,39 @@ def calibrate_noise_scale(
 
     clt_scale = clt_noise_scale(mu_from_epsilon_delta(epsilon, delta), sample_rate, shape,
                                 neighboring)  # fmt: skip
-    final_options = accountant_options(accountant, shape, blocks) | {"neighboring": neighboring}
+    final_options = chosen.default_options(shape, blocks) | {"neighboring": neighboring}
 
     def final(t: float) -> float:
-        return _cached_epsilon(accountant, t * shape, sample_rate, delta, **final_options).epsilon
+        return _cached_epsilon(chosen.name, t * shape, sample_rate, delta,
+                               **final_options).epsilon  # fmt: skip
 
     progress = _Progress(on_iteration)
-    if accountant == "clt":
-        progress.finish(final(clt_scale))
-        return clt_scale
+    closed_form = chosen.closed_form_scale(shape, epsilon=epsilon, delta=delta,
+                                           sample_rate=sample_rate, neighboring=neighboring)
+    if closed_form is not None:  # the CLT's equations 8-10: no search
+        progress.finish(final(closed_form))
+        return closed_form
     search = _Search(progress.watch(lambda log_t: final(math.exp(log_t))), epsilon, epsilon_rtol)
     log_scale = _certified_log_scale(search, shape, clt_scale, progress, delta=delta,
-                                     sample_rate=sample_rate, accountant=accountant,
+                                     sample_rate=sample_rate, accountant=chosen,
                                      neighboring=neighboring)  # fmt: skip
     progress.finish(search.cache[log_scale])
     return math.exp(log_scale)
 
 
 def _certified_log_scale(search: _Search, shape, clt_scale, progress, *, delta, sample_rate,
-                         accountant, neighboring) -> float:  # fmt: skip
-    """The two-phase search of :func:`calibrate_noise_scale` (module docstring): log t."""
+                         accountant: Accountant, neighboring) -> float:  # fmt: skip
+    """The two-phase search of :func:`calibrate_noise_scale` (module docstring): log t, the
+    coarse phase on the accountant's ``coarse_options`` (none: search directly)."""
     epsilon, epsilon_rtol = search.target, search.epsilon_rtol
-    distinct = np.unique(shape).size
-    if _is_constant(shape) or (accountant == "rdp" and distinct <= COARSE_RDP["blocks"]):
+    coarse_options = accountant.coarse_options(shape)
+    if _is_constant(shape) or coarse_options is None:
         # A coarse phase would cost as much as the real thing: search directly.
         return search.solve(math.log(clt_scale))
-    coarse_options = (COARSE_PLD if accountant == "pld" else COARSE_RDP) | {
-        "neighboring": neighboring}
+    coarse_options = coarse_options | {"neighboring": neighboring}
     coarse = _Search(
         progress.watch(lambda log_t: _cached_epsilon(
-            accountant, math.exp(log_t) * shape, sample_rate, delta, **coarse_options
+            accountant.name, math.exp(log_t) * shape, sample_rate, delta, **coarse_options
         ).epsilon),
         epsilon,
         epsilon_rtol,

@@ -18,6 +18,11 @@ relations (``neighboring``, MATH.md Conventions), each a dp_accounting ``Neighbo
 
 Accountants
 -----------
+Each method is one :class:`Accountant` in the registry :data:`ACCOUNTANTS` (its ε, δ, the
+compositions it accepts, whether it is certified, its calibration's coarse phase);
+``compute_epsilon`` / ``compute_delta`` check the common arguments and dispatch to it, and
+``register_accountant`` adds another, which every caller then takes by name.
+
 ``pld``  (certified) privacy-loss distributions, pessimistic connect-the-dots discretisation
          on a grid of ``value_discretization`` (dp_accounting's construction). ``mode="exact"``
          composes every step: the PMFs of all distinct multipliers are multiplied in the
@@ -76,12 +81,26 @@ from numpy.typing import ArrayLike
 
 from dpdl.accounting import _pld_gaussian, _rdp_replace
 from dpdl.accounting import validators as check
-from dpdl.accounting.gdp import clt_mu_total, delta_from_epsilon, epsilon_from_delta
+from dpdl.accounting.gdp import (
+    clt_mu_total,
+    clt_noise_scale,
+    delta_from_epsilon,
+    epsilon_from_delta,
+    mu_from_epsilon_delta,
+)
 from dpdl.accounting.validators import ADD_REMOVE
 from dpdl.errors import DPDLError, require
 
 __all__ = [
     "ACCOUNTANTS",
+    "Accountant",
+    "Bound",
+    "Composition",
+    "register_accountant",
+    "unregister_accountant",
+    "get_accountant",
+    "accountant_names",
+    "approximate_accountant",
     "MODES",
     "DEFAULT_BLOCKS",
     "DEFAULT_BINS",
@@ -99,7 +118,6 @@ __all__ = [
     "epsilon_report",
 ]
 
-ACCOUNTANTS = ("clt", "pld", "rdp")
 MODES = ("exact", "blocked", "binned")
 DEFAULT_BLOCKS = 100
 DEFAULT_BINS = 500
@@ -222,18 +240,16 @@ def binned_run_lengths(
     return upper, lower
 
 
-def _check_common(
-    accountant: str,
+def _composition(
+    accountant: Accountant,
     sample_rate: float,
     mode: str,
     blocks: int | None,
     discretization: float,
     bins: int | None = None,
     neighboring: str = ADD_REMOVE,
-) -> None:
-    require(
-        accountant in ACCOUNTANTS, f"unknown accountant {accountant!r}; use one of {ACCOUNTANTS}"
-    )
+) -> Composition:
+    """The checked options of one accounting (one-line errors naming the value)."""
     check.neighboring(neighboring)
     require(
         isinstance(sample_rate, int | float | np.integer | np.floating)
@@ -241,37 +257,20 @@ def _check_common(
         f"sample_rate must lie in (0, 1], got {sample_rate!r}",
     )
     require(mode in MODES, f"unknown mode {mode!r}; use one of {MODES}")
-    _check_mode_option("blocks", blocks, "blocked", mode, accountant)
-    _check_mode_option("bins", bins, "binned", mode, accountant)
-    require(
-        mode != "binned" or accountant != "rdp",
-        "mode='binned' is a PLD bound; use mode='blocked' or 'exact' for rdp",
-    )
+    accountant.check_options(mode, blocks, bins)
     require(
         isinstance(discretization, int | float | np.floating)
         and math.isfinite(discretization)
         and 0 < discretization <= 0.1,
         f"value_discretization must lie in (0, 0.1], got {discretization!r}",
     )
+    return Composition(mode, blocks, bins, discretization, neighboring)
 
 
 def _discretization(mode: str, value_discretization: float | None) -> float:
     if value_discretization is None:
         return BINNED_DISCRETIZATION if mode == "binned" else DEFAULT_DISCRETIZATION
     return value_discretization
-
-
-def _schedule(
-    accountant: str, noise_multipliers: ArrayLike, mode: str, blocks: int | None
-) -> tuple[np.ndarray, np.ndarray, str]:
-    multipliers, counts = run_length(noise_multipliers)
-    if accountant == "clt":  # a closed form: nothing to gain from blocking
-        return multipliers, counts, "clt"
-    if mode == "blocked":
-        chosen = DEFAULT_BLOCKS if blocks is None else int(blocks)
-        multipliers, counts = blocked_run_length(multipliers, counts, chosen)
-        return multipliers, counts, f"{accountant}-blocked(B={chosen})"
-    return multipliers, counts, "pld-exact" if accountant == "pld" else "rdp"
 
 
 def _composed_plds(
@@ -325,8 +324,9 @@ def privacy_loss_distribution(
     for an empty schedule. See the module docstring for ``mode``, ``blocks``, ``bins`` and
     ``neighboring``; with ``mode="binned"`` this is the upper bound."""
     discretization = _discretization(mode, value_discretization)
-    _check_common("pld", sample_rate, mode, blocks, discretization, bins, neighboring)
-    multipliers, counts, _ = _schedule("pld", noise_multipliers, mode, blocks)
+    composition = _composition(ACCOUNTANTS["pld"], sample_rate, mode, blocks, discretization,
+                               bins, neighboring)  # fmt: skip
+    multipliers, counts, _ = ACCOUNTANTS["pld"].run_length(noise_multipliers, composition)
     if multipliers.size == 0:
         return None
     return _composed_plds(multipliers, counts, float(sample_rate), float(discretization), mode,
@@ -385,16 +385,304 @@ def _rdp_curve(multipliers: np.ndarray, counts: np.ndarray, sample_rate: float,
     return _RdpCurve(_rdp_replace.ORDERS, rdp)
 
 
-def _check_mode_option(name: str, value, owner: str, mode: str, accountant: str) -> None:
-    """``blocks`` / ``bins``: None, or a positive integer given with the mode that uses it."""
+def _check_mode_option(name: str, value, owner: str, mode: str, applies: bool) -> None:
+    """``blocks`` / ``bins``: None, or a positive integer given with the mode that uses it
+    (with any mode where composition options do not apply: ``applies`` False)."""
     require(
         value is None or (isinstance(value, int | np.integer) and value >= 1),
         f"{name} must be a positive integer, got {value!r}",
     )
     require(
-        value is None or mode == owner or accountant == "clt",
+        value is None or mode == owner or not applies,
         f"{name}={value!r} only applies to mode={owner!r} (mode is {mode!r})",
     )
+
+
+# ---------------------------------------------------------------- the accountant registry
+@dataclass(frozen=True)
+class Composition:
+    """The checked options of one accounting: how the steps are composed (``mode`` with its
+    ``blocks`` / ``bins``), the PLD loss grid and the neighbouring relation."""
+
+    mode: str = "exact"
+    blocks: int | None = None
+    bins: int | None = None
+    value_discretization: float = DEFAULT_DISCRETIZATION
+    neighboring: str = ADD_REMOVE
+
+
+@dataclass(frozen=True)
+class Bound:
+    """What an accountant's ``epsilon`` / ``delta`` may return instead of a bare number: the
+    value, a lower companion (the exact value lies in [lower, value]) and a method name that
+    replaces the composition's (e.g. "pld-binned(bins=500)")."""
+
+    value: float
+    lower: float | None = None
+    method: str | None = None
+
+
+class Accountant:
+    """One accounting method (the registry :data:`ACCOUNTANTS` holds one instance per name).
+
+    Subclass and override :meth:`epsilon` (and :meth:`delta`, if δ at an ε is wanted), then
+    ``register_accountant(MyAccountant())``: every caller (``compute_epsilon``, the ledger,
+    calibration, the settings' ``calibrate`` / ``certified_accountant`` and
+    ``AlgorithmSpec``'s ``@name`` suffix, ``dpdl account``) finds it by name.
+
+    Attributes: ``name`` (lower case, the key), ``display`` (how reports name it),
+    ``certified`` (a certified upper bound, or an approximation like the CLT), ``modes`` (the
+    composition modes it accepts, of :data:`MODES`), ``composition_options`` (False: ``mode``,
+    ``blocks`` and ``bins`` do not apply and are ignored, as for a closed form),
+    ``exact_max_distinct`` (beyond this many distinct multipliers its default composition is
+    not exact: :meth:`long_options`; None: always exact), ``exact_method`` (the method name of
+    an exact composition; default the name), ``calibration_blocks`` (whether a run's
+    ``privacy.calibration_blocks`` is handed to its calibration).
+    """
+
+    name: str = ""
+    display: str = ""
+    certified: bool = True
+    modes: tuple[str, ...] = ("exact", "blocked")
+    composition_options: bool = True
+    exact_max_distinct: int | None = None
+    exact_method: str | None = None
+    calibration_blocks: bool = False
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+    # ---------------------------------------------------------------- options
+    def check_options(self, mode: str, blocks: int | None, bins: int | None) -> None:
+        """Refuse (one line) a composition this accountant cannot do."""
+        _check_mode_option("blocks", blocks, "blocked", mode, self.composition_options)
+        _check_mode_option("bins", bins, "binned", mode, self.composition_options)
+        require(
+            not self.composition_options or mode in self.modes,
+            f"mode={mode!r} is not a composition of {self.name}; use one of {self.modes}",
+        )
+
+    def run_length(self, noise_multipliers: ArrayLike, composition: Composition
+                   ) -> tuple[np.ndarray, np.ndarray, str]:  # fmt: skip
+        """(distinct multipliers, their counts, method name) of the steps to compose: the
+        blocked dominating schedule under ``mode="blocked"``."""
+        multipliers, counts = run_length(noise_multipliers)
+        if not self.composition_options:  # a closed form: nothing to gain from blocking
+            return multipliers, counts, self.exact_method or self.name
+        if composition.mode == "blocked":
+            chosen = DEFAULT_BLOCKS if composition.blocks is None else int(composition.blocks)
+            multipliers, counts = blocked_run_length(multipliers, counts, chosen)
+            return multipliers, counts, f"{self.name}-blocked(B={chosen})"
+        return multipliers, counts, self.exact_method or self.name
+
+    def default_options(self, noise_multipliers: ArrayLike, blocks: int | None = None
+                        ) -> dict[str, Any]:  # fmt: skip
+        """``compute_epsilon`` options (mode, blocks) for this schedule: blocked with
+        ``blocks`` when given, else exact up to ``exact_max_distinct`` distinct multipliers and
+        :meth:`long_options` beyond."""
+        if not self.composition_options:
+            return {}
+        if blocks is not None:
+            require(
+                isinstance(blocks, int | np.integer) and blocks >= 1,
+                f"blocks must be a positive integer, got {blocks!r}",
+            )
+            return {"mode": "blocked", "blocks": int(blocks)}
+        if self.exact_max_distinct is not None:
+            distinct = np.unique(np.asarray(noise_multipliers, dtype=np.float64)).size
+            if distinct > self.exact_max_distinct:
+                return self.long_options()
+        return {"mode": "exact"}
+
+    def long_options(self) -> dict[str, Any]:
+        """The composition of a schedule with more than ``exact_max_distinct`` distinct
+        multipliers (blocked with ``DEFAULT_BLOCKS``)."""
+        return {"mode": "blocked", "blocks": DEFAULT_BLOCKS}
+
+    def report_options(self, noise_multipliers: ArrayLike, *, final: bool, final_mode: str,
+                       final_blocks: int, eval_blocks: int) -> dict[str, Any]:  # fmt: skip
+        """How a run's certified ε spent is composed, at an evaluation point or (``final``) in
+        its last report; the ``final_mode`` / ``final_blocks`` / ``eval_blocks`` settings are
+        PLD's (:class:`PldAccountant`), others compose as :meth:`default_options` says."""
+        return self.default_options(noise_multipliers)
+
+    # ------------------------------------------------------------- calibration
+    def closed_form_scale(self, shape: np.ndarray, *, epsilon: float, delta: float,
+                          sample_rate: float, neighboring: str) -> float | None:  # fmt: skip
+        """The noise scale t with ε(t·shape) = ``epsilon`` in closed form, or None: the
+        calibration then searches (``calibration.calibrate_noise_scale``)."""
+        return None
+
+    def coarse_options(self, shape: np.ndarray) -> dict[str, Any] | None:
+        """The options of a calibration's cheap coarse phase on a heterogeneous shape (a
+        certified bound of this accountant), or None to search with the final options at
+        once."""
+        return None
+
+    # -------------------------------------------------------------- the bounds
+    def epsilon(self, multipliers: np.ndarray, counts: np.ndarray, sample_rate: float,
+                delta: float, composition: Composition) -> float | Bound:  # fmt: skip
+        """ε at ``delta`` of the run-length schedule (``counts[i]`` steps at multiplier
+        ``multipliers[i]`` > 0, ascending, at least one): a number or a :class:`Bound`."""
+        raise NotImplementedError(f"accountant {self.name!r} gives no epsilon")
+
+    def delta(self, multipliers: np.ndarray, counts: np.ndarray, sample_rate: float,
+              epsilon: float, composition: Composition) -> float | Bound:  # fmt: skip
+        """δ at ``epsilon`` of the run-length schedule (see :meth:`epsilon`)."""
+        raise DPDLError(f"accountant {self.name!r} gives no delta at a given epsilon")
+
+
+class CltAccountant(Accountant):
+    """The paper's central-limit approximation (MATH.md §1.3 eq. 6): NOT certified."""
+
+    name, display, certified = "clt", "CLT", False
+    modes = MODES
+    composition_options = False
+
+    def closed_form_scale(self, shape, *, epsilon, delta, sample_rate, neighboring):
+        return clt_noise_scale(mu_from_epsilon_delta(epsilon, delta), sample_rate, shape,
+                               neighboring)  # fmt: skip
+
+    def epsilon(self, multipliers, counts, sample_rate, delta, composition):
+        mu_total = _clt_mu_total(multipliers, counts, sample_rate, composition.neighboring)
+        if mu_total == 0.0:  # z so large that every step's μ_k² underflows
+            return 0.0
+        if not math.isfinite(mu_total):
+            return math.inf
+        return epsilon_from_delta(delta, mu_total)
+
+    def delta(self, multipliers, counts, sample_rate, epsilon, composition):
+        mu_total = _clt_mu_total(multipliers, counts, sample_rate, composition.neighboring)
+        if mu_total == 0.0:
+            return 0.0
+        if not math.isfinite(mu_total):
+            return 1.0
+        return delta_from_epsilon(epsilon, mu_total)
+
+
+class PldAccountant(Accountant):
+    """Privacy-loss distributions (certified): exact, blocked or binned composition."""
+
+    name, display, certified = "pld", "PLD", True
+    modes = MODES
+    exact_max_distinct = 200
+    exact_method = "pld-exact"
+    calibration_blocks = True
+
+    def long_options(self):
+        return {"mode": "binned"}
+
+    def report_options(self, noise_multipliers, *, final, final_mode, final_blocks,
+                       eval_blocks):  # fmt: skip
+        # at evaluation points the cheap blocked bound, in the final report ``final_mode``
+        if final and final_mode == "auto":
+            return self.default_options(noise_multipliers)
+        if final and final_mode == "exact":
+            return {"mode": "exact"}
+        return {"mode": "blocked", "blocks": final_blocks if final else eval_blocks}
+
+    def coarse_options(self, shape):
+        return dict(COARSE_PLD)
+
+    def epsilon(self, multipliers, counts, sample_rate, delta, composition):
+        pld, pld_lower, binned = _composed_plds(
+            multipliers, counts, sample_rate, float(composition.value_discretization),
+            composition.mode, composition.bins, composition.neighboring)  # fmt: skip
+        epsilon = float(pld.get_epsilon_for_delta(delta))
+        if pld_lower is None:
+            return epsilon
+        return Bound(epsilon, min(epsilon, float(pld_lower.get_epsilon_for_delta(delta))), binned)
+
+    def delta(self, multipliers, counts, sample_rate, epsilon, composition):
+        pld, _, binned = _composed_plds(
+            multipliers, counts, sample_rate, float(composition.value_discretization),
+            composition.mode, composition.bins, composition.neighboring)  # fmt: skip
+        return Bound(float(pld.get_delta_for_epsilon(epsilon)), None, binned or None)
+
+
+class RdpAccountant(Accountant):
+    """Rényi DP (certified) through dp_accounting's ``RdpAccountant`` (add/remove) or the
+    integrated replace-one divergence (``_rdp_replace``); exact or blocked composition."""
+
+    name, display, certified = "rdp", "RDP", True
+    modes = ("exact", "blocked")
+    exact_max_distinct = 200
+
+    def coarse_options(self, shape):
+        # with few distinct multipliers a coarse phase would cost as much as the real thing
+        return None if np.unique(shape).size <= COARSE_RDP["blocks"] else dict(COARSE_RDP)
+
+    def epsilon(self, multipliers, counts, sample_rate, delta, composition):
+        with _quiet_rdp_orders():
+            return _rdp_curve(multipliers, counts, sample_rate,
+                              composition.neighboring).epsilon(delta)  # fmt: skip
+
+    def delta(self, multipliers, counts, sample_rate, epsilon, composition):
+        with _quiet_rdp_orders():
+            return _rdp_curve(multipliers, counts, sample_rate,
+                              composition.neighboring).delta(epsilon)  # fmt: skip
+
+
+# The coarse phase of a heterogeneous calibration (``calibration``): PLD binned with 100 bins
+# on a 1e-3 loss grid, RDP blocked in 20 blocks.
+COARSE_PLD = {"mode": "binned", "bins": 100, "value_discretization": 1e-3}
+COARSE_RDP = {"mode": "blocked", "blocks": 20}
+
+# name -> accountant, in registration order (reports list them in this order); iterating
+# gives the names, as the tuple it once was did.
+ACCOUNTANTS: dict[str, Accountant] = {}
+
+
+def accountant_names() -> tuple[str, ...]:
+    """The registered accountants' names, in registration order."""
+    return tuple(ACCOUNTANTS)
+
+
+def register_accountant(accountant: Accountant, *, replace: bool = False) -> Accountant:
+    """Add ``accountant`` to the registry under ``accountant.name`` (one call; every caller
+    then accepts the name). ``replace`` lets a name already taken be re-registered."""
+    require(isinstance(accountant, Accountant),
+            f"register an Accountant instance, got {type(accountant).__name__}")  # fmt: skip
+    name = accountant.name
+    require(isinstance(name, str) and name == name.strip().lower() and name != ""
+            and not set(name) & set("@, "),
+            f"an accountant's name must be lower case without '@', ',' or spaces, got {name!r}")
+    require(replace or name not in ACCOUNTANTS, f"accountant {name!r} is already registered")
+    require(set(accountant.modes) <= set(MODES) and accountant.modes,
+            f"accountant {name!r}: modes must be some of {MODES}, got {accountant.modes!r}")
+    ACCOUNTANTS[name] = accountant
+    _cached_compute.cache_clear()
+    return accountant
+
+
+def unregister_accountant(name: str) -> Accountant:
+    """Remove (and return) the accountant registered as ``name``."""
+    accountant = get_accountant(name)
+    del ACCOUNTANTS[name]
+    _cached_compute.cache_clear()
+    return accountant
+
+
+def get_accountant(name: str | Accountant) -> Accountant:
+    """The registered accountant called ``name`` (one-line DPDLError for an unknown one)."""
+    if isinstance(name, Accountant):
+        return name
+    require(
+        isinstance(name, str) and name in ACCOUNTANTS,
+        f"unknown accountant {name!r}; expected one of {accountant_names()}",
+    )
+    return ACCOUNTANTS[name]
+
+
+def approximate_accountant(name: str) -> bool:
+    """Whether ``name`` is a registered accountant that is not certified (the CLT): what a
+    report marks as an approximation. A name not registered here is not marked."""
+    accountant = ACCOUNTANTS.get(name)
+    return accountant is not None and not accountant.certified
+
+
+def _bound(value: float | Bound) -> Bound:
+    return value if isinstance(value, Bound) else Bound(float(value))
 
 
 def compute_epsilon(
@@ -409,7 +697,8 @@ def compute_epsilon(
     value_discretization: float | None = None,
     neighboring: str = ADD_REMOVE,
 ) -> EpsilonReport:
-    """The smallest ε with the schedule (ε, δ)-DP under ``accountant`` (MATH.md §2).
+    """The smallest ε with the schedule (ε, δ)-DP under ``accountant`` (MATH.md §2), a name of
+    :data:`ACCOUNTANTS` (its ``epsilon``, dispatched).
 
     ``noise_multipliers``: per-step z_k (1-D, length K) or (multiplier, count) rows.
     ``mode``/``blocks``/``bins`` select exact, blocked or binned composition (pld, rdp;
@@ -417,38 +706,21 @@ def compute_epsilon(
     ``binned``); ``neighboring`` the relation ("add-remove", the default, or "replace-one").
     Fails closed: see the module docstring.
     """
+    chosen = get_accountant(accountant)
     discretization = _discretization(mode, value_discretization)
-    _check_common(accountant, sample_rate, mode, blocks, discretization, bins, neighboring)
+    composition = _composition(chosen, sample_rate, mode, blocks, discretization, bins,
+                               neighboring)  # fmt: skip
     require(
         isinstance(delta, int | float | np.floating) and 0 < float(delta) < 1,
         f"delta must lie in (0, 1), got {delta!r}",
     )
     delta = float(delta)
-    multipliers, counts, method = _schedule(accountant, noise_multipliers, mode, blocks)
-    certified = accountant != "clt"
-    lower = None
+    multipliers, counts, method = chosen.run_length(noise_multipliers, composition)
     if multipliers.size == 0:
-        return EpsilonReport(accountant, 0.0, delta, certified, method, None, neighboring)
-    if accountant == "clt":
-        mu_total = _clt_mu_total(multipliers, counts, float(sample_rate), neighboring)
-        if mu_total == 0.0:  # z so large that every step's μ_k² underflows
-            epsilon = 0.0
-        elif not math.isfinite(mu_total):
-            epsilon = math.inf
-        else:
-            epsilon = epsilon_from_delta(delta, mu_total)
-    elif accountant == "pld":
-        pld, pld_lower, binned = _composed_plds(
-            multipliers, counts, float(sample_rate), float(discretization), mode, bins,
-            neighboring)
-        epsilon = float(pld.get_epsilon_for_delta(delta))
-        if pld_lower is not None:
-            lower = min(epsilon, float(pld_lower.get_epsilon_for_delta(delta)))
-            method = binned
-    else:
-        with _quiet_rdp_orders():
-            epsilon = _rdp_curve(multipliers, counts, sample_rate, neighboring).epsilon(delta)
-    return EpsilonReport(accountant, epsilon, delta, certified, method, lower, neighboring)
+        return EpsilonReport(chosen.name, 0.0, delta, chosen.certified, method, None, neighboring)
+    bound = _bound(chosen.epsilon(multipliers, counts, float(sample_rate), delta, composition))
+    return EpsilonReport(chosen.name, bound.value, delta, chosen.certified,
+                         bound.method or method, bound.lower, neighboring)  # fmt: skip
 
 
 def compute_delta(
@@ -465,8 +737,10 @@ def compute_delta(
 ) -> EpsilonReport:
     """The smallest δ with the schedule (ε, δ)-DP under ``accountant``; see compute_epsilon.
     (With ``mode="binned"`` the lower companion is not reported for δ.)"""
+    chosen = get_accountant(accountant)
     discretization = _discretization(mode, value_discretization)
-    _check_common(accountant, sample_rate, mode, blocks, discretization, bins, neighboring)
+    composition = _composition(chosen, sample_rate, mode, blocks, discretization, bins,
+                               neighboring)  # fmt: skip
     require(
         isinstance(epsilon, int | float | np.floating)
         and math.isfinite(epsilon)
@@ -474,42 +748,19 @@ def compute_delta(
         f"epsilon must be a finite number >= 0, got {epsilon!r}",
     )
     epsilon = float(epsilon)
-    multipliers, counts, method = _schedule(accountant, noise_multipliers, mode, blocks)
-    certified = accountant != "clt"
+    multipliers, counts, method = chosen.run_length(noise_multipliers, composition)
     if multipliers.size == 0:
-        return EpsilonReport(accountant, epsilon, 0.0, certified, method, None, neighboring)
-    if accountant == "clt":
-        mu_total = _clt_mu_total(multipliers, counts, float(sample_rate), neighboring)
-        if mu_total == 0.0:
-            delta = 0.0
-        elif not math.isfinite(mu_total):
-            delta = 1.0
-        else:
-            delta = delta_from_epsilon(epsilon, mu_total)
-    elif accountant == "pld":
-        pld, _, binned = _composed_plds(
-            multipliers, counts, float(sample_rate), float(discretization), mode, bins,
-            neighboring)
-        method = binned or method
-        delta = float(pld.get_delta_for_epsilon(epsilon))
-    else:
-        with _quiet_rdp_orders():
-            delta = _rdp_curve(multipliers, counts, sample_rate, neighboring).delta(epsilon)
-    return EpsilonReport(accountant, epsilon, min(delta, 1.0), certified, method, None,
-                         neighboring)
+        return EpsilonReport(chosen.name, epsilon, 0.0, chosen.certified, method, None,
+                             neighboring)  # fmt: skip
+    bound = _bound(chosen.delta(multipliers, counts, float(sample_rate), epsilon, composition))
+    return EpsilonReport(chosen.name, epsilon, min(bound.value, 1.0), chosen.certified,
+                         bound.method or method, None, neighboring)  # fmt: skip
 
 
 # ------------------------------------------------------------------------ epsilon reports
-# Beyond this many distinct multipliers exact composition is too slow for interactive use.
-EXACT_MAX_DISTINCT = {"pld": 200, "rdp": 200}
-
-
 def check_accountant(accountant: str, neighboring: str | None = None) -> str:
     """``accountant``, known (and ``neighboring``, when given, a known relation)."""
-    require(
-        accountant in ACCOUNTANTS,
-        f"unknown accountant {accountant!r}; expected one of {ACCOUNTANTS}",
-    )
+    get_accountant(accountant)
     if neighboring is not None:
         check.neighboring(neighboring)
     return accountant
@@ -518,22 +769,9 @@ def check_accountant(accountant: str, neighboring: str | None = None) -> str:
 def accountant_options(
     accountant: str, noise_multipliers: ArrayLike, blocks: int | None = None
 ) -> dict[str, Any]:
-    """``compute_epsilon`` options (mode, blocks) for this schedule; see the module docstring."""
-    check_accountant(accountant)
-    if accountant == "clt":
-        return {}
-    if blocks is not None:
-        require(
-            isinstance(blocks, int | np.integer) and blocks >= 1,
-            f"blocks must be a positive integer, got {blocks!r}",
-        )
-        return {"mode": "blocked", "blocks": int(blocks)}
-    distinct = np.unique(np.asarray(noise_multipliers, dtype=np.float64)).size
-    if distinct > EXACT_MAX_DISTINCT[accountant]:
-        if accountant == "pld":
-            return {"mode": "binned"}
-        return {"mode": "blocked", "blocks": DEFAULT_BLOCKS}
-    return {"mode": "exact"}
+    """``compute_epsilon`` options (mode, blocks) for this schedule: the accountant's
+    ``default_options`` (see the module docstring)."""
+    return get_accountant(accountant).default_options(noise_multipliers, blocks)
 
 
 def epsilon_report(
@@ -550,7 +788,8 @@ def epsilon_report(
     without ``mode`` they default to :func:`accountant_options`. A step without noise (z = 0)
     gives ε = ∞.
     """
-    check_accountant(accountant, options.get("neighboring", ADD_REMOVE))
+    chosen = get_accountant(accountant)
+    check.neighboring(options.get("neighboring", ADD_REMOVE))
     z = np.asarray(noise_multipliers, dtype=np.float64)
     # Per-step multipliers only: a (multiplier, count) table flattened would count its counts
     # as steps and understate ε.
@@ -566,12 +805,12 @@ def epsilon_report(
             accountant=accountant,
             epsilon=math.inf,
             delta=delta,
-            certified=accountant != "clt",
+            certified=chosen.certified,
             method="no-noise",
             neighboring=options.get("neighboring", ADD_REMOVE),
         )
-    if "mode" not in options and accountant != "clt":
-        options = {**accountant_options(accountant, z, options.pop("blocks", None)), **options}
+    if "mode" not in options and chosen.composition_options:
+        options = {**chosen.default_options(z, options.pop("blocks", None)), **options}
     return _cached_epsilon(accountant, z, sample_rate, delta, **options)
 
 
@@ -588,3 +827,12 @@ def _cached_epsilon(
     z = np.ascontiguousarray(z, dtype=np.float64)
     key = tuple(sorted(options.items()))
     return _cached_compute(accountant, z.tobytes(), float(sample_rate), float(delta), key)
+
+
+for _builtin in (CltAccountant(), PldAccountant(), RdpAccountant()):
+    register_accountant(_builtin)
+del _builtin
+
+# Beyond this many distinct multipliers exact composition is too slow for interactive use
+# (each accountant's ``exact_max_distinct``; kept as the dict it was).
+EXACT_MAX_DISTINCT = {name: ACCOUNTANTS[name].exact_max_distinct for name in ("pld", "rdp")}

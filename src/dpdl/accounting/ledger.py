@@ -27,7 +27,12 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from dpdl.accounting import validators as check
-from dpdl.accounting.certified import EpsilonReport, check_accountant, epsilon_report
+from dpdl.accounting.certified import (
+    ACCOUNTANTS,
+    EpsilonReport,
+    check_accountant,
+    epsilon_report,
+)
 from dpdl.accounting.validators import ADD_REMOVE
 from dpdl.errors import DPDLError, PrivacyBudgetExceeded, require
 
@@ -255,7 +260,7 @@ class PrivacyLedger:
                 accountant=name,
                 epsilon=0.0,
                 delta=self.delta,
-                certified=name != "clt",
+                certified=ACCOUNTANTS[name].certified,
                 method="no-steps",
                 neighboring=self.neighboring,
             )

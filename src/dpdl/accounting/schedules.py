@@ -25,7 +25,9 @@ C_k ∝ ρ_c^(−k/K), σ̃_k ∝ (ρ_c ρ_μ)^(−k/K) with C_0 = C0.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -37,6 +39,7 @@ from dpdl.accounting.calibration import ProgressCallback, calibrate_noise_scale
 from dpdl.accounting.certified import (
     ACCOUNTANTS,
     EpsilonReport,
+    accountant_names,
     check_accountant,
     epsilon_report,
 )
@@ -46,6 +49,14 @@ from dpdl.errors import DPDLError, require
 
 __all__ = [
     "ALGORITHMS",
+    "ScheduleFamily",
+    "ShapeOptions",
+    "register_schedule_family",
+    "unregister_schedule_family",
+    "schedule_family",
+    "algorithm_names",
+    "private_algorithm_names",
+    "algorithm_private",
     "DEFAULT_CLIP",
     "DEFAULT_RHO_C",
     "DEFAULT_RHO_MU",
@@ -62,7 +73,6 @@ __all__ = [
     "CalibrationResult",
 ]
 
-ALGORITHMS = ("sgp", "const-d2p", "dyn-c-d2p", "dyn-mu-d2p", "dyn-d2p", "general")
 DEFAULT_CLIP = 1.0
 DEFAULT_RHO_C = 2.0
 DEFAULT_RHO_MU = 2.0
@@ -219,6 +229,203 @@ class PrivacySchedule:
         )
 
 
+# --------------------------------------------------------------------- the families
+@dataclass(frozen=True)
+class ShapeOptions:
+    """What a family's shapes may read: C̄, C0 (None: C̄), ρ_c, ρ_μ and, for ``general``,
+    given clip and noise shapes (None: Corollary 1's)."""
+
+    clip: float = DEFAULT_CLIP
+    clip0: float | None = None
+    rho_c: float = DEFAULT_RHO_C
+    rho_mu: float = DEFAULT_RHO_MU
+    clip_shape: ArrayLike | None = None
+    noise_shape: ArrayLike | None = None
+
+    @property
+    def first_clip(self) -> float:
+        """C0: the given one, else C̄."""
+        return self.clip if self.clip0 is None else self.clip0
+
+
+Shape = Callable[[int, ShapeOptions], np.ndarray]
+
+
+@dataclass(frozen=True)
+class ScheduleFamily:
+    """One schedule of the Dyn-D2P family (a row of the module docstring's table).
+
+    ``clip_shape(steps, options)`` gives C_k and either ``multiplier_shape`` the noise
+    multiplier's shape s_k (σ̃_k = C_k s_k) or ``noise_shape`` the noise's σ̃_k (s_k = σ̃_k /
+    C_k); a family with neither clip nor noise (``sgp``) is not private. ``scale`` names what
+    the calibrated scale t is reported as ("mu0": μ_0 = 1/t, "mu_bar": μ̄ = 1/t,
+    "sigma_scale": σ̃ = t, or None). ``parameters``: the settings its shapes read (of
+    ``clip``, ``clip0``, ``rho_c``, ``rho_mu``, ``clip_shape``, ``noise_shape``); a
+    schedule records the ρ's it read. ``display`` (how reports and notes name it), ``short``
+    (in a gain's column, "gain Dyn vs Const"), ``order`` (the report's order: None, the
+    registration order), ``rivals`` (the families a report checks it against at equal ε,
+    paired by seed) and ``baseline`` (the rival whose relative gain the report tabulates).
+    """
+
+    name: str
+    display: str
+    clip_shape: Shape | None = None
+    multiplier_shape: Shape | None = None
+    noise_shape: Shape | None = None
+    scale: str | None = None
+    parameters: tuple[str, ...] = ()
+    short: str = ""
+    order: int | None = None
+    rivals: tuple[str, ...] = ()
+    baseline: str | None = None
+    description: str = ""
+
+    @property
+    def private(self) -> bool:
+        """Whether its steps clip and add noise (``sgp``: no)."""
+        return self.clip_shape is not None
+
+    def shapes(self, steps: int, options: ShapeOptions) -> tuple[np.ndarray, np.ndarray,
+                                                                np.ndarray]:  # fmt: skip
+        """(clip C_k, noise-multiplier shape s_k, noise shape σ̃_k); σ_k = t · σ̃_k."""
+        require(self.private, f"{self.name} is not private: it has no clip or noise shape")
+        clips = self.clip_shape(steps, options)
+        if self.noise_shape is not None:
+            sigma_shape = self.noise_shape(steps, options)
+            return clips, sigma_shape / clips, sigma_shape
+        multiplier_shape = self.multiplier_shape(steps, options)
+        return clips, multiplier_shape, clips * multiplier_shape
+
+    def recorded_parameters(self, options: ShapeOptions) -> dict[str, float]:
+        """The ρ's its shapes read (a given clip / noise shape replaces them)."""
+        out: dict[str, float] = {}
+        if "rho_c" in self.parameters and options.clip_shape is None:
+            out["rho_c"] = float(options.rho_c)
+        if "rho_mu" in self.parameters and not (
+                options.noise_shape is not None and "noise_shape" in self.parameters):
+            out["rho_mu"] = float(options.rho_mu)
+        return out
+
+
+def _exponential_clip(steps: int, o: ShapeOptions) -> np.ndarray:
+    return exponential_clip(o.first_clip, o.rho_c, steps)
+
+
+def _constant_clip(steps: int, o: ShapeOptions) -> np.ndarray:
+    return constant_clip(o.clip, steps)
+
+
+def _growing_budget(steps: int, o: ShapeOptions) -> np.ndarray:
+    return check.ratio("rho_mu", o.rho_mu) ** (-_fraction(steps))  # s_k = ρ_μ^(−k/K)
+
+
+def _uniform_budget(steps: int, o: ShapeOptions) -> np.ndarray:
+    return np.ones(steps)
+
+
+def _general_clip(steps: int, o: ShapeOptions) -> np.ndarray:
+    if o.clip_shape is None:  # Corollary 1: C_k ∝ ρ_c^(−k/K)
+        return exponential_clip(o.first_clip, o.rho_c, steps)
+    return array_schedule("clip_shape", o.clip_shape, steps)
+
+
+def _general_noise(steps: int, o: ShapeOptions) -> np.ndarray:
+    if o.noise_shape is None:  # Corollary 1: σ̃_k ∝ (ρ_c ρ_μ)^(−k/K)
+        rho_c, rho_mu = check.ratio("rho_c", o.rho_c), check.ratio("rho_mu", o.rho_mu)
+        return (rho_c * rho_mu) ** (-_fraction(steps))
+    return array_schedule("noise_shape", o.noise_shape, steps)
+
+
+# name -> family, in registration order (the report's order unless a family sets one);
+# iterating gives the names, as the tuple it once was did.
+ALGORITHMS: dict[str, ScheduleFamily] = {}
+
+
+def algorithm_names() -> tuple[str, ...]:
+    """The registered families' names, in registration order."""
+    return tuple(ALGORITHMS)
+
+
+def private_algorithm_names() -> tuple[str, ...]:
+    """The registered private families' names, in registration order."""
+    return tuple(name for name, family in ALGORITHMS.items() if family.private)
+
+
+def algorithm_private(name: str) -> bool:
+    """Whether the family called ``name`` is private. A name not registered here (a run of a
+    family this process has not registered, read from its results) counts as private, as
+    every name but ``sgp`` always did."""
+    family = ALGORITHMS.get(name)
+    return family is None or family.private
+
+
+def register_schedule_family(family: ScheduleFamily, *, replace: bool = False) -> ScheduleFamily:
+    """Add ``family`` under ``family.name`` (one call: ``make_schedule``, the settings'
+    algorithm names, ``dpdl account`` and the reports then know it). Its ``order`` defaults
+    to the registration order; its rivals and baseline must be registered already."""
+    name = family.name
+    require(isinstance(family, ScheduleFamily),
+            f"register a ScheduleFamily, got {type(family).__name__}")  # fmt: skip
+    require(isinstance(name, str) and name == name.strip().lower() and name != ""
+            and not set(name) & set("@, "),
+            f"a family's name must be lower case without '@', ',' or spaces, got {name!r}")
+    require(replace or name not in ALGORITHMS,
+            f"schedule family {name!r} is already registered")  # fmt: skip
+    require(family.private == (family.multiplier_shape is not None
+                               or family.noise_shape is not None),
+            f"schedule family {name!r}: give a clip shape and one noise or multiplier shape "
+            "(neither for a non-private family)")
+    require(family.multiplier_shape is None or family.noise_shape is None,
+            f"schedule family {name!r}: give a multiplier shape or a noise shape, not both")
+    require(family.scale in (None, "mu0", "mu_bar", "sigma_scale"),
+            f"schedule family {name!r}: scale must be 'mu0', 'mu_bar', 'sigma_scale' or None")
+    for other in (*family.rivals, *([family.baseline] if family.baseline else [])):
+        require(other in ALGORITHMS or other == name,
+                f"schedule family {name!r}: unknown rival {other!r}")  # fmt: skip
+    if family.order is None:
+        family = dataclasses.replace(family, order=len(ALGORITHMS) if name not in ALGORITHMS
+                         else ALGORITHMS[name].order)  # fmt: skip
+    ALGORITHMS[name] = family
+    return family
+
+
+def unregister_schedule_family(name: str) -> ScheduleFamily:
+    """Remove (and return) the family registered as ``name``."""
+    return ALGORITHMS.pop(schedule_family(name).name)
+
+
+def schedule_family(name: str) -> ScheduleFamily:
+    """The registered family called ``name`` (one-line DPDLError for an unknown one)."""
+    require(isinstance(name, str) and name in ALGORITHMS,
+            f"unknown algorithm {name!r}; expected one of {algorithm_names()}")  # fmt: skip
+    return ALGORITHMS[name]
+
+
+for _family in (
+    ScheduleFamily("sgp", "SGP", short="SGP",
+                   description="stochastic gradient push: no clipping, no noise"),
+    ScheduleFamily("const-d2p", "Const-D2P", _constant_clip, _uniform_budget, scale="mu_bar",
+                   parameters=("clip",), short="Const",
+                   description="constant clip C̄ and budget μ̄"),
+    ScheduleFamily("dyn-c-d2p", "Dyn[C]-D2P", _exponential_clip, _uniform_budget,
+                   scale="mu_bar", parameters=("clip0", "rho_c"), short="Dyn[C]",
+                   description="decaying clip C0 ρ_c^(−k/K), constant budget μ̄"),
+    ScheduleFamily("dyn-mu-d2p", "Dyn[μ]-D2P", _constant_clip, _growing_budget, scale="mu0",
+                   parameters=("clip", "rho_mu"), short="Dyn[μ]",
+                   description="constant clip C̄, growing budget μ0 ρ_μ^(k/K)"),
+    ScheduleFamily("dyn-d2p", "Dyn-D2P", _exponential_clip, _growing_budget, scale="mu0",
+                   parameters=("clip0", "rho_c", "rho_mu"), short="Dyn",
+                   rivals=("dyn-c-d2p", "dyn-mu-d2p", "const-d2p"), baseline="const-d2p",
+                   description="decaying clip and growing budget (Algorithm 1)"),
+    ScheduleFamily("general", "General", _general_clip, noise_shape=_general_noise,
+                   scale="sigma_scale",
+                   parameters=("clip0", "rho_c", "rho_mu", "clip_shape", "noise_shape"),
+                   short="General", description="any clip C_k and noise shape σ̃_k"),
+):
+    register_schedule_family(_family)
+del _family
+
+
 def noise_shape_of(
     algorithm: str,
     steps: int,
@@ -235,31 +442,14 @@ def noise_shape_of(
     σ_k = t · σ̃_k with the calibrated scale t; z_k = t · s_k.
     """
     steps = check.steps(steps)
-    clip0 = clip if clip0 is None else clip0
-    if algorithm in ("dyn-d2p", "dyn-c-d2p"):
-        clips = exponential_clip(clip0, rho_c, steps)
-    elif algorithm in ("dyn-mu-d2p", "const-d2p"):
-        clips = constant_clip(clip, steps)
-    elif algorithm == "general":
-        if clip_shape is None:  # Corollary 1: C_k ∝ ρ_c^(−k/K)
-            clips = exponential_clip(clip0, rho_c, steps)
-        else:
-            clips = array_schedule("clip_shape", clip_shape, steps)
-        if noise_shape is None:  # Corollary 1: σ̃_k ∝ (ρ_c ρ_μ)^(−k/K)
-            rho_c, rho_mu = check.ratio("rho_c", rho_c), check.ratio("rho_mu", rho_mu)
-            sigma_shape = (rho_c * rho_mu) ** (-_fraction(steps))
-        else:
-            sigma_shape = array_schedule("noise_shape", noise_shape, steps)
-        return clips, sigma_shape / clips, sigma_shape
-    else:
+    family = ALGORITHMS.get(algorithm)
+    if family is None or not family.private:
         raise DPDLError(
-            f"unknown private algorithm {algorithm!r}; expected one of {ALGORITHMS[1:]}"
+            f"unknown private algorithm {algorithm!r}; expected one of "
+            f"{private_algorithm_names()}"
         )
-    if algorithm in ("dyn-d2p", "dyn-mu-d2p"):
-        multiplier_shape = check.ratio("rho_mu", rho_mu) ** (-_fraction(steps))
-    else:
-        multiplier_shape = np.ones(steps)
-    return clips, multiplier_shape, clips * multiplier_shape
+    options = ShapeOptions(clip, clip0, rho_c, rho_mu, clip_shape, noise_shape)
+    return family.shapes(steps, options)
 
 
 def _build(
@@ -279,7 +469,7 @@ def _build(
     from dpdl.accounting.gdp import clt_mu_total
 
     mus = 1.0 / (scale * multiplier_shape)
-    is_dyn_mu = algorithm in ("dyn-d2p", "dyn-mu-d2p")
+    reported = ALGORITHMS[algorithm].scale  # what the scale t is: 1/μ0, 1/μ̄ or σ̃
     return PrivacySchedule(
         algorithm=algorithm,
         steps=clips.size,
@@ -291,9 +481,9 @@ def _build(
         mu=mus,
         calibrated_with=calibrated_with,
         mu_tot=clt_mu_total(sample_rate, mus, neighboring=neighboring),
-        mu0=float(mus[0]) if is_dyn_mu else None,
-        mu_bar=float(mus[0]) if algorithm in ("const-d2p", "dyn-c-d2p") else None,
-        sigma_scale=scale if algorithm == "general" else None,
+        mu0=float(mus[0]) if reported == "mu0" else None,
+        mu_bar=float(mus[0]) if reported == "mu_bar" else None,
+        sigma_scale=scale if reported == "sigma_scale" else None,
         parameters=parameters,
         neighboring=neighboring,
     )
@@ -331,17 +521,16 @@ def make_schedule(
     ``releases`` ({name: factor}, default one release of factor 1): a step releases one
     subsampled Gaussian per entry, with multiplier z_k * factor; σ is calibrated so that all
     of them, composed, meet the target.
-    ``sgp`` is non-private: no clipping, zero noise, and ε, δ may be None.
+    ``algorithm`` names a registered :class:`ScheduleFamily` (:data:`ALGORITHMS`); a
+    non-private one (``sgp``) has no clipping, zero noise, and ε, δ may be None.
     """
-    require(
-        algorithm in ALGORITHMS, f"unknown algorithm {algorithm!r}; expected one of {ALGORITHMS}"
-    )
+    family = schedule_family(algorithm)
     steps = check.steps(steps)
     sample_rate = check.sample_rate(sample_rate)
     neighboring = check.neighboring(neighboring)
-    if algorithm == "sgp":
+    if not family.private:
         return PrivacySchedule(
-            algorithm="sgp",
+            algorithm=family.name,
             steps=steps,
             sample_rate=sample_rate,
             delta=None if delta is None else check.delta(delta),
@@ -356,10 +545,6 @@ def make_schedule(
     epsilon = check.positive("epsilon", epsilon)
     require(delta is not None, f"algorithm {algorithm!r} needs a target delta")
     delta = check.delta(delta)
-    require(
-        calibrate in ACCOUNTANTS,
-        f"unknown accountant {calibrate!r}; expected one of {ACCOUNTANTS}",
-    )
     check_accountant(calibrate, neighboring)
     clip = check.positive("clip", clip)
     if clip0 is not None:
@@ -375,10 +560,8 @@ def make_schedule(
         noise_shape=noise_shape,
     )
     parameters: dict[str, Any] = {"clip": clip, "clip0": clip if clip0 is None else clip0}
-    if algorithm in ("dyn-d2p", "dyn-c-d2p", "general") and clip_shape is None:
-        parameters["rho_c"] = float(rho_c)
-    if algorithm in ("dyn-d2p", "dyn-mu-d2p") or (algorithm == "general" and noise_shape is None):
-        parameters["rho_mu"] = float(rho_mu)
+    parameters |= family.recorded_parameters(
+        ShapeOptions(clip, clip0, rho_c, rho_mu, clip_shape, noise_shape))
     if blocks is not None:
         parameters["blocks"] = int(blocks)
 
@@ -434,13 +617,14 @@ class CalibrationResult:
 def calibrate(
     algorithm: str,
     *,
-    report: tuple[str, ...] | list[str] = ACCOUNTANTS,
+    report: tuple[str, ...] | list[str] | None = None,
     **schedule_options: Any,
 ) -> CalibrationResult:
     """``make_schedule(algorithm, **schedule_options)``, then ε under every accountant in
-    ``report`` (issue 2, item 4) and the schedule's relation, each composed as
-    :func:`accountant_options` says.
+    ``report`` (default: every registered one; issue 2, item 4) and the schedule's relation,
+    each composed as :func:`accountant_options` says.
     """
+    report = accountant_names() if report is None else report
     neighboring = check.neighboring(schedule_options.get("neighboring", ADD_REMOVE))
     for name in report:
         check_accountant(name, neighboring)
@@ -455,7 +639,7 @@ def calibrate(
                 accountant=name,
                 epsilon=math.inf,
                 delta=math.nan if schedule.delta is None else schedule.delta,
-                certified=name != "clt",
+                certified=ACCOUNTANTS[name].certified,
                 method="no-noise",
                 neighboring=neighboring,
             )

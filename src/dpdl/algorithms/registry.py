@@ -120,7 +120,10 @@ class Algorithm:
 
     @property
     def private(self) -> bool:
-        return self.schedule != "sgp"
+        """Whether it clips and adds noise: its schedule family's ``private``."""
+        from dpdl.accounting.schedules import schedule_family
+
+        return schedule_family(self.schedule).private
 
     def releases(self, settings: BaseModel) -> tuple[Release, ...]:
         return (Release("update"),)

@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--calibrate",
         default="pld",
-        help="accountant to calibrate with: clt, pld (default, certified) or rdp",
+        help=f"accountant to calibrate with: {_accountants_help()} (default pld)",
     )
     parser.add_argument(
         "--neighboring",
@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--report",
         default=",".join(ACCOUNTANTS),
-        help="comma-separated accountants to report (default clt,pld,rdp)",
+        help=f"comma-separated accountants to report (default {','.join(ACCOUNTANTS)})",
     )
     parser.add_argument(
         "--blocks", type=int, help="use the blocked PLD upper bound with this many blocks"
@@ -74,6 +74,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--schedule-out", metavar="FILE.csv", help="write per-step k, C_k, mu_k, sigma_k"
     )
+
+
+def _accountants_help() -> str:
+    """The registered accountants, each marked certified or approximate."""
+    return ", ".join(f"{name} ({'certified' if accountant.certified else 'approximate'})"
+                     for name, accountant in ACCOUNTANTS.items())  # fmt: skip
 
 
 def _sample_rate(args: argparse.Namespace) -> float:
@@ -127,7 +133,7 @@ def _validate(args: argparse.Namespace) -> None:
         f"{', '.join(NEIGHBORING_RELATIONS)}",
     )
     require(args.steps >= 1, f"--steps must be >= 1, got {args.steps}")
-    if args.algorithm != "sgp":
+    if ALGORITHMS[args.algorithm].private:
         require(args.epsilon is not None, f"--epsilon is required for {args.algorithm}")
     if args.epsilon is not None:
         require(
@@ -149,23 +155,28 @@ def _validate(args: argparse.Namespace) -> None:
 
 
 def _warnings(reports: dict[str, Any]) -> list[str]:
-    """Warn when the CLT ε is far below the tightest certified ε (MATH.md §1.3, §2)."""
-    clt = reports.get("clt")
+    """Warn when an approximate accountant's ε (the CLT's) is far below the tightest
+    certified ε (MATH.md §1.3, §2)."""
     certified = [
         reports[name]
-        for name in ("pld", "rdp")
-        if name in reports and math.isfinite(reports[name].epsilon)
+        for name, accountant in ACCOUNTANTS.items()
+        if accountant.certified and name in reports and math.isfinite(reports[name].epsilon)
     ]
-    if clt is None or not certified or not clt.epsilon > 0:
-        return []
-    tightest = min(certified, key=lambda report: report.epsilon)
-    if tightest.epsilon <= CLT_GAP_WARNING_RATIO * clt.epsilon:
-        return []
-    return [
-        f"the CLT epsilon {clt.epsilon:.4g} is far below the certified {tightest.accountant} "
-        f"epsilon {tightest.epsilon:.4g} ({tightest.epsilon / clt.epsilon:.2f}x): the CLT is an "
-        "approximation that understates the privacy loss here (small sampling rate / noise)"
-    ]
+    warnings = []
+    for name, accountant in ACCOUNTANTS.items():
+        approximate = reports.get(name) if not accountant.certified else None
+        if approximate is None or not certified or not approximate.epsilon > 0:
+            continue
+        tightest = min(certified, key=lambda report: report.epsilon)
+        if tightest.epsilon <= CLT_GAP_WARNING_RATIO * approximate.epsilon:
+            continue
+        warnings.append(
+            f"the {accountant.display} epsilon {approximate.epsilon:.4g} is far below the "
+            f"certified {tightest.accountant} epsilon {tightest.epsilon:.4g} "
+            f"({tightest.epsilon / approximate.epsilon:.2f}x): the {accountant.display} is an "
+            "approximation that understates the privacy loss here (small sampling rate / noise)"
+        )
+    return warnings
 
 
 def _write_schedule(path: str, table: np.ndarray) -> None:
@@ -252,7 +263,8 @@ def _print_summary(summary, schedule, reports, report_names) -> None:
     print(
         f"  target epsilon {summary['epsilon_target']:g}, calibrated with "
         f"{schedule.calibrated_with}"
-        + (" (approximate)" if schedule.calibrated_with == "clt" else " (certified)")
+        + (" (certified)" if ACCOUNTANTS[schedule.calibrated_with].certified
+           else " (approximate)")
     )
     print(f"  clip C_k           {_ends(schedule.clip)}")
     print(f"  budget mu_k        {_ends(schedule.mu)}")
@@ -265,7 +277,8 @@ def _print_summary(summary, schedule, reports, report_names) -> None:
     print("  epsilon:")
     for name in report_names:
         report = reports[name]
-        kind = f"certified ({report.method})" if report.certified else "approximate (CLT)"
+        kind = (f"certified ({report.method})" if report.certified
+                else f"approximate ({ACCOUNTANTS[name].display})")
         if report.epsilon_lower is not None and report.epsilon_lower != report.epsilon:
             # the exact composition lies in between: the report shows how tight it is
             bracket = f"[{report.epsilon_lower:.6g}, {report.epsilon:.6g}]"

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import math
 
+from dpdl.accounting.certified import accountant_names, get_accountant
 from dpdl.commands import audit_reconstruct
 from dpdl.errors import DPDLError, require
 
@@ -27,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--delta", type=float, help="target delta (default 1e-4)")
     parser.add_argument("--steps", type=int, help="number of iterations K")
     parser.add_argument("--sample-rate", type=float, help="Poisson sampling rate p in (0, 1]")
-    parser.add_argument("--calibrate", choices=("clt", "pld", "rdp"), help="accountant (pld)")
+    parser.add_argument("--calibrate", choices=accountant_names(), help="accountant (pld)")
     parser.add_argument("--clip", type=float, help="C̄ (default 1.0)")
     parser.add_argument("--clip0", type=float, help="C0 of the decaying clip (default C̄)")
     parser.add_argument("--rho-c", type=float, help="clip decay ρ_c > 1 (default 2)")
@@ -95,18 +96,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _from_config(args) -> dict:
     """Mechanism settings of a run config: its first private algorithm, first epsilon, K, p."""
     from dpdl.experiments.config import parse_config
-    from dpdl.experiments.registry import load_config_file
+    from dpdl.experiments.registry import kind_of, load_config_file
     from dpdl.experiments.runner import prepare_workload
     from dpdl.training.settings import AlgorithmSpec
 
     raw = load_config_file(args.config)
     require(
-        raw.get("kind", "decentralized") == "decentralized",
+        kind_of(raw).audits,
         f"{args.config}: dpdl audit takes a 'decentralized' run config, not {raw.get('kind')!r}",
     )
     config = parse_config(raw)
     specs = [AlgorithmSpec.parse(a) for a in config.experiment.algorithms]
-    private = [s for s in specs if s.name != "sgp"]
+    private = [s for s in specs if s.private]
     require(private, f"{args.config}: no private algorithm to audit")
     spec = private[0]
     seed = config.experiment.seed
@@ -124,7 +125,7 @@ def _from_config(args) -> dict:
         "clip0": p.clip0,
         "rho_c": p.rho_c,
         "rho_mu": p.rho_mu,
-        "blocks": p.calibration_blocks if calibrate == "pld" else None,
+        "blocks": p.calibration_blocks if get_accountant(calibrate).calibration_blocks else None,
     }
 
 

@@ -177,20 +177,26 @@ def print_summary(results: dict) -> None:
 def dyn_vs_const_notes(summary: list[dict]) -> list[str]:
     """One line for every epsilon (and calibration) where Dyn-D2P does not beat Const-D2P:
     the paper's headline claim, so a run that contradicts it never passes in silence."""
+    from dpdl.accounting.schedules import ALGORITHMS
+
     by_key = {(s["algorithm"], s.get("epsilon_target")): s for s in summary}
     notes = []
     for (algorithm, eps), dyn in by_key.items():
         name, _, calibration = algorithm.partition("@")
-        const = by_key.get(("const-d2p" + (f"@{calibration}" if calibration else ""), eps))
-        if name != "dyn-d2p" or const is None:
+        family = ALGORITHMS.get(name)
+        if family is None or family.baseline is None:  # only a family with a baseline
+            continue
+        const = by_key.get((family.baseline + (f"@{calibration}" if calibration else ""), eps))
+        if const is None:
             continue
         a_dyn, a_const = dyn.get("test_accuracy"), const.get("test_accuracy")
         if a_dyn is None or a_const is None or a_dyn > a_const:
             continue
         seeds = len(dyn.get("seeds", []))
         notes.append(
-            f"note: at eps = {_fmt(eps)}{f' ({calibration})' if calibration else ''} Dyn-D2P "
-            f"({_fmt(a_dyn)}) does not beat Const-D2P ({_fmt(a_const)}) in this run "
+            f"note: at eps = {_fmt(eps)}{f' ({calibration})' if calibration else ''} "
+            f"{family.display} ({_fmt(a_dyn)}) does not beat "
+            f"{ALGORITHMS[family.baseline].display} ({_fmt(a_const)}) in this run "
             f"({seeds} seed{'s' * (seeds != 1)}); docs/RESULTS.md gives the paired comparison "
             "at the paper's scale"
         )
@@ -222,6 +228,7 @@ def _check_before_launch(args) -> None:
     import json
 
     from dpdl.experiments.config import parse_config
+    from dpdl.experiments.registry import kind_of
     from dpdl.experiments.runner import prepare_workload
 
     if args.procs < 1:
@@ -233,7 +240,7 @@ def _check_before_launch(args) -> None:
         config = json.loads(path.read_text())
     else:
         config = apply_command_overrides(_load(args), _overrides(args))
-    if config.get("kind", "decentralized") != "decentralized":
+    if not kind_of(config).distributed:
         raise DPDLError(f"the distributed runtime runs the decentralized kind, not "
                         f"{config.get('kind')!r}")  # fmt: skip
     cfg = parse_config(config)
@@ -247,7 +254,7 @@ def _check_before_launch(args) -> None:
 def _resume(args) -> int:
     import json
 
-    from dpdl.experiments.registry import experiment_module
+    from dpdl.experiments.registry import experiment_kind, experiment_module
     from dpdl.experiments.runner import resume_run
 
     if args.config or args.preset:
@@ -255,8 +262,8 @@ def _resume(args) -> int:
     path = Path(args.resume) / "config.json"
     if not path.is_file():
         raise DPDLError(f"{args.resume} is not a dpdl run folder (no config.json)")
-    kind = json.loads(path.read_text()).get("kind", "decentralized")
-    if kind != "decentralized":
+    kind = json.loads(path.read_text()).get("kind")
+    if not experiment_kind(kind).distributed:  # the trainer's kind resumes with its runtime
         module = experiment_module(kind)
         if not hasattr(module, "resume_experiment"):
             raise DPDLError(f"experiment kind {kind!r} cannot resume a run folder")

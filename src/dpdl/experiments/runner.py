@@ -548,7 +548,7 @@ def _cells_of_a_seed(cfg: RunConfig):
     """(algorithm, target epsilon) of every cell of one seed, in the run's order (SGP has
     no target: it runs once)."""
     for spec in cfg.experiment.specs:
-        for eps in [None] if spec.name == "sgp" else cfg.privacy.epsilons:
+        for eps in cfg.privacy.epsilons if spec.private else [None]:
             yield spec, eps
 
 

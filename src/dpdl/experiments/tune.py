@@ -67,7 +67,9 @@ from typing import Any
 
 import numpy as np
 
+from dpdl.accounting.schedules import algorithm_private
 from dpdl.errors import require
+from dpdl.experiments.registry import EXPERIMENT_KINDS, kind_of
 from dpdl.experiments.sweep.driver import finished_cells, run_sweep
 from dpdl.experiments.tune_private import (
     check_private,
@@ -95,6 +97,10 @@ __all__ = ["run_tuning", "split_tune", "candidate_points", "sweep_runs", "tuning
 
 
 # --------------------------------------------------------------------------- config
+def _tuned_kinds() -> list[str]:
+    return [name for name, kind in EXPERIMENT_KINDS.items() if kind.tunes]
+
+
 def split_tune(config: dict) -> tuple[dict, dict]:
     """The base config and the validated ``[tune]`` table (one-line errors naming the key)."""
     config = copy.deepcopy(config)
@@ -102,8 +108,9 @@ def split_tune(config: dict) -> tuple[dict, dict]:
     require(isinstance(tune, dict), "a tune config needs a [tune] table")
     unknown = set(tune) - TUNE_KEYS
     require(not unknown, f"unknown key(s) in [tune]: {', '.join(sorted(unknown))}")
-    require(config.get("kind", "decentralized") == "decentralized",
-            "tuning runs the decentralized kind (the Dyn-D2P family)")  # fmt: skip
+    kind = kind_of(config)
+    require(kind.tunes, f"tuning runs a kind that tunes ({', '.join(_tuned_kinds())}; the "
+                        f"Dyn-D2P family), not {kind.name!r}")  # fmt: skip
     require("sweep" not in config, "a tune config has no [sweep] table: [tune] makes the grids")
     require(bool(config.get("data", {}).get("validation_records")),
             "tuning chooses on validation records: set data.validation_records")  # fmt: skip
@@ -152,7 +159,8 @@ def _check_candidate(name: str, cand: Any, *, needs_grid: bool) -> None:
     unknown = set(cand) - CANDIDATE_KEYS
     require(not unknown, f"unknown key(s) in {what}: {', '.join(sorted(unknown))}")
     require(isinstance(cand.get("algorithm"), str), f"{what}.algorithm must name an algorithm")
-    require(cand["algorithm"].partition("@")[0] != "sgp", f"{what}: sgp is not private")
+    base = cand["algorithm"].partition("@")[0]
+    require(algorithm_private(base), f"{what}: {base} is not private")
     if not needs_grid:
         require("grid" not in cand and "zip" not in cand,
                 f"{what} runs at fixed settings: give them in set, not a grid")  # fmt: skip

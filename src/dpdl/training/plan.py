@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from dpdl.accounting.calibration import ProgressCallback
-from dpdl.accounting.certified import accountant_options
+from dpdl.accounting.certified import ACCOUNTANTS, get_accountant
 from dpdl.accounting.ledger import MAX_NODE_RATES, PrivacyLedger, accounted_node_rates
 from dpdl.accounting.schedules import PrivacySchedule, make_schedule
 from dpdl.algorithms.dyn_d2p import node_sample_rates
@@ -101,7 +101,7 @@ def build_schedule(
         rho_c=privacy.rho_c,
         rho_mu=privacy.rho_mu,
         calibrate=calibrate,
-        blocks=privacy.calibration_blocks if calibrate == "pld" else None,
+        blocks=privacy.calibration_blocks if get_accountant(calibrate).calibration_blocks else None,
         on_iteration=on_iteration,
         neighboring=privacy.neighboring,
         releases=None if len(releases) == 1 and releases[0].noise_factor == 1.0 else
@@ -156,15 +156,12 @@ def epsilon_per_node(privacy: PrivacySection, ledger: PrivacyLedger | None):
 
 
 def _certified_options(privacy: PrivacySection, multipliers, final: bool) -> dict[str, Any]:
-    """How the certified epsilon spent is composed: at evaluation points the cheap blocked
-    PLD bound, in the final report ``final_mode``; RDP as ``accountant_options`` says."""
-    if privacy.certified_accountant == "rdp":
-        return accountant_options("rdp", multipliers)
-    if final and privacy.final_mode == "auto":
-        return accountant_options("pld", multipliers)
-    if final and privacy.final_mode == "exact":
-        return {"mode": "exact"}
-    return {"mode": "blocked", "blocks": privacy.final_blocks if final else privacy.eval_blocks}
+    """How the certified epsilon spent is composed (the accountant's ``report_options``): for
+    PLD at evaluation points the cheap blocked bound, in the final report ``final_mode``; RDP
+    as ``accountant_options`` says."""
+    return ACCOUNTANTS[privacy.certified_accountant].report_options(
+        multipliers, final=final, final_mode=privacy.final_mode,
+        final_blocks=privacy.final_blocks, eval_blocks=privacy.eval_blocks)  # fmt: skip
 
 
 @dataclass(frozen=True)

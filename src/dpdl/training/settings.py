@@ -19,11 +19,19 @@ from pydantic import (
     model_validator,
 )
 
-from dpdl.accounting.certified import ACCOUNTANTS
-from dpdl.accounting.schedules import DEFAULT_CLIP, DEFAULT_RHO_C, DEFAULT_RHO_MU
+from dpdl.accounting.certified import ACCOUNTANTS, accountant_names
+from dpdl.accounting.schedules import (
+    DEFAULT_CLIP,
+    DEFAULT_RHO_C,
+    DEFAULT_RHO_MU,
+    ScheduleFamily,
+    schedule_family,
+)
 from dpdl.accounting.validators import ADD_REMOVE, DEFAULT_NEIGHBORING
 from dpdl.errors import DPDLError, require
 
+# The accountants a run may calibrate with: the registry itself (a name registered later is
+# accepted too).
 CALIBRATIONS = ACCOUNTANTS
 
 __all__ = [
@@ -111,9 +119,10 @@ REPRODUCIBLE_NOISE_NOTE = (
 class AlgorithmSpec(BaseModel):
     """``name`` of a registered algorithm (:mod:`dpdl.algorithms.registry`), its own
     ``settings`` (validated by the algorithm; ``(key, value)`` pairs, the non-default ones)
-    and ``calibrate`` the accountant (None: privacy.calibrate).  Written
-    ``"name(key=value, ...)@accountant"``; the label lists the settings, so two settings of
-    one algorithm never share a run's label, its seeded noise or its checkpoints."""
+    and ``calibrate`` a registered accountant (ACCOUNTANTS; None: privacy.calibrate).
+    Written ``"name(key=value, ...)@accountant"``; the label lists the settings, so two
+    settings of one algorithm never share a run's label, its seeded noise or its
+    checkpoints.  Its schedule family (:attr:`family`) is the algorithm's ``schedule``."""
 
     model_config = ConfigDict(frozen=True)
     name: str
@@ -133,9 +142,9 @@ class AlgorithmSpec(BaseModel):
             algorithm = get_algorithm(name)
         except DPDLError as err:
             raise ValueError(f"{err} (in {text!r})") from None
-        if calibrate and calibrate not in CALIBRATIONS:
+        if calibrate and calibrate not in ACCOUNTANTS:
             raise ValueError(
-                f"unknown calibration {calibrate!r} in {text!r}; use one of {CALIBRATIONS}"
+                f"unknown calibration {calibrate!r} in {text!r}; use one of {accountant_names()}"
             )
         if not algorithm.private and calibrate:
             raise ValueError(f"{text!r}: {name} is not private and takes no calibration")
@@ -156,6 +165,16 @@ class AlgorithmSpec(BaseModel):
         from dpdl.algorithms.registry import parse_settings
 
         return parse_settings(self.algorithm, dict(self.settings))
+
+    @property
+    def family(self) -> ScheduleFamily:
+        """Its algorithm's registered schedule family."""
+        return schedule_family(self.algorithm.schedule)
+
+    @property
+    def private(self) -> bool:
+        """Whether it clips and adds noise (its family's ``private``)."""
+        return self.family.private
 
     @property
     def label(self) -> str:
@@ -255,12 +274,14 @@ class PrivacySection(_Section):
     # public and released) or "add-remove" (J_i secret: needs training.steps and
     # training.sample_rate, releases nothing size-dependent; check_neighboring).
     neighboring: Literal["replace-one", "add-remove"] = DEFAULT_NEIGHBORING
-    calibrate: Literal["clt", "pld", "rdp"] = "pld"
+    # A registered accountant's name (dpdl.accounting.certified.ACCOUNTANTS: clt, pld, rdp, ...)
+    calibrate: str = "pld"
     clip: float = Field(DEFAULT_CLIP, gt=0)
     clip0: float | None = Field(None, gt=0)
     rho_c: float = Field(DEFAULT_RHO_C, ge=1)
     rho_mu: float = Field(DEFAULT_RHO_MU, ge=1)
-    certified_accountant: Literal["pld", "rdp"] = "pld"
+    # A registered certified accountant's name (pld, rdp, ...)
+    certified_accountant: str = "pld"
     # Certified epsilon at evaluation points: PLD blocked upper bound with this many blocks.
     eval_blocks: int = Field(20, ge=1)
     # Certified epsilon of the whole run: "auto" (exact composition, or for a schedule with
@@ -271,6 +292,21 @@ class PrivacySection(_Section):
     # Blocks of a blocked PLD/RDP calibration and ledger; None (default): the accountant's own
     # choice, i.e. exact or, for many distinct multipliers, the binned PLD bound.
     calibration_blocks: int | None = Field(None, ge=1)
+
+    @field_validator("calibrate")
+    @classmethod
+    def _calibrate(cls, value: str) -> str:
+        if value not in ACCOUNTANTS:
+            raise ValueError(f"unknown accountant {value!r}; use one of {accountant_names()}")
+        return value
+
+    @field_validator("certified_accountant")
+    @classmethod
+    def _certified_accountant(cls, value: str) -> str:
+        certified = tuple(name for name in ACCOUNTANTS if ACCOUNTANTS[name].certified)
+        if value not in certified:
+            raise ValueError(f"{value!r} is not a certified accountant; use one of {certified}")
+        return value
 
     @field_validator("epsilon")
     @classmethod

@@ -316,7 +316,7 @@ class DecentralizedTrainer:
             )
         except ValueError as err:
             raise DPDLError(str(err)) from None
-        private = self.spec.name != "sgp"
+        private = self.spec.private
         require(
             not private or epsilon is not None,
             f"algorithm {self.spec.label!r} is private and needs a target epsilon",

@@ -9,11 +9,9 @@ import numpy as np
 import pytest
 
 from dpdl.errors import DPDLError
-from dpdl.experiments.registry import PRESETS_DIR, experiment_module
+from dpdl.experiments.registry import experiment_module, preset_path
 from dpdl.extensions.fdp import experiment
 from dpdl.extensions.fdp.accounting import pnfdp_epsilon_matrix, rdp_baseline_epsilon
-
-PRESETS = PRESETS_DIR
 
 
 def tiny_config(**privacy):
@@ -159,7 +157,7 @@ def test_the_table_hop_form_reaches_the_calibration():
                                   "fdp-rw-fashion-2048", "fdp-rw-fashion-mlp-256",
                                   "fdp-decor-figure3"])
 def test_presets_validate_and_are_registered(name):
-    config = tomllib.loads((PRESETS / f"{name}.toml").read_text())
+    config = tomllib.loads(preset_path(name).read_text())
     assert config["kind"] == "fdp-random-walk"
     assert experiment_module(config["kind"]) is experiment
     cfg = experiment.parse_config(config)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dpdl.errors import DPDLError
-from dpdl.experiments.registry import PRESETS_DIR, experiment_module
+from dpdl.experiments.registry import experiment_module, preset_path
 from dpdl.extensions.linreg.experiment import parse_linreg_config, run_experiment
 
 SMALL = {
@@ -169,7 +169,7 @@ def test_classification_data_are_refused(tmp_path):
 
 
 def test_preset_matches_the_issue():
-    with (PRESETS_DIR / "linreg.toml").open("rb") as fh:
+    with preset_path("linreg").open("rb") as fh:
         raw = tomllib.load(fh)
     assert raw["kind"] == "linreg"
     cfg = parse_linreg_config(raw)
@@ -181,7 +181,7 @@ def test_preset_matches_the_issue():
 
 @pytest.mark.slow
 def test_full_preset_runs(tmp_path):
-    with (PRESETS_DIR / "linreg.toml").open("rb") as fh:
+    with preset_path("linreg").open("rb") as fh:
         result = run_experiment(tomllib.load(fh), tmp_path, progress=False)
     rows = {(r["topology"], r["epsilon_target"]): r for r in result["final_table"]}
     assert rows[("undirected-ring", 1e10)]["final_relative_error_mean"] < 0.15

@@ -10,7 +10,7 @@ import pytest
 
 from dpdl.accounting import gdp
 from dpdl.errors import DPDLError
-from dpdl.experiments.registry import PRESETS_DIR, experiment_module
+from dpdl.experiments.registry import experiment_module, preset_path
 from dpdl.extensions.netdp import accounting as nd
 from dpdl.extensions.netdp import experiment as ex
 
@@ -26,7 +26,7 @@ def small_config(**privacy):
 
 
 def test_preset_is_valid_and_registered():
-    with open(PRESETS_DIR / "netdp-logreg.toml", "rb") as fh:
+    with open(preset_path("netdp-logreg"), "rb") as fh:
         cfg = ex.parse_config(tomllib.load(fh))
     assert cfg.privacy.epsilons == [1.0, 10.0] and cfg.privacy.delta == 1e-6
     assert cfg.data.records_per_user == 8 and cfg.data.dataset == "breast-cancer"

@@ -1,7 +1,9 @@
 """The claims of MATH.md §4, checked against the mean final accuracies of a sweep.
 
 Each check returns (claim, verdict) pairs, and none when the sweep has nothing to compare
-(a missing rival algorithm, a single ε, a single topology).
+(a missing rival algorithm, a single ε, a single topology). Who is compared with whom comes
+from the schedule families' registry (``ScheduleFamily.rivals`` and ``baseline``: Dyn-D2P
+against Dyn[C], Dyn[μ] and Const, its gain over Const).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import math
 
 import numpy as np
 
+from dpdl.accounting.schedules import ALGORITHMS, ScheduleFamily
 from dpdl.experiments.intervals import t_interval
 from dpdl.experiments.report.collect import CellRun
 from dpdl.experiments.report.grouping import (
@@ -24,7 +27,6 @@ from dpdl.experiments.report.grouping import (
     settings_of,
 )
 
-RIVALS = ("dyn-c-d2p", "dyn-mu-d2p", "const-d2p")
 # (grid key, the order the paper claims, or None: by value; the claim)
 ORDERED_CLAIMS = (
     ("topology.name", ["ring", "exp", "complete"], "accuracy ring < exponential < complete"),
@@ -36,12 +38,16 @@ def check_claims(runs: list[CellRun]) -> list[tuple[str, str]]:
     """The claims of MATH.md §4 against the measured means: [(claim, verdict)]."""
     claims = []
     calibrations = sorted({r.calibration for r in runs if r.private}, key=calibration_rank)
+    contenders = sorted((f for f in ALGORITHMS.values() if f.rivals or f.baseline),
+                        key=lambda f: f.order)  # fmt: skip
     for calibration in calibrations:
-        if _label("dyn-d2p", calibration) not in algorithms_of(runs):
-            continue
-        for rival in RIVALS:
-            claims += _dyn_beats(runs, rival, calibration)
-        claims += _gap_grows_as_epsilon_falls(runs, calibration)
+        for family in contenders:
+            if _label(family.name, calibration) not in algorithms_of(runs):
+                continue
+            for rival in family.rivals:
+                claims += _dyn_beats(runs, family, rival, calibration)
+            if family.baseline:
+                claims += _gap_grows_as_epsilon_falls(runs, family, calibration)
     for key, order, claim in ORDERED_CLAIMS:
         claims += _accuracy_increases_along(runs, key, order, claim)
     return claims
@@ -55,11 +61,12 @@ def _calibration_name(calibration: str) -> str:
     return f" ({calibration} calibration)" if calibration else ""
 
 
-def _dyn_beats(runs: list[CellRun], rival: str, calibration: str) -> list[tuple[str, str]]:
-    """Dyn-D2P against ``rival`` in every (setting, ε), paired by seed: held where the 95 %
-    interval of the per-seed gains lies above 0 everywhere, did not hold where it lies below
-    0 somewhere; an interval that contains 0 (or one seed) settles nothing."""
-    dyn, other = _label("dyn-d2p", calibration), _label(rival, calibration)
+def _dyn_beats(runs: list[CellRun], family: ScheduleFamily, rival: str,
+               calibration: str) -> list[tuple[str, str]]:  # fmt: skip
+    """``family`` (Dyn-D2P) against ``rival`` in every (setting, ε), paired by seed: held
+    where the 95 % interval of the per-seed gains lies above 0 everywhere, did not hold where
+    it lies below 0 somewhere; an interval that contains 0 (or one seed) settles nothing."""
+    dyn, other = _label(family.name, calibration), _label(rival, calibration)
     if other not in algorithms_of(runs):
         return []
     above = below = unsettled = 0
@@ -78,7 +85,7 @@ def _dyn_beats(runs: list[CellRun], rival: str, calibration: str) -> list[tuple[
     verdict = ("held" if above == total else "did not hold" if below
                else "inconclusive")  # fmt: skip
     return [(
-        f"Dyn-D2P > {rival} at equal ε{_calibration_name(calibration)}",
+        f"{family.display} > {rival} at equal ε{_calibration_name(calibration)}",
         f"{verdict}: paired by seed, the 95 % interval of the gain is above 0 in {above}, "
         f"below 0 in {below} and contains 0 (or has one seed) in {unsettled} of {total} "
         "(setting, ε)",
@@ -94,9 +101,11 @@ def _paired_gains(runs, setting, eps, a: str, b: str) -> list[float]:
     return [of_a[seed] - of_b[seed] for seed in sorted(set(of_a) & set(of_b))]
 
 
-def _gains_by_epsilon(runs, setting, calibration: str) -> list[tuple[float, float]]:
-    """(ε, Dyn-vs-Const gain) of one setting, at every ε where both have runs."""
-    dyn, const = _label("dyn-d2p", calibration), _label("const-d2p", calibration)
+def _gains_by_epsilon(runs, setting, family: ScheduleFamily,
+                      calibration: str) -> list[tuple[float, float]]:  # fmt: skip
+    """(ε, gain over the baseline: Dyn vs Const) of one setting, at every ε where both have
+    runs."""
+    dyn, const = _label(family.name, calibration), _label(family.baseline, calibration)
     points = []
     for eps in epsilons_of(runs):
         gain = relative_gain(
@@ -108,13 +117,17 @@ def _gains_by_epsilon(runs, setting, calibration: str) -> list[tuple[float, floa
     return points
 
 
-def _gap_grows_as_epsilon_falls(runs: list[CellRun], calibration: str) -> list[tuple[str, str]]:
-    """The gain of Dyn-D2P over Const-D2P does not shrink as ε falls, in every setting."""
-    if _label("const-d2p", calibration) not in algorithms_of(runs) or len(epsilons_of(runs)) < 2:
+def _gap_grows_as_epsilon_falls(runs: list[CellRun], family: ScheduleFamily,
+                                calibration: str) -> list[tuple[str, str]]:  # fmt: skip
+    """The gain of ``family`` over its baseline (Dyn-D2P over Const-D2P) does not shrink as
+    ε falls, in every setting."""
+    baseline = ALGORITHMS[family.baseline]
+    if (_label(baseline.name, calibration) not in algorithms_of(runs)
+            or len(epsilons_of(runs)) < 2):  # fmt: skip
         return []
     verdicts, text = [], ""
     for setting in settings_of(runs):
-        points = _gains_by_epsilon(runs, setting, calibration)
+        points = _gains_by_epsilon(runs, setting, family, calibration)
         if len(points) > 1:
             # ε ascends along points: the gain at a smaller ε must be at least the next one's
             pairs = zip(points, points[1:], strict=False)
@@ -125,7 +138,8 @@ def _gap_grows_as_epsilon_falls(runs: list[CellRun], calibration: str) -> list[t
     held = sum(verdicts)
     return [
         (
-            f"the Dyn-vs-Const gap grows as ε falls{_calibration_name(calibration)}",
+            f"the {family.short}-vs-{baseline.short} gap grows as ε falls"
+            f"{_calibration_name(calibration)}",
             ("held" if held == len(verdicts) else "did not hold")
             + f" in {held} of {len(verdicts)} settings"
             # the gains themselves when there is one setting to show them for

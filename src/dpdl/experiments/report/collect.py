@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dpdl.accounting.schedules import algorithm_private
 from dpdl.errors import DPDLError
 from dpdl.experiments.sweep.driver import failed_cells, finished_cells
 from dpdl.training.results import RunRecord
@@ -62,7 +63,7 @@ class CellRun:
 
     @property
     def private(self) -> bool:
-        return self.base_algorithm != "sgp"
+        return algorithm_private(self.base_algorithm)
 
     @property
     def setting(self) -> tuple:
@@ -171,7 +172,7 @@ def _runs_of_file(metrics_path: Path, overrides: dict, cell: str) -> list[CellRu
     for (algorithm, seed, eps), cols in read_metrics(metrics_path).items():
         if not cols.get("iteration"):
             continue
-        if math.isnan(eps) and algorithm.partition("@")[0] != "sgp":
+        if math.isnan(eps) and algorithm_private(algorithm.partition("@")[0]):
             eps = _override_epsilon(overrides)
         record = records.get((algorithm, seed, round(eps, 12)))
         calibration = (record and record.calibrated_with) or algorithm.partition("@")[2] or None

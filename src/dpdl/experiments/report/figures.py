@@ -5,7 +5,8 @@
 * the ρ_c × ρ_μ heat-map of Dyn-D2P (both varied);
 * final accuracy by topology and by number of nodes (varied in every run).
 
-One colour per algorithm; its calibrations share it (CLT dashed or hatched, certified solid).
+One colour per algorithm; its calibrations share it (an approximate accountant's, the CLT's,
+dashed or hatched, certified solid).
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ from pathlib import Path
 
 import numpy as np
 
+from dpdl.accounting.certified import approximate_accountant
+from dpdl.accounting.schedules import algorithm_private
 from dpdl.experiments.report.collect import CellRun
 from dpdl.experiments.report.grouping import (
     algorithm_rank,
     algorithms_of,
+    contender,
     epsilons_of,
     mean_final_accuracy,
     natural_key,
@@ -69,7 +73,7 @@ class Palette:
         return list(self.colours)
 
     def line(self, algorithm: str) -> dict:
-        dashed = algorithm.partition("@")[2] == "clt"
+        dashed = approximate_accountant(algorithm.partition("@")[2])
         return {"color": self.colours[algorithm], "linestyle": "--" if dashed else "-"}
 
 
@@ -167,7 +171,7 @@ def accuracy_vs_epsilon(runs: list[CellRun], out_dir: Path, palette: Palette) ->
 
 
 def _plot_final_against_epsilon(ax, runs, setting, algorithm, epsilons, palette) -> None:
-    if algorithm.partition("@")[0] == "sgp":  # no ε: a horizontal line
+    if not algorithm_private(algorithm.partition("@")[0]):  # no ε: a horizontal line
         mean = mean_final_accuracy(runs, setting=setting, algorithm=algorithm)[0]
         ax.axhline(mean, color=palette.colours[algorithm], linestyle=":", label=algorithm)
         return
@@ -199,9 +203,10 @@ def _varying(runs: list[CellRun], key: str) -> bool:
 
 
 def rho_heatmap(runs: list[CellRun], out_dir: Path) -> Figure | None:
-    """One panel per Dyn-D2P label and ε: mean final accuracy over the ρ_c × ρ_μ grid."""
+    """One panel per label of a family with rivals (Dyn-D2P) and ε: mean final accuracy over
+    the ρ_c × ρ_μ grid."""
     rho_c, rho_mu = _key_ending(runs, "rho_c"), _key_ending(runs, "rho_mu")
-    dyn_labels = [a for a in algorithms_of(runs) if a.partition("@")[0] == "dyn-d2p"]
+    dyn_labels = [a for a in algorithms_of(runs) if contender(a)]
     if not (rho_c and rho_mu and dyn_labels):
         return None
     plt = _pyplot()
@@ -286,5 +291,5 @@ def _draw_bars(ax, runs, key: str, values: list[str], offset: float, width: floa
         yerr=[sample_std(f) for f in finals],
         label=algorithm,
         color=palette.colours[algorithm],
-        hatch="//" if algorithm.partition("@")[2] == "clt" else None,
+        hatch="//" if approximate_accountant(algorithm.partition("@")[2]) else None,
     )

@@ -10,11 +10,13 @@ import math
 
 import numpy as np
 
+from dpdl.accounting.certified import ACCOUNTANTS
+from dpdl.accounting.schedules import ALGORITHMS, algorithm_private
 from dpdl.experiments.report.collect import CellRun
 from dpdl.training.results import sample_std
 
-ALGORITHM_ORDER = ("sgp", "const-d2p", "dyn-c-d2p", "dyn-mu-d2p", "dyn-d2p", "general")
-CALIBRATION_ORDER = ("", "clt", "pld", "rdp")
+# Names not registered in this process (read from a sweep's results) come after the others.
+UNKNOWN_RANK = 99
 
 
 def natural_key(value: str):
@@ -26,29 +28,50 @@ def natural_key(value: str):
 
 
 def calibration_rank(calibration: str) -> int:
-    return CALIBRATION_ORDER.index(calibration) if calibration in CALIBRATION_ORDER else 99
+    """No calibration first, then the accountants in their registration order."""
+    order = ("", *ACCOUNTANTS)
+    return order.index(calibration) if calibration in order else UNKNOWN_RANK
 
 
 def algorithm_rank(label: str) -> tuple[int, int, str]:
+    """The schedule family's report order (``ScheduleFamily.order``), then the calibration."""
     name, _, calibration = label.partition("@")
+    family = ALGORITHMS.get(name)
     return (
-        ALGORITHM_ORDER.index(name) if name in ALGORITHM_ORDER else 99,
+        UNKNOWN_RANK if family is None else family.order,
         calibration_rank(calibration),
         label,
     )
 
 
+def _private_label(label: str) -> bool:
+    return algorithm_private(label.partition("@")[0])
+
+
 def algorithms_of(runs: list[CellRun]) -> list[str]:
-    """Algorithm labels grouped by calibration (SGP first), then in the paper's order."""
+    """Algorithm labels grouped by calibration (the non-private first), then in the report's
+    order of the schedule families."""
     labels = {r.algorithm for r in runs}
     return sorted(
         labels,
-        key=lambda a: (a.partition("@")[0] != "sgp", algorithm_rank(a)[1], algorithm_rank(a)),
+        key=lambda a: (_private_label(a), algorithm_rank(a)[1], algorithm_rank(a)),
     )
 
 
 def private_algorithms_of(runs: list[CellRun]) -> list[str]:
-    return [a for a in algorithms_of(runs) if a.partition("@")[0] != "sgp"]
+    return [a for a in algorithms_of(runs) if _private_label(a)]
+
+
+def contender(label: str) -> bool:
+    """Whether a label's family is one the report compares with rivals (Dyn-D2P)."""
+    family = ALGORITHMS.get(label.partition("@")[0])
+    return family is not None and bool(family.rivals)
+
+
+def short_name(label: str) -> str:
+    """The short name of a label's family ("Dyn" for "dyn-d2p@pld"), else its name."""
+    family = ALGORITHMS.get(label.partition("@")[0])
+    return family.short if family is not None and family.short else label.partition("@")[0]
 
 
 def settings_of(runs: list[CellRun]) -> list[tuple]:
@@ -93,13 +116,16 @@ def mean_final_accuracy(runs, **filters) -> tuple[float, float, int]:
 
 
 def gain_pairs(algorithms: list[str]) -> list[tuple[str, str, str]]:
-    """(calibration, dyn label, const label) for every calibration that has both."""
+    """(calibration, family label, baseline label) for every calibration and every family
+    with a ``baseline`` (Dyn-D2P: Const-D2P) that has both."""
     pairs = []
+    families = sorted((f for f in ALGORITHMS.values() if f.baseline), key=lambda f: f.order)
     for calibration in sorted({a.partition("@")[2] for a in algorithms}, key=calibration_rank):
         suffix = f"@{calibration}" if calibration else ""
-        dyn, const = f"dyn-d2p{suffix}", f"const-d2p{suffix}"
-        if dyn in algorithms and const in algorithms:
-            pairs.append((calibration, dyn, const))
+        for family in families:
+            dyn, const = f"{family.name}{suffix}", f"{family.baseline}{suffix}"
+            if dyn in algorithms and const in algorithms:
+                pairs.append((calibration, dyn, const))
     return pairs
 
 

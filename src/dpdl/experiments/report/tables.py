@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dpdl.accounting.certified import approximate_accountant
 from dpdl.experiments.report.collect import CellRun
 from dpdl.experiments.report.grouping import (
     algorithm_rank,
@@ -33,6 +34,7 @@ from dpdl.experiments.report.grouping import (
     select,
     setting_label,
     settings_of,
+    short_name,
 )
 
 PRIVACY_HEADER = [
@@ -89,11 +91,13 @@ def build_tables(runs: list[CellRun]) -> Tables:
 
 
 def _accuracy_table(runs: list[CellRun]) -> tuple[list[str], list[list[str]], dict]:
-    """Header, rows and {(setting label, calibration, ε): Dyn-vs-Const gain}."""
+    """Header, rows and {(setting label, calibration, ε): gain of a family over its baseline
+    (Dyn-D2P over Const-D2P)}."""
     algorithms = algorithms_of(runs)
     pairs = gain_pairs(algorithms)
     header = ["setting", "ε", *algorithms] + [
-        f"gain Dyn vs Const{f' ({c})' if c else ''}" for c, _, _ in pairs
+        f"gain {short_name(dyn)} vs {short_name(const)}{f' ({c})' if c else ''}"
+        for c, dyn, const in pairs
     ]
     rows, gains = [], {}
     for setting in settings_of(runs):
@@ -135,7 +139,7 @@ def _privacy_table(runs: list[CellRun]) -> tuple[list[list[str]], list, list, di
         spent = r.epsilon_certified / r.epsilon_target if r.epsilon_target > 0 else math.nan
         if math.isfinite(ratio):
             understatement.append(ratio)
-        if r.calibrated_with == "clt" and math.isfinite(spent):
+        if approximate_accountant(r.calibrated_with) and math.isfinite(spent):
             overspend.append(spent)
             overspend_by_eps[r.epsilon_target].append(spent)
         rows.append(
