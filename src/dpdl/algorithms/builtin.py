@@ -6,17 +6,17 @@ from __future__ import annotations
 
 from dpdl.algorithms.registry import Algorithm, register_algorithm
 
-__all__ = ["BUILTIN_ALGORITHMS"]
+__all__ = ["BUILTIN_ALGORITHMS", "ScheduleAlgorithm"]
 
 
-class _ScheduleAlgorithm(Algorithm):
+class ScheduleAlgorithm(Algorithm):
     """Algorithm 1 with the noise schedule family ``name``."""
 
     def __init__(self, name: str, description: str):
         self.name, self.schedule, self.description = name, name, description
 
 
-BUILTIN_ALGORITHMS = tuple(register_algorithm(_ScheduleAlgorithm(name, text)) for name, text in (
+BUILTIN_ALGORITHMS = tuple(register_algorithm(ScheduleAlgorithm(name, text)) for name, text in (
     ("sgp", "stochastic gradient push, not private (no clipping, no noise)"),
     ("const-d2p", "constant clip bound and noise multiplier"),
     ("dyn-c-d2p", "decaying clip bound, constant multiplier"),

@@ -186,8 +186,16 @@ def register_algorithm(algorithm: Algorithm, *, replace: bool = False) -> Algori
 
 
 def get_algorithm(name: str) -> Algorithm:
+    """The registered algorithm ``name``; a registered schedule family without an algorithm of
+    its name is Algorithm 1 under that schedule (registered on first use)."""
+    from dpdl.accounting.schedules import ALGORITHMS as SCHEDULES
+
     load_plugins()
     algorithm = ALGORITHM_REGISTRY.get(name)
+    if algorithm is None and name in SCHEDULES:
+        from dpdl.algorithms.builtin import ScheduleAlgorithm
+
+        algorithm = register_algorithm(ScheduleAlgorithm(name, SCHEDULES[name].description))
     if algorithm is None:
         raise DPDLError(f"unknown algorithm {name!r}; choose one of "
                         f"{', '.join(algorithm_names())}")  # fmt: skip
@@ -195,8 +203,11 @@ def get_algorithm(name: str) -> Algorithm:
 
 
 def algorithm_names() -> tuple[str, ...]:
+    """Every algorithm's name: the registered ones, and the schedule families'."""
+    from dpdl.accounting.schedules import ALGORITHMS as SCHEDULES
+
     load_plugins()
-    return tuple(ALGORITHM_REGISTRY)
+    return tuple(dict.fromkeys([*ALGORITHM_REGISTRY, *SCHEDULES]))
 
 
 def parse_settings(algorithm: Algorithm, given: dict[str, Any]) -> BaseModel:
