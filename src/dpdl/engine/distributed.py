@@ -125,7 +125,8 @@ class TorchDistributedRuntime:
 
     @property
     def rank(self) -> int:
-        return dist.get_rank()
+        """This process's rank (0 before it joined the group, as :func:`is_main_process`)."""
+        return dist.get_rank() if dist.is_initialized() else 0
 
     def local_device(self, device: torch.device) -> torch.device:
         return local_device(device)

@@ -140,7 +140,8 @@ def build_spec(cls: type, given: Any, overrides: dict[str, Any], what: str):
     elif isinstance(given, dict):
         base = dict(given)
     else:
-        raise DPDLError(f"{what} must be a {cls.__name__} or a dict, got {type(given).__name__}")
+        raise DPDLError(f"{what} must be {cls.__name__}(...) or a dict of its fields, got "
+                        f"{type(given).__name__}")
     unknown = sorted(set(base) - set(fields))
     require(not unknown, f"unknown {what} option(s): {', '.join(unknown)}")
     return cls(**(base | {k: v for k, v in overrides.items() if v is not None}))
