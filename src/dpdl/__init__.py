@@ -24,10 +24,24 @@ from types import ModuleType as _ModuleType
 from dpdl.errors import DPDLError
 
 __version__ = "0.1.0"
-__all__ = ["Algorithm", "DPDLError", "DecentralizedTrainer", "Release", "TrainingResult", "View",
-           "__version__", "register_algorithm", "train"]
+__all__ = [
+    "Algorithm",
+    "DPDLError",
+    "DecentralizedTrainer",
+    "EvaluationSpec",
+    "ExecutionSpec",
+    "OutputSpec",
+    "Release",
+    "TrainingResult",
+    "View",
+    "__version__",
+    "register_algorithm",
+    "train",
+]
 
-_TRAINER_EXPORTS = ("DecentralizedTrainer", "TrainingResult", "train")
+# the trainer and its grouped settings (beside dpdl.training.settings' sections)
+_TRAINER_EXPORTS = ("DecentralizedTrainer", "EvaluationSpec", "ExecutionSpec", "OutputSpec",
+                    "TrainingResult", "train")  # fmt: skip
 # The algorithm plugin API (dpdl.algorithms.registry; docs/EXTENDING.md).
 _PLUGIN_EXPORTS = ("Algorithm", "Release", "View", "register_algorithm")
 

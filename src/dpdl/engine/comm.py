@@ -86,12 +86,14 @@ class PointToPointMixer:
             self._plans[key] = plan
         return plan
 
-    def mix(self, params: Params, weights: torch.Tensor, k: int, *,
-            step: int | None = None) -> tuple[Params, torch.Tensor]:  # fmt: skip
-        """x^{k+1}_i = sum_j P^k_ij x_j^{k+1/2}, w likewise, for the nodes of this rank.
+    def mix(self, params: Params, weights: torch.Tensor, k: int, *, step: int | None = None,
+            out: Params | None = None) -> tuple[Params, torch.Tensor]:  # fmt: skip
+        """x^{k+1}_i = sum_j P^k_ij x_j^{k+1/2}, w likewise, for the nodes of this rank (the
+        :class:`dpdl.engine.mixing.Mixer` of the distributed runtime).
 
         ``k`` picks the graph P^k (the gossip round); ``step``, the iteration that an error
-        names (default ``k``; they differ with local steps between rounds)."""
+        names (default ``k``; they differ with local steps between rounds).  ``out`` is not
+        written: the result is assembled from the messages in new tensors."""
         plan = self._plan(k)
         step = k if step is None else step
         names = list(params)

@@ -1,12 +1,13 @@
 """The multi-process runtime on ``torch.distributed`` (gloo on CPU, nccl on GPU).
 
 Each process (rank) hosts a contiguous block of nodes (R <= n; R = n is the paper's one
-process per node). The local update is the simulator's own code
-(:func:`dpdl.algorithms.dyn_d2p.local_update` on the rank's block, with the nodes' own
-generators, so a node draws the same numbers wherever it lives); only mixing differs:
-:class:`dpdl.engine.comm.PointToPointMixer` sends (P^k_ji x_i, P^k_ji w_i) to the ranks that
-host out-neighbours. Evaluation gathers the blocks, so every rank computes the same metrics
-and rank 0 writes them.
+process per node). The engine is the simulator itself (one ``Simulator.step``: the local
+update on the rank's block, with the nodes' own generators, so a node draws the same numbers
+wherever it lives); :class:`TorchDistributedRuntime` (a :class:`dpdl.engine.runtime.Runtime`)
+gives it what differs: the block, the collectives, and the mixer,
+:class:`dpdl.engine.comm.PointToPointMixer`, which sends (P^k_ji x_i, P^k_ji w_i) to the ranks
+that host out-neighbours. Evaluation gathers per-node scores, so every rank computes the same
+metrics and rank 0 writes them.
 
 Start it with ``torchrun --nproc-per-node R -m dpdl run CONFIG --runtime distributed`` (any
 torchrun rendezvous, several machines included), or ``dpdl run CONFIG --runtime distributed
@@ -108,68 +109,96 @@ def local_device(device: torch.device) -> torch.device:
     return device
 
 
-class DistributedSimulator(Simulator):
-    """The simulator's interface for one rank's block of nodes.
+class TorchDistributedRuntime:
+    """One contiguous block of nodes per ``torch.distributed`` rank (see the module doc): the
+    :class:`dpdl.engine.runtime.Runtime` of ``runtime = "distributed"``.
 
-    ``data`` holds only this rank's nodes (:func:`dpdl.engine.comm.block_bounds` of the
-    topology's n); no record crosses a rank boundary.  What ranks exchange: every node's size
-    (public, for the sampling rate), the push-sum messages of the graph's edges, sums of the
-    models for the network average, per-node scores on public evaluation data, and every
-    node's model only when asked (:meth:`gather_debiased_params`).
-    """
+    What ranks exchange: every node's size (public, for the sampling rate), the push-sum
+    messages of the graph's edges (:class:`~dpdl.engine.comm.PointToPointMixer`), sums of the
+    models for the network average, per-node scores on public evaluation data, whether every
+    rank's checks passed, and every node's model only when asked (``gather_node_models``).
+    The process group is joined the first time the hosted block is asked for (or found
+    joined: a caller may have initialised it)."""
 
-    def __init__(self, model, data: NodeData, topology, **kwargs):
-        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.lo, self.hi = block_bounds(int(topology.n), self.world_size, self.rank)
-        # The base class keys only this rank's nodes' streams (node_block): in the default
-        # OS-entropy mode each rank draws its own keys locally, so no secret crosses the network.
-        super().__init__(model, data, topology, **kwargs)
-        self.mixer = PointToPointMixer(topology, self.n, self.rank, self.world_size, self.device)
+    name = "distributed"
+    holds_every_record = False
 
     @property
-    def node_block(self) -> tuple[int, int]:
-        return self.lo, self.hi - self.lo
+    def rank(self) -> int:
+        """This process's rank (0 before it joined the group, as :func:`is_main_process`)."""
+        return dist.get_rank() if dist.is_initialized() else 0
 
-    def _all_node_counts(self, local: list[int]) -> list[int]:
-        return all_node_counts(local, self.n)
+    def local_device(self, device: torch.device) -> torch.device:
+        return local_device(device)
 
-    def _reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+    def hosted_block(self, n_nodes: int, device: torch.device) -> tuple[int, int]:
+        rank, world = init_from_environment(device)
+        lo, hi = block_bounds(int(n_nodes), world, rank)
+        return lo, hi - lo
+
+    def is_main_process(self) -> bool:
+        return is_main_process()
+
+    def agree(self, check) -> None:
+        """Run ``check``; every rank learns whether every rank passed: a refusal stops all of
+        them, each rank's own message staying on its rank (it may name its data)."""
+        error = None
+        try:
+            check()
+        except DPDLError as err:
+            error = err
+        failed = ranks_that_failed(error is not None)
+        if error is not None:
+            raise error
+        if failed:
+            raise DPDLError(f"rank {failed[0]} refused its nodes' data or the model (its own "
+                            "message is on its output)")  # fmt: skip
+
+    def all_true(self, flag: bool) -> bool:
+        return not ranks_that_failed(not flag)
+
+    def same_on_every_rank(self, value: int) -> bool:
+        return same_on_every_rank(value)
+
+    def all_node_counts(self, local: list[int], n_nodes: int) -> list[int]:
+        return all_node_counts(local, n_nodes)
+
+    def reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         total = tensor.clone()
         _collective(dist.all_reduce, total, what="a sum of the models")
         return total
 
-    def _gather_nodes(self, tensor: torch.Tensor) -> torch.Tensor:
-        return _all_gather_blocks(tensor, self.n)
+    def gather_nodes(self, tensor: torch.Tensor, n_nodes: int) -> torch.Tensor:
+        return _all_gather_blocks(tensor, n_nodes)
 
-    # ------------------------------------------------------------------ stepping
-    def step(
-        self,
-        *,
-        private: bool,
-        clip: float | None = None,
-        sigma: float | None = None,
-        unsafe_zero_noise: bool = False,
-        lr: float | None = None,
-        mix: bool = True,
-        mixing_round: int | None = None,
-    ):
-        """The simulator's step for this rank's block (see there); a local step (``mix=False``)
-        sends nothing, and the momentum buffers are the block's own rows."""
-        k = self.iteration
-        _maybe_inject_fault(self.rank, k)
-        half = self._local_update(k, private=private, clip=clip, sigma=sigma,
-                                  unsafe_zero_noise=unsafe_zero_noise, lr=lr)  # fmt: skip
-        if mix:
-            round_k = k if mixing_round is None else mixing_round
-            self.params, self.weights = self.mixer.mix(half.params, self.weights, round_k, step=k)
-        else:
-            self._keep_local(half.params)
-        self.iteration += 1
-        return half.batch_sizes
+    def from_main_process(self, value):
+        return from_main_process(value)
 
-    def mix_only(self) -> None:
-        self.params, self.weights = self.mixer.mix(self.params, self.weights, self.iteration)
-        self.iteration += 1
+    def job_run_name(self, name: str) -> str | None:
+        return job_run_name(name)
+
+    def restarted(self) -> bool:
+        return restarted()
+
+    def mixer(self, topology, block: tuple[int, int], device: torch.device) -> PointToPointMixer:
+        return PointToPointMixer(topology, int(topology.n), dist.get_rank(),
+                                 dist.get_world_size(), device)  # fmt: skip
+
+    def before_step(self, step: int) -> None:
+        _maybe_inject_fault(dist.get_rank(), step)
+
+
+class DistributedSimulator(Simulator):
+    """The simulator on :class:`TorchDistributedRuntime`: this rank's block of nodes, mixed by
+    point-to-point messages (``Simulator(..., runtime=TorchDistributedRuntime())``; the
+    process group must be joined or described in the environment).  ``data`` holds only this
+    rank's nodes (:func:`dpdl.engine.comm.block_bounds` of the topology's n); no record
+    crosses a rank boundary, and the engine keys only the block's streams: in the default
+    OS-entropy mode each rank draws its own keys locally, so no secret crosses the network."""
+
+    def __init__(self, model, data: NodeData, topology, **kwargs):
+        kwargs.setdefault("runtime", TorchDistributedRuntime())
+        super().__init__(model, data, topology, **kwargs)
 
 
 def _collective(op, *args, what: str) -> None:

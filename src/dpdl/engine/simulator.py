@@ -4,7 +4,9 @@ Every node's model lives in one dict of stacked parameters ``{name: (n, *shape)}
 push-sum weight in ``w`` (n,), its local data in padded ``(n, J_max, ...)`` tensors.  A step
 runs :func:`dpdl.algorithms.dyn_d2p.local_update` on all nodes at once and mixes with a roll
 (circulant graphs) or a batched matrix product -- never a Python loop over nodes (the only
-per-node loop is the read of each node's own secret stream).
+per-node loop is the read of each node's own secret stream).  Which nodes a process hosts,
+how processes exchange and how nodes mix is its :class:`~dpdl.engine.runtime.Runtime`'s:
+one ``step`` serves every runtime.
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ from dpdl.algorithms.dyn_d2p import (
     local_update,
     make_node_generators,
     node_sample_rates,
-    push_sum_mix,
 )
 from dpdl.algorithms.noise import NoiseDraw
+from dpdl.engine.runtime import LocalRuntime, Runtime
 from dpdl.errors import DPDLError, require
 from dpdl.models.validation import refuse_stateful
 
@@ -154,10 +156,12 @@ class Simulator:
     ``"book-keeping"``, ``"per-record"``; see :func:`dpdl.algorithms.dyn_d2p.
     clipped_record_sums`): the numbers agree to rounding.
 
-    ``data`` holds the nodes this process hosts (:attr:`node_block`): all of the topology's
-    nodes here; a block in the distributed runtime, which exchanges only what every process
-    needs (node sizes, public) and reductions of the models.  ``params``/``weights``/
-    ``generators`` are those of the hosted nodes.
+    ``data`` holds the nodes this process hosts (:attr:`node_block`, the ``runtime``'s
+    :meth:`~dpdl.engine.runtime.Runtime.hosted_block`): all of the topology's nodes with the
+    default :class:`~dpdl.engine.runtime.LocalRuntime`; a block in the distributed runtime,
+    which exchanges only what every process needs (node sizes, public) and reductions of the
+    models.  ``params``/``weights``/``generators`` are those of the hosted nodes; the
+    runtime's :meth:`~dpdl.engine.runtime.Runtime.mixer` (:attr:`mixer`) mixes them.
     """
 
     def __init__(
@@ -177,6 +181,7 @@ class Simulator:
         weight_decay: float = 0.0,
         sampling: str = "uniform",
         sample_rate: float | None = None,
+        runtime: Runtime | None = None,
     ):
         require(lr > 0 and np.isfinite(lr), f"learning rate must be positive, got {lr}")
         require(0 <= momentum < 1, f"momentum must lie in [0, 1), got {momentum}")
@@ -199,6 +204,8 @@ class Simulator:
         self.model = model.to(self.device)
         self.n = int(topology.n)
         self.topology = topology
+        self.runtime: Runtime = LocalRuntime() if runtime is None else runtime
+        self._block = self.runtime.hosted_block(self.n, self.device)
         first, count = self.node_block
         require(
             data.n_nodes == count,
@@ -221,7 +228,8 @@ class Simulator:
         self.sampling = sampling
         if sample_rate is None:
             # Every node's size (public), hence every node's rate; the largest is b / J_min.
-            self.node_counts = self._all_node_counts([int(c) for c in self.data.counts])
+            self.node_counts = self.runtime.all_node_counts([int(c) for c in self.data.counts],
+                                                            self.n)  # fmt: skip
             j_min = min(self.node_counts)
             require(
                 expected_batch_size <= j_min,
@@ -255,14 +263,14 @@ class Simulator:
             salts=None if seed is None else self.data_fingerprints,
         )  # fmt: skip
         self.iteration = 0
-        self._mixing_cache: dict[int, tuple] = {}
+        self.mixer = self.runtime.mixer(topology, self._block, self.device)
         self._noise_buffer: NoiseDraw | None = None  # the noise's buffers, refilled each step
         self._work: Params | None = None  # the step's update, then x^{k+1/2}; never exposed
 
     @property
     def node_block(self) -> tuple[int, int]:
-        """(first node, count) of the nodes this process hosts: all of them here."""
-        return 0, self.n
+        """(first node, count) of the nodes this process hosts (all of them in one process)."""
+        return self._block
 
     @property
     def hosted_sample_rates(self) -> np.ndarray:
@@ -270,17 +278,9 @@ class Simulator:
         first, count = self.node_block
         return self.sample_rates[first : first + count]
 
-    def _all_node_counts(self, local: list[int]) -> list[int]:
-        """The sizes of all the topology's nodes (a collective in the distributed runtime)."""
-        return local
-
-    def _reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        """The sum of ``tensor`` over the processes (only this one here)."""
-        return tensor
-
     def _gather_nodes(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Every node's rows of a (hosted nodes, ...) tensor, in node order (here: all)."""
-        return tensor
+        """Every node's rows of a (hosted nodes, ...) tensor, in node order."""
+        return self.runtime.gather_nodes(tensor, self.n)
 
     @property
     def data_fingerprints(self) -> list[bytes]:
@@ -290,22 +290,6 @@ class Simulator:
         return self._fingerprints
 
     # ------------------------------------------------------------------ stepping
-    def _mixing(self, k: int):
-        """(P^k as a tensor, None) or (None, circulant form); cached over one period."""
-        period = getattr(self.topology, "period", None)
-        key = k % period if isinstance(period, int) and period > 0 else None
-        if key is not None and key in self._mixing_cache:
-            return self._mixing_cache[key]
-        circ = self.topology.circulant(k)
-        if circ is not None:
-            entry = (None, [(int(s), float(wt)) for s, wt in circ])
-        else:
-            matrix = np.asarray(self.topology.mixing_matrix(k), dtype=np.float64)
-            entry = (torch.as_tensor(matrix, device=self.device), None)
-        if key is not None:
-            self._mixing_cache[key] = entry
-        return entry
-
     def step(
         self,
         *,
@@ -322,17 +306,18 @@ class Simulator:
         A private step needs ``sigma`` > 0 (``unsafe_zero_noise=True`` allows 0, for tests).
         ``lr`` is this step's γ_k (default: the simulator's constant ``lr``).  ``mix=False``
         is a local step (x^{k+1} = x^{k+1/2}, w unchanged: no message is sent); a mixing step
-        gossips with the graph of ``mixing_round`` (default: the iteration k).
+        gossips with the graph of ``mixing_round`` (default: the iteration k), through the
+        runtime's :attr:`mixer` (in memory, or point-to-point messages between processes).
         """
         k = self.iteration
+        self.runtime.before_step(k)
         half = self._local_update(k, private=private, clip=clip, sigma=sigma,
                                   unsafe_zero_noise=unsafe_zero_noise, lr=lr)  # fmt: skip
         if mix:
-            P, circ = self._mixing(k if mixing_round is None else mixing_round)
-            # x^k is not needed once x^{k+1/2} is in the work buffer: x^{k+1} overwrites it
-            self.params, self.weights = push_sum_mix(
-                half.params, self.weights, P, circulant=circ, out=self.params
-            )
+            # x^k is not needed once x^{k+1/2} is in the work buffer: x^{k+1} may overwrite it
+            round_k = k if mixing_round is None else mixing_round
+            self.params, self.weights = self.mixer.mix(half.params, self.weights, round_k,
+                                                       step=k, out=self.params)  # fmt: skip
         else:
             self._keep_local(half.params)
         self.iteration += 1
@@ -371,12 +356,11 @@ class Simulator:
 
     def mix_only(self) -> None:
         """A gossip round without gradients (push-sum consensus)."""
-        P, circ = self._mixing(self.iteration)
+        k = self.iteration
         if self._work is None:
             self._work = {name: torch.empty_like(p) for name, p in self.params.items()}
-        mixed, self.weights = push_sum_mix(
-            self.params, self.weights, P, circulant=circ, out=self._work
-        )
+        mixed, self.weights = self.mixer.mix(self.params, self.weights, k, step=k,
+                                             out=self._work)  # fmt: skip
         self.params, self._work = mixed, self.params
         self.iteration += 1
 
@@ -393,13 +377,14 @@ class Simulator:
     def average_params(self) -> Params:
         """The network average x-bar = sum_i x_i / sum_i w_i (one model, no node dim): a
         reduction of the hosted nodes' sums, never a gather of their models."""
-        total = self._reduce_sum(self.weights.sum())
-        return {name: self._reduce_sum(p.sum(dim=0)) / total.to(p.dtype)
+        total = self.runtime.reduce_sum(self.weights.sum())
+        return {name: self.runtime.reduce_sum(p.sum(dim=0)) / total.to(p.dtype)
                 for name, p in self.params.items()}  # fmt: skip
 
     def all_finite(self) -> bool:
         finite = all(bool(p.isfinite().all()) for p in self.params.values())
-        return bool(self._reduce_sum(torch.tensor(float(not finite), device=self.device)) == 0)
+        flag = torch.tensor(float(not finite), device=self.device)
+        return bool(self.runtime.reduce_sum(flag) == 0)
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from dpdl.engine import checkpoint as checkpoints
+from dpdl.engine.runtime import Runtime, make_runtime
 from dpdl.engine.simulator import NodeData, Simulator, resolve_device
 from dpdl.errors import DPDLError, require
 from dpdl.experiments.config import RunConfig, parse_config
@@ -353,7 +354,8 @@ def run_cell(
     """Train one algorithm for one seed and target epsilon; returns the cell's record.
 
     ``on_row(row)`` is called with every metrics row as it is produced;
-    ``simulator_factory`` builds the engine (the distributed runtime passes its own).  A
+    ``simulator_factory`` builds the engine (a ``Simulator`` subclass, e.g. a test's; the
+    config's runtime hosts the nodes, exchanges and mixes whichever it is).  A
     NaN/inf update stops the cell cleanly: the result has ``status = "diverged"`` and the
     message names the node and step.  ``checkpoint`` saves the cell's state every N steps
     and, when it carries a saved state, continues from it: the models, weights, generator
@@ -454,47 +456,41 @@ def run_experiment(
 
 @dataclass
 class _Launch:
-    """How this process takes part in a run: alone, or as one block of nodes of the
-    distributed runtime (``block``, ``rank``; only the main process writes the run folder),
-    and whether it continues the run folder ``run_name`` (``resume``)."""
+    """How this process takes part in a run, as its ``runtime`` says: the block of nodes it
+    hosts (all, or one rank's of the distributed runtime), whether it is the main process
+    (which alone writes the run folder), and whether it continues the run folder
+    ``run_name`` (``resume``)."""
 
     progress: bool
     run_name: str | None
     resume: bool
     simulator_factory: Any
-    device: torch.device | None = None
+    runtime: Runtime
+    device: torch.device
+    block: tuple[int, int]
     main_process: bool = True
-    block: tuple[int, int] | None = None
-    rank: int = 0
-    distributed: bool = False
 
     def workload(self, cfg: RunConfig, seed: int) -> Workload:
-        return prepare_workload(cfg, seed, self.device, block=self.block, rank=self.rank)
+        return prepare_workload(cfg, seed, self.device, block=self.block, rank=self.runtime.rank)
 
 
 def _launch(cfg: RunConfig, output_dir: str | Path, *, progress: bool, run_name: str | None,
             resume: bool) -> _Launch:
     """This process's part in the run; a resume is checked against the folder's config."""
+    # In the distributed runtime one process per block of nodes (torchrun or `dpdl run
+    # --procs R`): each loads and holds its own nodes only; the main process alone writes the
+    # run folder, every process keeps its own checkpoints (dpdl.engine.distributed).
+    runtime = make_runtime(cfg.experiment.runtime)
+    device = runtime.local_device(resolve_device(cfg.experiment.device))
+    block = runtime.hosted_block(cfg.topology.nodes, device)
+    main_process = runtime.is_main_process()
     # Simulator is looked up here, not bound at import: it may be replaced (tests do).
-    launch = _Launch(progress, run_name, resume, simulator_factory=Simulator)
-    if cfg.experiment.runtime == "distributed":
-        # One process per block of nodes (torchrun or `dpdl run --procs R`): each loads and
-        # holds its own nodes only; the main process alone writes the run folder, every
-        # process keeps its own checkpoints (dpdl.engine.distributed).
-        from dpdl.engine import distributed
-        from dpdl.engine.comm import block_bounds
-
-        launch.distributed = True
-        launch.device = distributed.local_device(resolve_device(cfg.experiment.device))
-        launch.rank, world = distributed.init_from_environment(launch.device)
-        lo, hi = block_bounds(cfg.topology.nodes, world, launch.rank)
-        launch.block = (lo, hi - lo)
-        launch.simulator_factory = distributed.DistributedSimulator
-        launch.main_process = distributed.is_main_process()
-        launch.progress = progress and launch.main_process
-        launch.run_name = run_name or distributed.job_run_name(cfg.experiment.name)
-        if not resume and distributed.restarted() and launch.run_name:  # torchrun --max-restarts
-            launch.resume = (Path(output_dir) / launch.run_name / "config.json").is_file()
+    launch = _Launch(progress and main_process,
+                     run_name or runtime.job_run_name(cfg.experiment.name), resume,
+                     simulator_factory=Simulator, runtime=runtime, device=device, block=block,
+                     main_process=main_process)  # fmt: skip
+    if not resume and runtime.restarted() and launch.run_name:  # torchrun --max-restarts
+        launch.resume = (Path(output_dir) / launch.run_name / "config.json").is_file()
     if launch.resume:
         run_dir = Path(output_dir) / str(launch.run_name)
         if launch.run_name is None or not (run_dir / "config.json").is_file():
@@ -510,11 +506,9 @@ def _open_run_folder(cfg: RunConfig, output_dir: str | Path, launch: _Launch) ->
     if launch.main_process:
         folder = RunFolder.create(output_dir, cfg.experiment.name, launch.run_name,
                                   exist_ok=launch.resume)  # fmt: skip
-    if launch.distributed:
-        from dpdl.engine import distributed
-
-        folder = RunFolder(Path(output_dir) / distributed.from_main_process(
-            folder.path.name if launch.main_process else None))  # fmt: skip
+    # every process writes into the folder the main process named
+    folder = RunFolder(Path(output_dir) / launch.runtime.from_main_process(
+        folder.path.name if launch.main_process else None))  # fmt: skip
     if not launch.resume and launch.main_process:
         folder.write_config(cfg.model_dump(mode="json"), toml=True)
         if cfg.training.checkpoint_every:
@@ -529,12 +523,8 @@ def _finished_cells(folder: RunFolder, launch: _Launch) -> dict[str, RunRecord |
     saved = _load_finished(folder.checkpoints) if launch.resume and launch.main_process else {}
     finished: dict[str, RunRecord | None] = {
         key: RunRecord.from_dict(record) for key, record in saved.items()}
-    if launch.distributed:
-        from dpdl.engine import distributed
-
-        done = distributed.from_main_process(sorted(finished))
-        finished = finished or dict.fromkeys(done)
-    return finished
+    done = launch.runtime.from_main_process(sorted(finished))
+    return finished or dict.fromkeys(done)
 
 
 def _metric_columns(cfg: RunConfig) -> tuple[str, ...]:
@@ -567,7 +557,7 @@ def _run_checkpointed_cell(work: Workload, spec: AlgorithmSpec, eps: float | Non
     finished cell is recorded (``finished.json``) before its checkpoint is removed."""
     cfg = work.config
     ckpt = CellCheckpointer(folder.checkpoint(key), cfg.training.checkpoint_every)
-    if launch.resume and _every_process_has(ckpt.path, cfg):
+    if launch.resume and _every_process_has(ckpt.path, launch.runtime):
         ckpt.resume = checkpoints.load_for_resume(ckpt.path)
     cell = run_cell(
         work, spec, eps, progress=launch.progress,
@@ -582,15 +572,11 @@ def _run_checkpointed_cell(work: Workload, spec: AlgorithmSpec, eps: float | Non
     return cell
 
 
-def _every_process_has(path: Path, cfg: RunConfig) -> bool:
+def _every_process_has(path: Path, runtime: Runtime) -> bool:
     """Whether this process (every process, in the distributed runtime) has a checkpoint of
     ``path``; processes that disagree cannot resume together."""
     has = checkpoints.process_path(path).is_file()
-    if cfg.experiment.runtime != "distributed":
-        return has
-    from dpdl.engine import distributed
-
-    require(distributed.same_on_every_rank(int(has)),
+    require(runtime.same_on_every_rank(int(has)),
             f"only some processes have a checkpoint of {path.name}: the job stopped while "
             "they were saving it; refusing to resume")  # fmt: skip
     return has

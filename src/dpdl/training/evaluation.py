@@ -19,6 +19,7 @@ from dpdl.training.callbacks import UNACCOUNTED_TRAIN_LOSS
 from dpdl.training.inputs import check_eval_records, per_record_loss
 from dpdl.training.node_eval import node_local_metrics
 from dpdl.training.settings import TrainingSection
+from dpdl.training.specs import EvaluationSpec
 
 __all__ = ["Evaluator"]
 
@@ -35,17 +36,16 @@ class Evaluator:
         self.node_sets = node_sets  # the hosted nodes' own evaluation sets (node_eval)
 
     @classmethod
-    def build(cls, model: nn.Module, eval_data, train_eval_data, validation_data, *,
-              metric: Callable | None, node_data: NodeData, training: TrainingSection, loss,
-              classes: int | None, seed: int, device,
+    def build(cls, model: nn.Module, spec: EvaluationSpec, *, node_data: NodeData,
+              training: TrainingSection, loss, classes: int | None, seed: int, device,
               node_sets: NodeData | None = None) -> Evaluator:  # fmt: skip
-        """Check and pick the evaluation records (public randomness of ``seed``), then probe
-        ``metric`` on a few of them.  ``node_sets``: the hosted nodes' own evaluation sets
-        (:mod:`dpdl.training.node_eval`), scored as ``node_local_*``."""
-        sets = _evaluation_sets(eval_data, train_eval_data, validation_data, node_data=node_data,
-                                training=training, loss=loss, classes=classes, seed=seed,
-                                device=device)  # fmt: skip
-        evaluator = cls(loss, metric, sets, training.eval_node_samples, node_sets)
+        """Check and pick the evaluation records of ``spec`` (public randomness of ``seed``),
+        then probe its ``metric`` on a few of them.  ``node_sets``: the hosted nodes' own
+        evaluation sets (:mod:`dpdl.training.node_eval`), scored as ``node_local_*``."""
+        sets = _evaluation_sets(spec.eval_data, spec.train_eval_data, spec.validation_data,
+                                node_data=node_data, training=training, loss=loss,
+                                classes=classes, seed=seed, device=device)  # fmt: skip
+        evaluator = cls(loss, spec.metric, sets, training.eval_node_samples, node_sets)
         evaluator._probe_metric(model)
         return evaluator
 

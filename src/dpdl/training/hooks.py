@@ -62,7 +62,7 @@ class Evaluations:
         asked = self.emit(state, row)
         # Callbacks run on the main process only: every process learns of a stop together.
         flag = torch.tensor([1.0 if asked else 0.0], device=state.engine.device)
-        if float(state.engine._reduce_sum(flag)[0]) > 0 and iteration < self.steps:
+        if float(state.engine.runtime.reduce_sum(flag)[0]) > 0 and iteration < self.steps:
             state.stop = f"stopped by a callback after step {iteration}"
 
     def on_start(self, state: RunState) -> None:

@@ -42,7 +42,9 @@ __all__ = [
     "NoiseEntropy",
     "LATER_SETTING_DEFAULTS",
     "PrivacySection",
+    "REPORTING_PRIVACY",
     "REPRODUCIBLE_NOISE_NOTE",
+    "SHAPING_TRAINING",
     "TrainingSection",
     "check_neighboring",
     "seeded_cell_name",
@@ -193,50 +195,52 @@ def _parse_settings(algorithm, given: dict[str, Any]) -> tuple[tuple[str, Any], 
     return tuple(sorted((k, v) for k, v in values.items() if v != defaults.get(k)))
 
 
-# Settings of TrainingSection added since the first runs (the optimiser's: Algorithm 1 itself
-# at these values; per-node evaluation off; uniform sampling), at their defaults.  A run at
-# the defaults describes itself without them (trainer.json, the settings digest that keys
-# seeded noise and checkpoints, a resume's config check), so it is the very run it was before
-# they existed: same digests, same noise, and its run folders still resume.
-LATER_SETTING_DEFAULTS: dict[str, Any] = {
-    "momentum": 0.0, "weight_decay": 0.0, "local_steps": 1, "node_eval_share": 0.0,
-    "sampling": "uniform", "sample_rate": None,
-}  # fmt: skip
+# Metadata of a setting (a field's json_schema_extra), from which the lists below derive:
+# SHAPES: a training setting that shapes training (the others say how it is evaluated or
+# saved): it enters a seeded run's stream settings (the noise key) and the checkpoint digest.
+# LATER: a setting added since the first runs (the optimiser's: Algorithm 1 itself at its
+# default; per-node evaluation off; uniform sampling): at its default a run describes itself
+# without it (trainer.json, the settings digest that keys seeded noise and checkpoints, a
+# resume's config check), so it is the very run it was before the setting existed: same
+# digests, same noise, and its run folders still resume.  node_eval_share is LATER but does
+# not SHAPE: the records it holds out change the data, which enter the streams by their
+# fingerprints; a run holding them out is the run on the rest alone.
+# REPORTING: a privacy setting that only changes how the epsilon spent is reported.
+_SHAPES, _LATER, _REPORTING = "shapes_training", "later_setting", "reporting_only"
 
 
-def without_later_defaults(training: dict[str, Any]) -> dict[str, Any]:
-    """A [training] table (a dict) without the settings added since the first runs (the
-    optimiser's, per-node evaluation) that are at their default."""
-    return {k: v for k, v in training.items()
-            if k not in LATER_SETTING_DEFAULTS or v != LATER_SETTING_DEFAULTS[k]}  # fmt: skip
+def _marked(*marks: str) -> dict[str, bool]:
+    return dict.fromkeys(marks, True)
 
 
 class TrainingSection(_Section):
-    steps: int | None = Field(None, ge=1)
+    steps: int | None = Field(None, ge=1, json_schema_extra=_marked(_SHAPES))
     # One epoch: "uniform" J_min / b steps, "per-node" mean(J_i) / b (dpdl.training.plan).
-    epochs: float | None = Field(None, gt=0)
+    epochs: float | None = Field(None, gt=0, json_schema_extra=_marked(_SHAPES))
     # The expected batch b: of the smallest node ("uniform", every node at rate b / J_min), or
     # of every node ("per-node", node i at q_i = b / J_i; dpdl.algorithms.dyn_d2p.SAMPLINGS).
     # The privacy schedule is calibrated at b / J_min, the largest rate, either way.
-    batch_size: float = Field(1.0, gt=0)
-    sampling: Literal["uniform", "per-node"] = "uniform"
+    batch_size: float = Field(1.0, gt=0, json_schema_extra=_marked(_SHAPES))
+    sampling: Literal["uniform", "per-node"] = Field(
+        "uniform", json_schema_extra=_marked(_SHAPES, _LATER))
     # The Poisson rate q of every node, given as a hyper-parameter (None: b / J_min, read off
     # the node sizes).  The noisy sum is still divided by batch_size b, a public constant.
-    # privacy.neighboring = "add-remove" needs it (check_neighboring).
-    sample_rate: float | None = Field(None, gt=0, le=1)
-    lr: float = Field(0.03, gt=0)
+    # privacy.neighboring = "add-remove" needs it (check_neighboring).  (It reaches the noise
+    # key as the run's sample_rate, not as a training setting.)
+    sample_rate: float | None = Field(None, gt=0, le=1, json_schema_extra=_marked(_LATER))
+    lr: float = Field(0.03, gt=0, json_schema_extra=_marked(_SHAPES))
     # Step-size decay: gamma_k = lr * lr_decay^(-k/K), shaped like Dyn[C]'s clip decay
     # C0 rho_c^(-k/K) (1: constant).  Const-D2P with lr_decay = rho_c has Dyn[C]-D2P's
     # effective step gamma_k C_k and Const's noise multiplier: it isolates step-size scheduling.
-    lr_decay: float = Field(1.0, ge=1)
+    lr_decay: float = Field(1.0, ge=1, json_schema_extra=_marked(_SHAPES))
     # Optimiser (MATH.md §4, "Momentum, weight decay, local steps"): heavy-ball momentum beta
     # and weight decay lambda act on each node's released update u_i^k, post-processing of the
     # noisy sum (the accounting is unchanged); nodes gossip every local_steps-th step only,
     # every step (local ones too) a subsampled Gaussian step in the ledger.  The defaults
     # (0, 0, 1) are Algorithm 1 exactly.
-    momentum: float = Field(0.0, ge=0, lt=1)
-    weight_decay: float = Field(0.0, ge=0)
-    local_steps: int = Field(1, ge=1)
+    momentum: float = Field(0.0, ge=0, lt=1, json_schema_extra=_marked(_SHAPES, _LATER))
+    weight_decay: float = Field(0.0, ge=0, json_schema_extra=_marked(_SHAPES, _LATER))
+    local_steps: int = Field(1, ge=1, json_schema_extra=_marked(_SHAPES, _LATER))
     eval_every: int = Field(50, ge=1)
     # The training loss on the nodes' own records is a noise-free function of private data:
     # only with unsafe_train_metrics = true is it computed (on this many records) and released,
@@ -251,7 +255,7 @@ class TrainingSection(_Section):
     # so adding a record never changes which others are held out.  Those records are never
     # trained on (node sizes, the sampling rate and the accounting use the rest); choosing the
     # option declares them public: their scores (node_local_*) are released as they are.
-    node_eval_share: float = Field(0.0, ge=0, lt=1)
+    node_eval_share: float = Field(0.0, ge=0, lt=1, json_schema_extra=_marked(_LATER))
     # Save a checkpoint (models, push-sum weights, generator states, privacy ledger) every
     # this many steps; `dpdl run --resume RUN_DIR` continues from the last one.
     checkpoint_every: int | None = Field(None, ge=1)
@@ -281,14 +285,15 @@ class PrivacySection(_Section):
     rho_c: float = Field(DEFAULT_RHO_C, ge=1)
     rho_mu: float = Field(DEFAULT_RHO_MU, ge=1)
     # A registered certified accountant's name (pld, rdp, ...)
-    certified_accountant: str = "pld"
+    certified_accountant: str = Field("pld", json_schema_extra=_marked(_REPORTING))
     # Certified epsilon at evaluation points: PLD blocked upper bound with this many blocks.
-    eval_blocks: int = Field(20, ge=1)
+    eval_blocks: int = Field(20, ge=1, json_schema_extra=_marked(_REPORTING))
     # Certified epsilon of the whole run: "auto" (exact composition, or for a schedule with
     # many distinct multipliers the binned PLD bound: within 0.1 % of exact, with its lower
     # companion), "exact", or "blocked" (final_blocks blocks by count, looser).
-    final_mode: Literal["auto", "exact", "blocked"] = "auto"
-    final_blocks: int = Field(1000, ge=1)
+    final_mode: Literal["auto", "exact", "blocked"] = Field(
+        "auto", json_schema_extra=_marked(_REPORTING))
+    final_blocks: int = Field(1000, ge=1, json_schema_extra=_marked(_REPORTING))
     # Blocks of a blocked PLD/RDP calibration and ledger; None (default): the accountant's own
     # choice, i.e. exact or, for many distinct multipliers, the binned PLD bound.
     calibration_blocks: int | None = Field(None, ge=1)
@@ -319,6 +324,31 @@ class PrivacySection(_Section):
     @property
     def epsilons(self) -> list[float]:
         return self.epsilon if isinstance(self.epsilon, list) else [self.epsilon]
+
+
+def _fields_marked(section: type[BaseModel], mark: str) -> tuple[str, ...]:
+    """The fields of ``section`` whose metadata carry ``mark``, in declaration order."""
+    return tuple(name for name, field in section.model_fields.items()
+                 if isinstance(field.json_schema_extra, dict)
+                 and field.json_schema_extra.get(mark))  # fmt: skip
+
+
+# Derived from the fields' metadata (above): the training settings that shape training, the
+# privacy settings that only report, and the later settings with the default at which a run
+# describes itself without them.
+SHAPING_TRAINING: tuple[str, ...] = _fields_marked(TrainingSection, _SHAPES)
+REPORTING_PRIVACY: tuple[str, ...] = _fields_marked(PrivacySection, _REPORTING)
+LATER_SETTING_DEFAULTS: dict[str, Any] = {
+    name: TrainingSection.model_fields[name].default
+    for name in _fields_marked(TrainingSection, _LATER)
+}
+
+
+def without_later_defaults(training: dict[str, Any]) -> dict[str, Any]:
+    """A [training] table (a dict) without the settings added since the first runs (the
+    optimiser's, per-node evaluation) that are at their default."""
+    return {k: v for k, v in training.items()
+            if k not in LATER_SETTING_DEFAULTS or v != LATER_SETTING_DEFAULTS[k]}  # fmt: skip
 
 
 # Keys that once existed: a config that still sets one is told what became of it.

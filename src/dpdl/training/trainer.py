@@ -31,7 +31,7 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,9 +43,9 @@ from torch import nn
 from dpdl.accounting.ledger import PrivacyLedger
 from dpdl.accounting.schedules import PrivacySchedule
 from dpdl.algorithms.dyn_d2p import GAUSSIAN_RELEASE
-from dpdl.algorithms.randomness import DEFAULT_ENTROPY, ENTROPY_MODES, settings_digest
+from dpdl.algorithms.randomness import settings_digest
 from dpdl.engine import checkpoint as checkpoints
-from dpdl.engine.simulator import NodeData, Simulator, resolve_device
+from dpdl.engine.simulator import NodeData, Simulator
 from dpdl.errors import DPDLError, require
 from dpdl.training import inputs
 from dpdl.training.callbacks import (
@@ -83,6 +83,8 @@ from dpdl.training.plan import (
 )
 from dpdl.training.results import RunRecord
 from dpdl.training.settings import (
+    REPORTING_PRIVACY,
+    SHAPING_TRAINING,
     AlgorithmSpec,
     PrivacySection,
     TrainingSection,
@@ -90,18 +92,19 @@ from dpdl.training.settings import (
     with_overrides,
     without_later_defaults,
 )
+from dpdl.training.specs import (
+    EvaluationSpec,
+    ExecutionSpec,
+    OutputSpec,
+    build_spec,
+    spec_fields,
+)
 
-RUNTIMES = ("simulator", "distributed")
-
-# Privacy settings that only change how the epsilon spent is reported, and the training
-# settings that shape training (the others say how it is evaluated or saved).
-_REPORTING_PRIVACY = ("certified_accountant", "eval_blocks", "final_mode", "final_blocks")
-# The later settings (optimiser, sampling) shape it too, but enter (describe()) only when
-# not at their defaults: a default run's digests stay those it always had.
-# node_eval_share is not among them: the records it holds out change the data, which enter
-# the streams by their fingerprints; a run holding them out is the run on the rest alone.
-_TRAINING_SHAPING = ("steps", "epochs", "batch_size", "lr", "lr_decay", "sampling", "momentum",
-                     "weight_decay", "local_steps")  # fmt: skip
+# The keywords that set one field of a spec (eval_data=, output_dir=, seed= ...), and the
+# trainer's own keywords that are neither a spec's nor a section's.
+_SPECS = {"evaluation": EvaluationSpec, "output": OutputSpec, "execution": ExecutionSpec}
+_SPEC_KEYWORDS = {what: spec_fields(cls) for what, cls in _SPECS.items()}
+_PROBLEM_KEYWORDS = {"loss": "cross_entropy", "topology_params": None, "nodes": None}
 
 # The facade's own names and those a caller of it needs.  The plan's functions
 # (build_schedule, approve_schedule, noise_root, resolve_steps) are importable from here as
@@ -113,6 +116,9 @@ __all__ = [
     "CellCheckpointer",
     "DecentralizedTrainer",
     "Evaluation",
+    "EvaluationSpec",
+    "ExecutionSpec",
+    "OutputSpec",
     "RunRecord",
     "TensorBoardLogger",
     "TrainingResult",
@@ -217,11 +223,16 @@ class DecentralizedTrainer:
       ``unsafe_train_metrics``,
       ``eval_train_samples``, ``checkpoint_every``.
     * Every field of either may be given as a keyword of its own, which overrides it
-      (``delta=1e-5``, ``steps=500``; the common ones are named parameters, the others go
-      through ``**settings``); None, the default, leaves the section's value (else its
-      default).  Giving ``steps`` or ``epochs`` replaces both.
-    * ``loss``: a name of ``LOSSES`` or a callable ``(outputs, targets) -> (batch,)``
-      per-record losses.
+      (``delta=1e-5``, ``steps=500``); None leaves the section's value (else its default).
+      Giving ``steps`` or ``epochs`` replaces both.
+    * ``loss`` (keyword): a name of ``LOSSES`` or a callable ``(outputs, targets) ->
+      (batch,)`` per-record losses (default "cross_entropy"); ``topology_params`` (keyword):
+      the named topology's parameters; ``nodes`` (keyword): the number of nodes when
+      ``data`` is a function of the node index.
+    * ``evaluation``: an :class:`EvaluationSpec` (or a dict of one), ``output``: an
+      :class:`OutputSpec`, ``execution``: an :class:`ExecutionSpec` (:mod:`dpdl.training.
+      specs`).  Each field of theirs may be given as a keyword of its own, which overrides
+      it (None leaves it), as a section's: ``eval_data=``, ``output_dir=``, ``seed=`` ...
     * ``eval_data`` ``(inputs, targets)``, ``validation_data`` (held-out records to choose
       parameters on: ``val_loss``, ``val_accuracy``): evaluation data the user declares
       public (metrics on them are released as they are); ``node_eval_data``
@@ -236,10 +247,14 @@ class DecentralizedTrainer:
       trainer without noise; ``unsafe_train_metrics=True`` adds the noise-free training loss
       on ``train_eval_data`` (default: ``eval_train_samples`` of the nodes' records) as
       ``unaccounted_train_loss`` wherever it goes (for debugging, never for real data).
-    * ``device``, ``runtime`` ("simulator" | "distributed": started by torchrun),
-      ``entropy`` ("os", the default: secret noise; "seed": reproducible from ``seed``).
+      ``callbacks_on`` ("main" | "all"), ``gather_node_models``: the evaluation spec's.
+    * ``device``, ``runtime`` ("simulator" | "distributed": started by torchrun; or a
+      :class:`dpdl.engine.runtime.Runtime`), ``entropy`` ("os", the default: secret noise;
+      "seed": reproducible from ``seed``), ``seed``, ``engine_factory``: the execution
+      spec's.
     * ``output_dir``: write a run folder there (``metrics.csv``, ``results.json``,
-      ``curves.png``, ``trainer.json``), ``run_name``, ``resume``.
+      ``curves.png``, ``trainer.json``), ``run_name``, ``name``, ``resume``, ``progress``,
+      ``checkpoint``: the output spec's.
 
     Everything is validated on construction and nothing is written before :meth:`fit`.
     """
@@ -250,59 +265,36 @@ class DecentralizedTrainer:
         data: Sequence | NodeData,
         *,
         topology: Any = "exp",
-        topology_params: dict[str, Any] | None = None,
         algorithm: str | AlgorithmSpec = "dyn-d2p",
         epsilon: float | None = 1.0,
         privacy: PrivacySection | dict[str, Any] | None = None,
         training: TrainingSection | dict[str, Any] | None = None,
-        delta: float | None = None,
-        clip: float | None = None,
-        batch_size: float | None = None,
-        lr: float | None = None,
-        steps: int | None = None,
-        epochs: float | None = None,
-        eval_every: int | None = None,
-        loss: str | Callable = "cross_entropy",
-        eval_data: Any = None,
-        train_eval_data: Any = None,
-        validation_data: Any = None,
-        node_eval_data: Any = None,
-        metric: Callable | None = None,
-        callbacks: Sequence[Callable[[Evaluation], Any]] = (),
-        callbacks_on: str = "main",
-        nodes: int | None = None,
-        gather_node_models: bool = False,
-        device: str | torch.device = "cpu",
-        runtime: str = "simulator",
-        entropy: str = DEFAULT_ENTROPY,
-        seed: int = 0,
-        output_dir: str | Path | None = None,
-        run_name: str | None = None,
-        name: str = "train",
-        resume: bool = False,
-        progress: bool = False,
-        engine_factory: Callable[..., Simulator] | None = None,
-        checkpoint: CellCheckpointer | None = None,
-        **settings: Any,
+        evaluation: EvaluationSpec | dict[str, Any] | None = None,
+        output: OutputSpec | dict[str, Any] | None = None,
+        execution: ExecutionSpec | dict[str, Any] | None = None,
+        **options: Any,
     ):
-        settings |= dict(delta=delta, clip=clip, batch_size=batch_size, lr=lr, steps=steps,
-                         epochs=epochs, eval_every=eval_every)  # fmt: skip
-        self._settings(algorithm, epsilon, privacy, training, settings)
-        self._options(entropy, runtime, seed, device, callbacks, callbacks_on, output_dir,
-                      run_name, resume)  # fmt: skip
-        self.gather_node_models = bool(gather_node_models)
-        self.name, self.progress, self.checkpoint = name, progress, checkpoint
-        self.engine_factory = engine_factory
+        # the keywords of a spec's fields, and loss / topology_params / nodes, out of options:
+        # what is left are the sections' fields (or unknown, refused by _settings)
+        given = {what: {k: options.pop(k) for k in fields if k in options}
+                 for what, fields in _SPEC_KEYWORDS.items()}  # fmt: skip
+        problem = {k: options.pop(k, default) for k, default in _PROBLEM_KEYWORDS.items()}
+        self._settings(algorithm, epsilon, privacy, training, options)
+        self.execution: ExecutionSpec = build_spec(ExecutionSpec, execution, given["execution"],
+                                                   "execution")  # fmt: skip
+        self.output: OutputSpec = build_spec(OutputSpec, output, given["output"], "output")
+        self.evaluation: EvaluationSpec = build_spec(EvaluationSpec, evaluation,
+                                                     given["evaluation"], "evaluation")
+        self._options()
         self._run_digest: str | None = None
-        require(node_eval_data is None or not self.training.node_eval_share,
+        require(self.evaluation.node_eval_data is None or not self.training.node_eval_share,
                 "give node_eval_data (one set per node) or training.node_eval_share (each "
                 "node holds out a share of its records), not both")  # fmt: skip
-        self._inputs(model, data, topology, topology_params or {}, nodes, loss)
+        self._inputs(model, data, topology, problem["topology_params"] or {}, problem["nodes"],
+                     problem["loss"])  # fmt: skip
         self._plan()
-        self.metric = metric
         # Each process checks its own nodes' sets (they differ per rank): all agree after.
-        self._agree(lambda: self._build_evaluator(eval_data, train_eval_data, validation_data,
-                                                  node_eval_data, metric))  # fmt: skip
+        self.runtime.agree(lambda: self._build_evaluator(self.evaluation))
 
     # ------------------------------------------------------------------ validation
     def _settings(self, algorithm, epsilon, privacy, training, settings: dict[str, Any]) -> None:
@@ -341,37 +333,15 @@ class DecentralizedTrainer:
         check_neighboring(self.privacy, self.training)
         self.epsilon = float(epsilon) if private else None
 
-    def _options(self, entropy, runtime, seed, device, callbacks, callbacks_on, output_dir,
-                 run_name, resume) -> None:  # fmt: skip
-        require(
-            entropy in ENTROPY_MODES,
-            f"unknown entropy {entropy!r}; use 'os' (secret, default) or 'seed'",
-        )
-        require(runtime in RUNTIMES, f"runtime must be one of {RUNTIMES}, got {runtime!r}")
-        require(
-            isinstance(seed, int | np.integer) and not isinstance(seed, bool) and seed >= 0,
-            f"seed must be a non-negative integer, got {seed!r}",
-        )
-        self.entropy, self.runtime, self.seed = entropy, runtime, int(seed)
-        require(
-            not resume or (output_dir is not None and run_name is not None),
-            "resume needs output_dir and the run_name of the run folder to continue",
-        )
-        self.device = resolve_device(device)
-        if runtime == "distributed":
-            from dpdl.engine import distributed
-
-            self.device = distributed.local_device(self.device)
-        self.callbacks = list(callbacks)
-        require(all(callable(c) for c in self.callbacks), "every callback must be a callable")
-        require(callbacks_on in ("main", "all"),
-                f"callbacks_on must be 'main' or 'all', got {callbacks_on!r}")  # fmt: skip
-        self.callbacks_on = callbacks_on
-        require(not (self.training.unsafe_train_metrics and runtime == "distributed"),
+    def _options(self) -> None:
+        """The execution spec's values the trainer reads everywhere, and what the runtime
+        cannot do."""
+        execution = self.execution
+        self.runtime, self.device = execution.runtime, execution.device
+        self.entropy, self.seed = execution.entropy, execution.seed
+        require(not self.training.unsafe_train_metrics or self.runtime.holds_every_record,
                 "unsafe_train_metrics needs every node's records in one process: not with the "
-                "distributed runtime")  # fmt: skip
-        self.output_dir = None if output_dir is None else Path(output_dir)
-        self.run_name, self.resume = run_name, bool(resume)
+                f"{self.runtime.name} runtime")  # fmt: skip
 
     def _inputs(self, model, data, topology, topology_params, nodes, loss) -> None:
         """The model, topology, loss and the hosted nodes' data, each checked."""
@@ -384,16 +354,16 @@ class DecentralizedTrainer:
         self._template = throwaway_copy(self.model)
         n = inputs.node_count(data, topology, nodes)
         self.topology = inputs.as_topology(topology, n, topology_params, self.seed)
-        self.first_node, hosted = self._hosted_block(n)
+        self.first_node, hosted = self.runtime.hosted_block(n, self.device)
         self.loss = inputs.check_loss(loss)
         # Every process loads, checks and probes only the nodes it hosts; in the distributed
         # runtime all ranks then agree that every rank passed (no record crosses a rank).
-        self._agree(lambda: self._load_and_probe(data, n, hosted))
+        self.runtime.agree(lambda: self._load_and_probe(data, n, hosted))
         # Every node's size: public under replace-one (gathered, used, released); under
         # add-remove secret, so never gathered across processes nor released (None).
         self.records_per_node = (
             None if self._sizes_secret
-            else self._all_counts([int(c) for c in self.node_data.counts])
+            else self.runtime.all_node_counts([int(c) for c in self.node_data.counts], n)
         )  # fmt: skip
 
     def _load_and_probe(self, data, n: int, hosted: int) -> None:
@@ -408,20 +378,19 @@ class DecentralizedTrainer:
                 self.node_data, self.training.node_eval_share, self.seed, self.first_node
             )
 
-    def _build_evaluator(self, eval_data, train_eval_data, validation_data, node_eval_data,
-                         metric) -> None:  # fmt: skip
+    def _build_evaluator(self, spec: EvaluationSpec) -> None:
         from dpdl.models.validation import throwaway_copy
 
         node_sets = self._held_out
-        if node_eval_data is not None:
-            node_sets = node_eval_sets(node_eval_data, self.topology.n, self.first_node,
+        if spec.node_eval_data is not None:
+            node_sets = node_eval_sets(spec.node_eval_data, self.topology.n, self.first_node,
                                        self.node_data.n_nodes, node_data=self.node_data,
                                        loss=self.loss, classes=self._classes,
                                        device=self.device)  # fmt: skip
         self.evaluator = Evaluator.build(
-            throwaway_copy(self.model), eval_data, train_eval_data, validation_data, metric=metric,
-            node_data=self.node_data, training=self.training, loss=self.loss,
-            classes=self._classes, seed=self.seed, device=self.device, node_sets=node_sets,
+            throwaway_copy(self.model), spec, node_data=self.node_data, training=self.training,
+            loss=self.loss, classes=self._classes, seed=self.seed, device=self.device,
+            node_sets=node_sets,
         )  # fmt: skip
 
     def _plan(self) -> None:
@@ -438,7 +407,7 @@ class DecentralizedTrainer:
         self.sample_rates, self.sample_rate = node_rates(training, self.topology.n, counts)
         self.steps = resolve_steps(training.steps, training.epochs, counts, b, sampling,
                                    training.sample_rate)  # fmt: skip
-        shown = self.progress and self._is_main_process()
+        shown = self.output.progress and self.runtime.is_main_process()
         with CalibrationProgress(f"calibrating {self.spec.label}", shown) as progress:
             self.schedule = build_schedule(
                 self.privacy, self.spec, self.epsilon, self.steps, self.sample_rate, progress
@@ -457,89 +426,21 @@ class DecentralizedTrainer:
         """Whether the node sizes are secret (add-remove): nothing size-dependent leaves."""
         return self.privacy.neighboring == "add-remove"
 
-    def _hosted_block(self, n: int) -> tuple[int, int]:
-        """(first node, count) of the nodes this process hosts: all, or the rank's block."""
-        if self.runtime != "distributed":
-            return 0, n
-        from dpdl.engine import distributed
-        from dpdl.engine.comm import block_bounds
-
-        rank, world = distributed.init_from_environment(self.device)
-        lo, hi = block_bounds(n, world, rank)
-        return lo, hi - lo
-
-    def _agree(self, check: Callable[[], None]) -> None:
-        """Run ``check``; in the distributed runtime every rank learns whether every rank
-        passed: a refusal stops all of them, each rank's own message staying on its rank
-        (it may name its data)."""
-        if self.runtime != "distributed":
-            check()
-            return
-        from dpdl.engine import distributed
-
-        error = None
-        try:
-            check()
-        except DPDLError as err:
-            error = err
-        failed = distributed.ranks_that_failed(error is not None)
-        if error is not None:
-            raise error
-        if failed:
-            raise DPDLError(f"rank {failed[0]} refused its nodes' data or the model (its own "
-                            "message is on its output)")  # fmt: skip
-
-    def _all_counts(self, local: list[int]) -> list[int]:
-        """Every node's size (public by the threat model): gathered in the distributed runtime."""
-        if self.runtime != "distributed":
-            return local
-        from dpdl.engine import distributed
-
-        return distributed.all_node_counts(local, self.topology.n)
-
-    def _is_main_process(self) -> bool:
-        """Whether this process speaks (every one but the distributed runtime's non-main)."""
-        if self.runtime != "distributed":
-            return True
-        from dpdl.engine import distributed
-
-        return distributed.is_main_process()
-
-    def _all_true(self, flag: bool) -> bool:
-        """``flag`` on every rank (distributed runtime), else ``flag``."""
-        if self.runtime != "distributed":
-            return flag
-        from dpdl.engine import distributed
-
-        return not distributed.ranks_that_failed(not flag)
-
     # ------------------------------------------------------------------ training
-    def _factory(self) -> Callable[..., Simulator]:
-        if self.engine_factory is not None:
-            return self.engine_factory
-        if self.runtime == "distributed":
-            from dpdl.engine.distributed import DistributedSimulator
-
-            return DistributedSimulator
-        return Simulator
-
     def _engine(self) -> tuple[Simulator, bool]:
-        main_process = True
-        if self.runtime == "distributed":
-            from dpdl.engine import distributed
-
-            distributed.init_from_environment(self.device)
-            main_process = distributed.is_main_process()
+        """The engine of the hosted nodes, on the run's runtime (which hosts, exchanges and
+        mixes), and whether this is the main process."""
         # The sampling and noise streams are secret and the run's own (dpdl.algorithms.randomness).
         root = noise_root(self.entropy, self.seed, self.stream_settings())
         # a rate given as a hyper-parameter: the engine reads no node's size for it
         given = ({} if self.training.sample_rate is None
                  else {"sample_rate": self.training.sample_rate})  # fmt: skip
-        sim = self._factory()(
+        sim = (self.execution.engine_factory or Simulator)(
             self.model, self.node_data, self.topology, lr=self.training.lr,
             expected_batch_size=self.training.batch_size, seed=root, device=self.device,
             loss=self.loss, momentum=self.training.momentum,
-            weight_decay=self.training.weight_decay, sampling=self.training.sampling, **given,
+            weight_decay=self.training.weight_decay, sampling=self.training.sampling,
+            runtime=self.runtime, **given,
         )  # fmt: skip
         del root  # the generators hold the secret now; nothing else should
         require(
@@ -549,7 +450,7 @@ class DecentralizedTrainer:
             f"the schedule is accounted at p = {self.schedule.sample_rate} (nodes "
             f"{self.sample_rates.tolist()})",
         )
-        return sim, main_process
+        return sim, self.runtime.is_main_process()
 
     def _open_run_folder(self, main_process: bool):
         """The run folder of a standalone run (``output_dir``): its CSV logger, checkpointer.
@@ -562,19 +463,16 @@ class DecentralizedTrainer:
         """
         from dpdl.training.run_folder import make_run_dir
 
-        run_name, resume = self.run_name, self.resume
-        if self.runtime == "distributed":
-            from dpdl.engine import distributed
-
-            run_name = run_name or distributed.job_run_name(self.name)
+        output, runtime = self.output, self.runtime
+        run_name, resume = output.run_name or runtime.job_run_name(output.name), output.resume
         if main_process:
-            run_dir = make_run_dir(self.output_dir, self.name, run_name, exist_ok=True)
-        if self.runtime == "distributed":
-            run_name = distributed.from_main_process(run_dir.name if main_process else None)
-            run_dir = Path(self.output_dir) / run_name
-            if not resume and distributed.restarted():
-                resume = self._all_true(checkpoints.process_path(run_dir / "checkpoints" /
-                                                                 "run.pt").is_file())  # fmt: skip
+            run_dir = make_run_dir(output.output_dir, output.name, run_name, exist_ok=True)
+        # every process writes into the folder the main process named
+        run_dir = output.output_dir / runtime.from_main_process(run_dir.name if main_process
+                                                                else None)  # fmt: skip
+        if not resume and runtime.restarted():
+            resume = runtime.all_true(checkpoints.process_path(run_dir / "checkpoints" /
+                                                               "run.pt").is_file())  # fmt: skip
         settings = json.dumps(self.describe(), indent=2, default=str) + "\n"
         settings_path = run_dir / "trainer.json"
         state_path = run_dir / "checkpoints" / "run.pt"
@@ -585,16 +483,17 @@ class DecentralizedTrainer:
                     f"{run_dir} was started with other settings (trainer.json): refusing to "
                     "resume",
                 )
-            self._agree(lambda: require(checkpoints.process_path(state_path).is_file(),
-                                        f"{run_dir} has no checkpoint to resume from"))
+            runtime.agree(lambda: require(checkpoints.process_path(state_path).is_file(),
+                                          f"{run_dir} has no checkpoint to resume from"))
         else:
-            self._agree(lambda: require(
+            runtime.agree(lambda: require(
                 not checkpoints.process_path(state_path).exists() and not (
                     main_process and settings_path.exists()),
                 f"{run_dir} holds a run: resume it or choose another run_name"))  # fmt: skip
         if main_process:
             settings_path.write_text(settings)
-        checkpoint = self.checkpoint or CellCheckpointer(state_path, self.training.checkpoint_every)
+        checkpoint = output.checkpoint or CellCheckpointer(state_path,
+                                                           self.training.checkpoint_every)
         if resume and checkpoint.resume is None:
             checkpoint.resume = checkpoints.load_for_resume(state_path)
         logger = CSVLogger(run_dir / "metrics.csv") if main_process else None
@@ -619,7 +518,7 @@ class DecentralizedTrainer:
             "loss": inputs.loss_name(self.loss),
             "entropy": self.entropy,
             "seed": self.seed if self.entropy == "seed" else None,
-            "runtime": self.runtime,
+            "runtime": self.runtime.name,
         }
 
     def step_sizes(self) -> np.ndarray:
@@ -644,9 +543,9 @@ class DecentralizedTrainer:
         the run uses, and the seed.  The data enter per node (their fingerprints)."""
         settings = self.describe()
         settings["privacy"] = {k: v for k, v in settings["privacy"].items()
-                               if k not in _REPORTING_PRIVACY}  # fmt: skip
+                               if k not in REPORTING_PRIVACY}  # fmt: skip
         settings["training"] = {k: v for k, v in settings["training"].items()
-                                if k in _TRAINING_SHAPING}  # fmt: skip
+                                if k in SHAPING_TRAINING}  # fmt: skip
         settings["model"]["initial"] = parameters_digest(self._template)
         settings["model"]["computes"] = behaviour_digest(self._template, self.loss)
         # the whole state and code (every attribute of every submodule, the loss) and the
@@ -664,9 +563,11 @@ class DecentralizedTrainer:
         the distributed runtime the callbacks run on the main process only, unless
         ``callbacks_on="all"``."""
         sim, main_process = self._engine()
-        callbacks = list(self.callbacks) if main_process or self.callbacks_on == "all" else []
-        run_dir, logger, checkpoint = None, None, self.checkpoint
-        if self.output_dir is not None:
+        evaluation = self.evaluation
+        callbacks = (list(evaluation.callbacks) if main_process or evaluation.callbacks_on == "all"
+                     else [])  # fmt: skip
+        run_dir, logger, checkpoint = None, None, self.output.checkpoint
+        if self.output.output_dir is not None:
             run_dir, logger, checkpoint = self._open_run_folder(main_process)
             if logger is not None:
                 callbacks.insert(0, logger)
@@ -679,7 +580,8 @@ class DecentralizedTrainer:
             if main_process:
                 from dpdl.training.results import write_results
 
-                write_results(run_dir, [result.record.to_dict(rows=False)], plot_title=self.name)
+                write_results(run_dir, [result.record.to_dict(rows=False)],
+                              plot_title=self.output.name)  # fmt: skip
             if checkpoint is not None:
                 # finished, stopped or diverged: nothing left to resume (a diverged run would
                 # replay the same noise into the same divergence), and the file holds every
@@ -700,7 +602,7 @@ class DecentralizedTrainer:
             self._resume(state, checkpoint, evaluations)
         label = self.spec.label + ("" if self.epsilon is None else f" eps={self.epsilon:g}")
         hooks = [evaluations, ProgressBar(self.steps, f"{label} seed={self.seed}",
-                                          self.progress and main_process)]  # fmt: skip
+                                          self.output.progress and main_process)]  # fmt: skip
         if checkpoint is not None:
             hooks.append(Checkpoints(checkpoint, self.run_digest, self.steps))
         status, message = run_steps(self.plan, state, hooks)
@@ -735,12 +637,9 @@ class DecentralizedTrainer:
             "them; refusing",
         )
         state.engine.load_state_dict(saved["engine"])
-        if self.runtime == "distributed":
-            from dpdl.engine import distributed
-
-            require(distributed.same_on_every_rank(state.engine.iteration),
-                    "the processes' checkpoints are at different steps (the job stopped "
-                    "while one was saving): refusing to resume")  # fmt: skip
+        require(self.runtime.same_on_every_rank(state.engine.iteration),
+                "the processes' checkpoints are at different steps (the job stopped "
+                "while one was saving): refusing to resume")  # fmt: skip
         if state.ledger is not None:
             state.ledger = self._restored_ledger(saved["ledger"], state.engine.iteration,
                                                  checkpoint.path)  # fmt: skip
@@ -810,7 +709,7 @@ class DecentralizedTrainer:
 
     def _result(self, state: RunState, record: RunRecord, spent: tuple) -> TrainingResult:
         sim, (eps_clt, eps_cert, _) = state.engine, spent
-        if self.gather_node_models:
+        if self.evaluation.gather_node_models:
             node_params, nodes = sim.gather_debiased_params(), list(range(self.topology.n))
         else:
             first, count = self.first_node, self.node_data.n_nodes
