@@ -31,6 +31,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from dpdl.algorithms.step import StepArguments
 from dpdl.engine.comm import PointToPointMixer, block_bounds
 from dpdl.engine.simulator import NodeData, Simulator
 from dpdl.errors import DPDLError
@@ -142,25 +143,15 @@ class DistributedSimulator(Simulator):
         return _all_gather_blocks(tensor, self.n)
 
     # ------------------------------------------------------------------ stepping
-    def step(
-        self,
-        *,
-        private: bool,
-        clip: float | None = None,
-        sigma: float | None = None,
-        unsafe_zero_noise: bool = False,
-        lr: float | None = None,
-        mix: bool = True,
-        mixing_round: int | None = None,
-    ):
+    def step(self, args: StepArguments | None = None, /, **keywords):
         """The simulator's step for this rank's block (see there); a local step (``mix=False``)
-        sends nothing, and the momentum buffers are the block's own rows."""
+        sends nothing, and the update transforms' state is the block's own rows."""
+        args = StepArguments.given(args, keywords)
         k = self.iteration
         _maybe_inject_fault(self.rank, k)
-        half = self._local_update(k, private=private, clip=clip, sigma=sigma,
-                                  unsafe_zero_noise=unsafe_zero_noise, lr=lr)  # fmt: skip
-        if mix:
-            round_k = k if mixing_round is None else mixing_round
+        half = self._local_update(k, args)
+        if args.mix:
+            round_k = k if args.mixing_round is None else args.mixing_round
             self.params, self.weights = self.mixer.mix(half.params, self.weights, round_k, step=k)
         else:
             self._keep_local(half.params)
