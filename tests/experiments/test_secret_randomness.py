@@ -184,11 +184,11 @@ def test_kill_9_then_resume_uses_the_checkpointed_streams(tmp_path, monkeypatch)
     restored = {}
 
     class Watching(Simulator):
-        def step(self, **kwargs):
+        def step(self, args):
             if not restored:
                 restored["step"] = self.iteration
                 restored["states"] = [g.get_state() for g in self.generators]
-            return super().step(**kwargs)
+            return super().step(args)
 
     monkeypatch.setattr(runner, "Simulator", Watching)
     results = runner.resume_run(run_dir, progress=False)
