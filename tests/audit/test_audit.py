@@ -74,9 +74,9 @@ def test_noise_scale_multiplies_the_sigma_given_to_the_engine(monkeypatch):
     seen = []
     real = trials_module.local_update
 
-    def spy(*args, **kwargs):
-        seen.append((kwargs["clip"], kwargs["sigma"]))
-        return real(*args, **kwargs)
+    def spy(spec, params, weights, records, args, **kwargs):  # args: the StepArguments
+        seen.append((args.clip, args.sigma))
+        return real(spec, params, weights, records, args, **kwargs)
 
     monkeypatch.setattr(trials_module, "local_update", spy)
     schedule = make_schedule("dyn-d2p", epsilon=1.0, calibrate="clt", **FULL_BATCH)

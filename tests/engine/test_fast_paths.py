@@ -12,7 +12,11 @@ import torch
 import dpdl.algorithms.dyn_d2p as dyn
 from dpdl.algorithms import noise
 from dpdl.algorithms.dyn_d2p import (
+    LocalStep,
     NodeBatch,
+    NodeRecords,
+    StepArguments,
+    StepBuffers,
     add_gaussian_noise,
     local_update,
     make_node_generators,
@@ -30,6 +34,14 @@ class _RunNow:
         done = Future()
         done.set_result(fn())
         return done
+
+
+def _step(model, params, weights, data, gens, *, rate, b, args, method="auto", work=None,
+          noise_buffer=None):  # fmt: skip
+    """local_update of step 0 with the plain transforms."""
+    return local_update(LocalStep(model, expected_batch_size=b, clip_method=method), params,
+                        weights, NodeRecords(data.inputs, data.targets, data.mask, gens, rate),
+                        args, step=0, scratch=StepBuffers(work, noise_buffer))  # fmt: skip
 
 
 def _local_update_args(h, n=5, counts=(6, 8, 7, 6, 9), seed=2):
@@ -70,20 +82,15 @@ def test_worker_thread_and_buffer_change_no_number(h, private, monkeypatch):
     """Overlapped draw + reused buffer == drawing on the caller's thread into a fresh tensor,
     for the parameters and for where every generator's stream stands afterwards."""
     model, params, weights, data = _local_update_args(h)
-    kwargs = dict(
-        step=0, lr=0.3, expected_batch_size=2.0, sample_rate=2.0 / 6, private=private,
-        clip=0.4, sigma=0.8,
-    )  # fmt: skip
+    args = StepArguments(private=private, clip=0.4, sigma=0.8, lr=0.3)
     d = sum(p[0].numel() for p in params.values())
     results, states = [], []
     for worker, buffer in ((None, noise.NoiseDraw.empty(5, d)), (_RunNow(), None)):
         if worker is not None:
             monkeypatch.setattr(dyn, "_noise_worker", lambda w=worker: w)
         gens = make_node_generators(5, 17)
-        out = local_update(
-            model, params, weights, data.inputs, data.targets, data.mask, gens,
-            noise_buffer=buffer, **kwargs,
-        )  # fmt: skip
+        out = _step(model, params, weights, data, gens, rate=2.0 / 6, b=2.0, args=args,
+                    noise_buffer=buffer)  # fmt: skip
         results.append(out)
         states.append(torch.stack([g.get_state() for g in gens]))
     for name in params:
@@ -104,11 +111,8 @@ def test_failed_gradient_leaves_no_draw_in_flight(h, monkeypatch):
     monkeypatch.setattr(dyn, "clipped_record_sums", broken)
     gens = make_node_generators(5, 3)
     with pytest.raises(RuntimeError, match="gradient failed"):
-        local_update(
-            model, params, weights, data.inputs, data.targets, data.mask, gens,
-            step=0, lr=0.1, expected_batch_size=1.0, sample_rate=0.2, private=True,
-            clip=1.0, sigma=1.0,
-        )  # fmt: skip
+        _step(model, params, weights, data, gens, rate=0.2, b=1.0,
+              args=StepArguments(private=True, clip=1.0, sigma=1.0, lr=0.1))  # fmt: skip
     d = sum(p[0].numel() for p in params.values())
     for g, ref, j_i in zip(gens, make_node_generators(5, 3), data.counts.tolist(), strict=True):
         ref.words(j_i)
@@ -220,11 +224,8 @@ def test_fused_private_step_is_steps_three_to_five_one_after_the_other(h, method
     weights = torch.linspace(0.8, 1.2, 5, dtype=torch.float64)
     lr, b, clip, sigma = 0.3, 2.0, 0.4, 0.8
     gens = make_node_generators(5, 23)
-    fused = local_update(
-        model, params, weights, data.inputs, data.targets, data.mask, gens, step=0, lr=lr,
-        expected_batch_size=b, sample_rate=rate, private=True, clip=clip, sigma=sigma,
-        clip_method=method,
-    )  # fmt: skip
+    fused = _step(model, params, weights, data, gens, rate=rate, b=b, method=method,
+                  args=StepArguments(private=True, clip=clip, sigma=sigma, lr=lr))  # fmt: skip
     ref = make_node_generators(5, 23)
     batch = dyn.poisson_sample(data.inputs, data.targets, data.mask, rate, ref)
     at = dyn.debias(params, weights)
@@ -241,10 +242,8 @@ def test_fused_private_step_is_steps_three_to_five_one_after_the_other(h, method
 def test_fused_sgp_step_is_the_mean_gradient_step(h):
     model, params, weights, data = _local_update_args(h)
     gens, ref = make_node_generators(5, 4), make_node_generators(5, 4)
-    fused = local_update(
-        model, params, weights, data.inputs, data.targets, data.mask, gens, step=0, lr=0.2,
-        expected_batch_size=2.0, sample_rate=0.5, private=False,
-    )  # fmt: skip
+    fused = _step(model, params, weights, data, gens, rate=0.5, b=2.0,
+                  args=StepArguments(private=False, lr=0.2))  # fmt: skip
     batch = dyn.poisson_sample(data.inputs, data.targets, data.mask, 0.5, ref)
     want = dyn.local_sgd_step(params, mean_batch_grads(model, params, batch), 0.2)
     for name in params:
@@ -306,11 +305,10 @@ def test_a_node_without_its_own_stream_or_data_is_refused_before_anything_is_rel
     """More model rows than streams or data rows: refused, never a row sent without noise."""
     model, params, weights, data = _local_update_args(h)
     extra = {k: torch.cat([v, v[:1]]) for k, v in params.items()}
-    kwargs = dict(step=0, lr=0.3, expected_batch_size=2.0, sample_rate=0.5, private=True,
-                  clip=0.4, sigma=0.8)  # fmt: skip
+    args = StepArguments(private=True, clip=0.4, sigma=0.8, lr=0.3)
     with pytest.raises(DPDLError, match="must hold the data's 5 nodes"):
-        local_update(model, extra, torch.ones(6, dtype=torch.float64), data.inputs,
-                     data.targets, data.mask, make_node_generators(5, 1), **kwargs)  # fmt: skip
+        _step(model, extra, torch.ones(6, dtype=torch.float64), data,
+              make_node_generators(5, 1), rate=0.5, b=2.0, args=args)  # fmt: skip
     with pytest.raises(DPDLError, match="one generator per node: 5 for 6"):
         add_gaussian_noise(extra, 0.1, make_node_generators(5, 1))
 
@@ -345,15 +343,13 @@ def test_nothing_is_returned_before_the_workers_part_is_written(private, monkeyp
     data = NodeData.from_arrays(x, y, np.arange(10)[None, :] < np.asarray(counts)[:, None])
     params = stack_params(model, n, torch.device("cpu"))
     weights = torch.ones(n, dtype=torch.float64)
-    kwargs = dict(step=0, lr=0.2, expected_batch_size=3.0, sample_rate=0.3, private=private,
-                  clip=0.5, sigma=0.9)  # fmt: skip
+    args = StepArguments(private=private, clip=0.5, sigma=0.9, lr=0.2)
     results = []
     for worker in (_SlowWorker(), _RunNow()):
         monkeypatch.setattr(dyn, "_noise_worker", lambda w=worker: w)
         work = {k: torch.full_like(v, 7.0) for k, v in params.items()}  # stale contents
-        results.append(local_update(model, params, weights, data.inputs, data.targets,
-                                    data.mask, make_node_generators(n, 9), work=work,
-                                    **kwargs))  # fmt: skip
+        results.append(_step(model, params, weights, data, make_node_generators(n, 9),
+                             rate=0.3, b=3.0, args=args, work=work))  # fmt: skip
     ref = make_node_generators(n, 9)
     batch = dyn.poisson_sample(data.inputs, data.targets, data.mask, 0.3, ref)
     if private:
@@ -365,5 +361,5 @@ def test_nothing_is_returned_before_the_workers_part_is_written(private, monkeyp
         assert torch.equal(results[0].params[name], results[1].params[name])
         torch.testing.assert_close(results[0].params[name], want[name], rtol=1e-5, atol=1e-6)
     with pytest.raises(DPDLError, match="must not share memory"):
-        local_update(model, params, weights, data.inputs, data.targets, data.mask,
-                     make_node_generators(n, 9), work=params, **kwargs)  # fmt: skip
+        _step(model, params, weights, data, make_node_generators(n, 9), rate=0.3, b=3.0,
+              args=args, work=params)  # fmt: skip

@@ -11,8 +11,11 @@ from scipy import stats
 from tests.engine.noise_reference import reference_noisy_sum
 
 from dpdl.algorithms.dyn_d2p import (
+    LocalStep,
     NodeBatch,
+    NodeRecords,
     NonFiniteUpdate,
+    StepArguments,
     add_gaussian_noise,
     clip_per_record,
     dyn_d2p_step,
@@ -292,9 +295,9 @@ def test_step_function_equals_per_node_reference_loop(h, graph):
             else {"circulant": topology.circulant(k)}
         )
         params, weights, sizes = dyn_d2p_step(
-            model, params, weights, nd.inputs, nd.targets, nd.mask, gens,
-            step=k, lr=lr, expected_batch_size=b, sample_rate=p, private=True,
-            clip=clip, sigma=sigma, **mixing,
+            LocalStep(model, expected_batch_size=b), params, weights,
+            NodeRecords(nd.inputs, nd.targets, nd.mask, gens, p),
+            StepArguments(private=True, clip=clip, sigma=sigma, lr=lr), step=k, **mixing,
         )  # fmt: skip
         assert sizes.shape == (n,) and bool((sizes <= torch.as_tensor(counts)).all())
     ref_x, ref_w = _reference_run(
@@ -373,9 +376,9 @@ def test_local_update_methods_agree_and_draw_the_same_numbers(h):
     for method in ("per-record", "book-keeping"):
         gens = make_node_generators(n, 8)
         out[method] = local_update(
-            model, params, weights, data.inputs, data.targets, data.mask, gens,
-            step=0, lr=0.3, expected_batch_size=3.0, sample_rate=0.5, private=True,
-            clip=0.2, sigma=0.6, clip_method=method,
+            LocalStep(model, expected_batch_size=3.0, clip_method=method), params, weights,
+            NodeRecords(data.inputs, data.targets, data.mask, gens, 0.5),
+            StepArguments(private=True, clip=0.2, sigma=0.6, lr=0.3), step=0,
         )  # fmt: skip
         states[method] = torch.stack([g.get_state() for g in gens])
     assert torch.equal(states["per-record"], states["book-keeping"])

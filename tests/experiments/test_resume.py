@@ -30,10 +30,10 @@ class Crash(Exception):
 
 def _crashing_simulator(at_step):
     class CrashingSimulator(Simulator):
-        def step(self, **kwargs):
+        def step(self, args):
             if self.iteration == at_step and self.__class__.crash:
                 raise Crash(f"simulated crash at step {at_step}")
-            return super().step(**kwargs)
+            return super().step(args)
 
     CrashingSimulator.crash = True
     return CrashingSimulator

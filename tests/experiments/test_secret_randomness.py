@@ -18,7 +18,13 @@ import torch
 from scipy import stats
 
 from dpdl.algorithms import randomness
-from dpdl.algorithms.dyn_d2p import local_update, make_node_generators
+from dpdl.algorithms.dyn_d2p import (
+    LocalStep,
+    NodeRecords,
+    StepArguments,
+    local_update,
+    make_node_generators,
+)
 from dpdl.algorithms.randomness import SecretStream
 from dpdl.engine import checkpoint as checkpoints
 from dpdl.engine.simulator import Simulator
@@ -104,16 +110,20 @@ def test_a_private_step_needs_explicit_positive_noise():
     model = torch.nn.Linear(3, 2)
     params = {k: v.detach().unsqueeze(0).repeat(n, *[1] * v.dim()) for k, v in
               model.named_parameters()}  # fmt: skip
-    args = (model, params, torch.ones(n, dtype=torch.float64), torch.randn(n, J, 3),
-            torch.zeros(n, J, dtype=torch.int64), torch.ones(n, J, dtype=torch.bool),
-            make_node_generators(n, 0))  # fmt: skip
-    kw = dict(step=0, lr=0.1, expected_batch_size=1.0, sample_rate=0.5, private=True, clip=1.0)
+    records = NodeRecords(torch.randn(n, J, 3), torch.zeros(n, J, dtype=torch.int64),
+                          torch.ones(n, J, dtype=torch.bool), make_node_generators(n, 0), 0.5)
+
+    def step(**kw):
+        return local_update(LocalStep(model), params, torch.ones(n, dtype=torch.float64),
+                            records, StepArguments(private=True, clip=1.0, lr=0.1, **kw),
+                            step=0)  # fmt: skip
+
     with pytest.raises(DPDLError, match="explicit noise std"):
-        local_update(*args, **kw)
+        step()
     for bad in (0.0, -1.0, float("nan")):
         with pytest.raises(DPDLError, match="sigma_k > 0"):
-            local_update(*args, sigma=bad, **kw)
-    local_update(*args, sigma=0.0, unsafe_zero_noise=True, **kw)  # labelled, for tests only
+            step(sigma=bad)
+    step(sigma=0.0, unsafe_zero_noise=True)  # labelled, for tests only
 
 
 def test_streams_restore_exactly_and_the_removed_secure_noise_key_says_why(tmp_path):
@@ -174,11 +184,11 @@ def test_kill_9_then_resume_uses_the_checkpointed_streams(tmp_path, monkeypatch)
     restored = {}
 
     class Watching(Simulator):
-        def step(self, **kwargs):
+        def step(self, args):
             if not restored:
                 restored["step"] = self.iteration
                 restored["states"] = [g.get_state() for g in self.generators]
-            return super().step(**kwargs)
+            return super().step(args)
 
     monkeypatch.setattr(runner, "Simulator", Watching)
     results = runner.resume_run(run_dir, progress=False)

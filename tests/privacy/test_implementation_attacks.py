@@ -265,10 +265,10 @@ def test_a_record_with_a_non_finite_gradient_contributes_nothing():
 
 # ------------------------------------------------------------------ 4. halted run's epsilon
 class HaltsAtStep15(Simulator):
-    def step(self, **kwargs):
+    def step(self, args):
         if self.iteration == 15:
             raise NonFiniteUpdate(0, 15)
-        return super().step(**kwargs)
+        return super().step(args)
 
 
 def test_a_halted_run_reports_the_ledgers_epsilon_of_the_steps_sent(tmp_path):

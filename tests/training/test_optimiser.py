@@ -58,9 +58,9 @@ def test_every_step_local_or_not_is_in_the_ledger():
     mixed = []
 
     class Watching(Simulator):
-        def step(self, **kwargs):
-            mixed.append(kwargs["mix"])
-            return super().step(**kwargs)
+        def step(self, args):  # the loop hands each step one StepArguments
+            mixed.append(args.mix)
+            return super().step(args)
 
     result = dpdl.train(_linear(), _nodes(), steps=7, local_steps=3, eval_every=50,
                         engine_factory=Watching, **BASE)  # fmt: skip

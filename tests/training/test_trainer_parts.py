@@ -75,7 +75,7 @@ class _Plan:
         return 1.0 + k
 
     def step_arguments(self, k):
-        return {"k": k}
+        return k
 
 
 class _Engine:

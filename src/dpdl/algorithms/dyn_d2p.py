@@ -15,17 +15,21 @@ One step, for every node i at once (the numbers are Algorithm 1's steps):
 5. :func:`local_sgd_step`     -- x_i^{k+1/2} = x_i^k - gamma * G_i / b;
 6. :func:`push_sum_mix`       -- x^{k+1} = P^k x^{k+1/2}, w^{k+1} = P^k w^k.
 
-With the optimiser options (MATH.md §4, off by default), step 5 takes the node's update
-u_i^k = (...) / b through :func:`apply_weight_decay` (u + lambda z_i^k) and :func:`heavy_ball`
-(m_i <- beta m_i + u) and moves x_i by gamma m_i: post-processing of the noisy sum, so the
-accounting is unchanged.
-
 Steps 1-5 are :func:`local_update` (acts on any block of nodes: the distributed runtime calls
-it on its rank's block), step 6 is the mixing; :func:`dyn_d2p_step` chains both.  Without the
-optimiser options, :func:`local_update` runs steps 2-5 as one pass over the models
-(:func:`_noisy_local_step`): the clipped sums accumulate in the work buffer, the noise
-mechanism releases G_i from them and writes x^k - (gamma / b) G_i over them; the same G_i as
-steps 3-5 one after the other (tests compare the two).  Steps 2-3,
+it on its rank's block), step 6 is the mixing; :func:`dyn_d2p_step` chains both.
+:func:`local_update` is the composition sampling -> per-record clipping -> noise mechanism ->
+update transforms, of a :class:`~dpdl.algorithms.step.LocalStep` (what stays fixed over a
+run), :class:`~dpdl.algorithms.step.NodeRecords` (the nodes' data and streams) and
+:class:`~dpdl.algorithms.step.StepArguments` (step k's C_k, sigma_k, gamma_k).  Step 5 takes the
+node's update u_i^k = G_i / b (SGP: the mean gradient) through the update transforms of
+:mod:`dpdl.algorithms.transforms` (MATH.md §4: :class:`~dpdl.algorithms.transforms.WeightDecay`
+u + lambda z_i^k, :class:`~dpdl.algorithms.transforms.HeavyBall` m_i <- beta m_i + u, then the
+step size gamma_k), post-processing of the noisy sum, so the accounting is unchanged.
+When the transforms are the step size alone (Algorithm 1's step), :func:`local_update` runs
+steps 2-5 as one pass over the models (:func:`_noisy_local_step`): the clipped sums
+accumulate in the work buffer, the noise mechanism releases G_i from them and writes
+x^k - (gamma / b) G_i over them; the same G_i as steps 3-5 one after the other (tests compare
+the two).  Steps 2-3,
 summed per node, are :func:`clipped_record_sums`: book-keeping clipping
 (:mod:`dpdl.algorithms.per_sample`: no per-record gradient, no per-record weight copy) where
 the model allows it, else steps 2-3 literally as above.
@@ -49,15 +53,13 @@ import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
-from typing import Protocol
 
 import numpy as np
 import torch
 from torch.func import functional_call, grad, vmap
 
-from dpdl.algorithms.noise import GaussianRelease, NoiseDraw
 from dpdl.algorithms.per_sample import (
     SENSITIVITY_MARGIN,
     Accumulator,
@@ -65,12 +67,31 @@ from dpdl.algorithms.per_sample import (
     clipped_sums_by_node,
 )
 from dpdl.algorithms.randomness import SecretStream, derive_key
+from dpdl.algorithms.step import (
+    GAUSSIAN_RELEASE,
+    LocalStep,
+    NodeRecords,
+    NoiseMechanism,
+    StepArguments,
+    StepBuffers,
+)
+from dpdl.algorithms.transforms import (
+    State,
+    apply_chain,
+    apply_weight_decay,
+    heavy_ball,
+    keeps_state,
+)
 from dpdl.errors import DPDLError, require
 
 Params = dict[str, torch.Tensor]
 
 __all__ = [
     "NodeBatch",
+    "LocalStep",
+    "NodeRecords",
+    "StepArguments",
+    "StepBuffers",
     "LocalUpdateResult",
     "make_node_generators",
     "SAMPLINGS",
@@ -464,26 +485,6 @@ def _per_record_clipped_sums(model, params, batch, clip, loss, buffers, into) ->
     return sum_records(grads, batch, factors, in_place=True, into=into)
 
 
-class NoiseMechanism(Protocol):
-    """What a private step's noise is (:class:`~dpdl.algorithms.noise.GaussianRelease`):
-    ``start`` draws it, data-free, ``noisy_sums`` turns clipped sums into the released noisy
-    sums G, ``noisy_step`` writes the message x - step_size·G."""
-
-    name: str
-    certified: bool
-
-    def start(self, generators, d: int, sigma: float, *, device=None, reuse=None): ...
-
-    def noisy_sums(self, noise, sums: Params) -> Params: ...
-
-    def noisy_step(self, noise, x: Params, sums: Params, step_size: float,
-                   out: Params) -> Params: ...  # fmt: skip
-
-
-#: The mechanism of every private step (MATH.md §10).
-GAUSSIAN_RELEASE = GaussianRelease()
-
-
 def add_gaussian_noise(
     summed: Params,
     sigma: float,
@@ -507,26 +508,6 @@ def add_gaussian_noise(
     d = sum(t[0].numel() for t in summed.values())
     noise = mechanism.start(generators, d, sigma, device=first.device)
     return mechanism.noisy_sums(noise, summed)
-
-
-def apply_weight_decay(update: Params, at: Params, weight_decay: float) -> Params:
-    """u_i + lambda z_i for every node, in place on ``update`` (a temporary the caller owns).
-
-    ``at`` is the de-biased model z_i the gradients were taken at: a function of the node's
-    past released messages only, so the decay adds nothing to what the data reveal (it is the
-    gradient of (lambda/2) ||z_i||^2, PyTorch SGD's ``weight_decay`` at the node's model).
-    """
-    require(math.isfinite(weight_decay) and weight_decay >= 0,
-            f"weight_decay must be >= 0, got {weight_decay}")  # fmt: skip
-    return {name: u.add_(at[name], alpha=weight_decay) for name, u in update.items()}
-
-
-def heavy_ball(buffer: Params, update: Params, momentum: float) -> Params:
-    """m_i <- beta m_i + u_i for every node, in place on ``buffer`` (the node's own state,
-    kept across steps and never sent); returns it.  Starting from m = 0 this is PyTorch SGD's
-    momentum (no dampening, not Nesterov)."""
-    require(0 <= momentum < 1, f"momentum must lie in [0, 1), got {momentum}")
-    return {name: m.mul_(momentum).add_(update[name]) for name, m in buffer.items()}
 
 
 def local_sgd_step(
@@ -624,97 +605,95 @@ def _noise_worker() -> ThreadPoolExecutor:
 class LocalUpdateResult:
     params: Params  # x^{k+1/2}, (m, *shape)
     batch_sizes: torch.Tensor  # |S_i^k|, (m,)
+    state: State = field(default_factory=dict)  # the update transforms' state after the step
 
 
 def local_update(
-    model: torch.nn.Module,
+    spec: LocalStep,
     params: Params,
     weights: torch.Tensor,
-    inputs: torch.Tensor,
-    targets: torch.Tensor,
-    record_mask: torch.Tensor,
-    generators: Sequence[SecretStream],
+    records: NodeRecords,
+    args: StepArguments,
     *,
     step: int,
-    lr: float,
-    expected_batch_size: float,
-    sample_rate: float | Sequence[float],
-    private: bool,
-    clip: float | None = None,
-    sigma: float | None = None,
-    loss: str = "cross_entropy",
-    buffers: Params | None = None,
-    first_node: int = 0,
-    noise_buffer: NoiseDraw | None = None,
-    unsafe_zero_noise: bool = False,
-    clip_method: str = "auto",
-    work: Params | None = None,
-    momentum: float = 0.0,
-    weight_decay: float = 0.0,
-    momentum_buffer: Params | None = None,
-    mechanism: NoiseMechanism = GAUSSIAN_RELEASE,
+    state: State | None = None,
+    scratch: StepBuffers | None = None,
 ) -> LocalUpdateResult:
-    """Steps 1-5 of Algorithm 1 for a contiguous block of nodes (first index ``first_node``).
+    """Steps 1-5 of Algorithm 1 for a contiguous block of nodes (``records.first_node`` the
+    first), as the composition sampling -> per-record clipping -> noise mechanism -> update
+    transforms (:mod:`dpdl.algorithms.step`); mixing is the engine's.
 
-    ``sample_rate`` is one Poisson rate or one per node (:func:`poisson_sample`).
-    ``private`` selects Dyn-D2P's clipped, noisy sum divided by b (``clip`` = C_k,
-    ``sigma`` = sigma_k); otherwise SGP's mean gradient.  Gradients are taken at the
-    de-biased z_i = x_i / w_i and applied to x_i.  Raises DPDLError naming the node and step
-    when a node's x^{k+1/2} is not finite (a record whose gradient is not finite contributes
-    nothing to a private step).  ``noise_buffer`` (a :class:`~dpdl.algorithms.noise.
-    NoiseDraw` of (m, d)), optional, is refilled with this step's noise instead of fresh
-    buffers.  ``mechanism`` is the noise (:data:`GAUSSIAN_RELEASE`, the only certified one).
-    A private step needs ``sigma`` > 0: a clipped step without noise is only taken with the
-    explicit ``unsafe_zero_noise=True`` (for tests of the clipping; it is not private).
-    ``clip_method`` picks how the clipped sums are computed (:func:`clipped_record_sums`;
-    the numbers agree to rounding).
-    ``work`` ({name: (m, *shape)}, optional, overwritten) holds the update and then x^{k+1/2}:
-    the result's parameters are these tensors (no fresh n x d allocations, whose page faults
-    dominate large n on CPU).  ``weight_decay`` (lambda) and ``momentum`` (beta, with the
-    nodes' ``momentum_buffer`` m, (m, *shape), updated in place) turn the update u into
-    m <- beta m + (u + lambda z) and x^{k+1/2} = x - lr m (MATH.md §4).  Without them, steps
-    2-5 run as one pass over the models (:func:`_noisy_local_step`; SGP: x^k, then the mean
-    gradients added with weight -lr): the same numbers as steps 3-5 one after the other, up
-    to rounding.
+    ``spec`` holds what stays fixed over a run (model, loss, b, clip method, mechanism, the
+    update transforms), ``records`` the nodes' padded data, streams and Poisson rates,
+    ``args`` this step's C_k, σ_k and γ_k (``args.lr``, required here).  A private step (the
+    clipped, noisy sum divided by b) needs ``sigma`` > 0: zero only with the explicit
+    ``unsafe_zero_noise`` (for tests of the clipping; it is not private); otherwise SGP's mean
+    gradient.  Gradients are taken at the de-biased z_i = x_i / w_i and applied to x_i.
+    Raises DPDLError naming the node and step when a node's x^{k+1/2} is not finite (a record
+    whose gradient is not finite contributes nothing to a private step).
+
+    ``state`` is the transforms' state (None: their initial state, e.g. m = 0); the result
+    carries the new one.  ``scratch`` (:class:`~dpdl.algorithms.step.StepBuffers`) lends the
+    engine's work buffer (the result's parameters are its tensors: no fresh n x d
+    allocations, whose page faults dominate large n on CPU) and noise buffers.
+    When the transforms are a step size alone (:data:`~dpdl.algorithms.transforms.PLAIN`),
+    steps 2-5 run as one pass over the models (:func:`_noisy_local_step`; SGP: x^k, then the
+    mean gradients added with weight -γ_k): the same numbers as the stages one after the
+    other, up to rounding (tests compare them).
     """
-    if private:
-        check_private_noise(sigma, unsafe_zero_noise)
-        _check_clip(clip)
-    require(momentum == 0 or momentum_buffer is not None, "momentum needs a momentum_buffer")
-    m = record_mask.shape[0]
+    _check_step(params, weights, records, args)
+    scratch = StepBuffers() if scratch is None else scratch
+    state = spec.transforms.init(params) if state is None else state
+    batch = poisson_sample(records.inputs, records.targets, records.mask, records.sample_rate,
+                           records.generators)  # fmt: skip
+    at = debias(params, weights)
+    fused = spec.transforms.plain_step_size(step, args.lr)
+    if fused is not None and args.private:
+        half = _noisy_local_step(spec, params, at, batch, records.generators, args,
+                                 step_size=fused / spec.expected_batch_size, scratch=scratch)
+    elif fused is not None:
+        half = _sgp_local_step(spec, params, at, batch, lr=fused, work=scratch.work)
+    else:
+        update = _node_updates(spec, at, batch, records.generators, args, scratch)
+        half, state = apply_chain(spec.transforms, params, update, state, at, step=step,
+                                  lr=args.lr, out=scratch.work)  # fmt: skip
+    # Checked on x^{k+1/2}, the message itself: a private update is finite by construction
+    # (finite clipped sums plus noise), so only released values overflowing can trip this.
+    _check_finite(half, step, records.first_node)
+    return LocalUpdateResult(half, batch.counts, state)
+
+
+def _check_step(params: Params, weights: torch.Tensor, records: NodeRecords,
+                args: StepArguments) -> None:  # fmt: skip
+    """Refuse, before anything is drawn, a private step without its C_k and σ_k, a step
+    without γ_k, or models that do not hold the data's nodes."""
+    if args.private:
+        check_private_noise(args.sigma, args.unsafe_zero_noise)
+        _check_clip(args.clip)
+    require(args.lr is not None and math.isfinite(args.lr),
+            f"a step needs a finite step size γ_k, got {args.lr}")  # fmt: skip
+    m = records.n_nodes
     require(all(p.shape[0] == m for p in params.values()) and weights.shape == (m,),
             f"the models and push-sum weights must hold the data's {m} nodes, got rows "
             f"{sorted({p.shape[0] for p in params.values()})}, weights "
             f"{tuple(weights.shape)}")  # fmt: skip
-    batch = poisson_sample(inputs, targets, record_mask, sample_rate, generators)
-    at = debias(params, weights)
-    scale = expected_batch_size if private else 1.0
-    if momentum or weight_decay:
-        if private:
-            update = _noisy_clipped_sum(model, at, batch, generators, clip=clip, sigma=sigma,
-                                        loss=loss, buffers=buffers, clip_method=clip_method,
-                                        noise=(mechanism, noise_buffer), work=work)  # fmt: skip
-        else:
-            update = mean_batch_grads(model, at, batch, loss=loss, buffers=buffers, out=work)
-        # u_i^k itself (the /b folded into the step below otherwise: Algorithm 1's rounding)
-        update = {name: u.div_(scale) for name, u in update.items()}
-        if weight_decay:
-            update = apply_weight_decay(update, at, weight_decay)
-        if momentum:
-            update = heavy_ball(momentum_buffer, update, momentum)
-        half = local_sgd_step(params, update, lr, out=work)
-    elif private:
-        half = _noisy_local_step(model, params, at, batch, generators, clip=clip, sigma=sigma,
-                                 step_size=lr / scale, loss=loss, buffers=buffers,
-                                 clip_method=clip_method, work=work,
-                                 noise=(mechanism, noise_buffer))  # fmt: skip
+
+
+def _node_updates(spec: LocalStep, at: Params, batch: NodeBatch,
+                  generators: Sequence[SecretStream], args: StepArguments,
+                  scratch: StepBuffers) -> Params:  # fmt: skip
+    """Steps 2-4 as stages: node i's update u_i^k, into ``scratch.work`` if given: the
+    released noisy sum of its clipped gradients over b (per-record clipping, then the noise
+    mechanism), or SGP's mean gradient."""
+    if args.private:
+        update = _noisy_clipped_sum(spec, at, batch, generators, args, scratch)
+        scale = spec.expected_batch_size
     else:
-        half = _sgp_local_step(model, params, at, batch, lr=lr, loss=loss, buffers=buffers,
-                               work=work)  # fmt: skip
-    # Checked on x^{k+1/2}, the message itself: a private update is finite by construction
-    # (finite clipped sums plus noise), so only released values overflowing can trip this.
-    _check_finite(half, step, first_node)
-    return LocalUpdateResult(half, batch.counts)
+        update = mean_batch_grads(spec.model, at, batch, loss=spec.loss, buffers=spec.buffers,
+                                  out=scratch.work)  # fmt: skip
+        scale = 1.0
+    # u_i^k itself (the /b folded into the step on the fused path: Algorithm 1's rounding)
+    return {name: u.div_(scale) for name, u in update.items()}
 
 
 def _like(params: Params, work: Params | None) -> Params:
@@ -734,31 +713,33 @@ def _check_clip(clip: float | None) -> None:
     require(math.isfinite(clip) and clip > 0, f"clip bound C_k must be positive, got {clip}")
 
 
-def _noisy_local_step(model, params, at, batch, generators, *, clip, sigma, step_size, loss,
-                      buffers, clip_method, work, noise) -> Params:  # fmt: skip
+def _noisy_local_step(spec: LocalStep, params: Params, at: Params, batch: NodeBatch,
+                      generators: Sequence[SecretStream], args: StepArguments, *,
+                      step_size: float, scratch: StepBuffers) -> Params:  # fmt: skip
     """Steps 2-5 in one pass over the models: x_i^{k+1/2} = x_i^k - (lr / b) G_i, G_i the
-    released noisy sum (:func:`add_gaussian_noise`), into ``work`` (or fresh tensors).
+    released noisy sum (:func:`add_gaussian_noise`), into ``scratch.work`` (or fresh tensors).
 
     The noise's draw depends only on the streams (already past this step's uniforms), not on
-    the gradients: on CPU a worker thread reads it, and zeroes ``work``, while the gradients
-    are computed (torch ops release the GIL); chunks done before it are held back until it is,
-    and added in chunk order all the same.  ``work`` then holds the clipped sums S_i, and the
-    mechanism turns them into the message in place (``noise``: (mechanism, reusable draw))."""
-    mechanism, reuse = _mechanism_for(sigma, noise)
-    work = _like(params, work)
+    the gradients: on CPU a worker thread reads it, and zeroes the work buffer, while the
+    gradients are computed (torch ops release the GIL); chunks done before it are held back
+    until it is, and added in chunk order all the same.  The work buffer then holds the
+    clipped sums S_i, and the mechanism turns them into the message in place."""
+    mechanism, reuse = _mechanism_for(args.sigma, (spec.mechanism, scratch.noise))
+    work = _like(params, scratch.work)
     first = next(iter(params.values()))
     d = sum(p[0].numel() for p in params.values())
 
     def start():
         for tensor in work.values():
             tensor.zero_()
-        return mechanism.start(generators, d, sigma, device=first.device, reuse=reuse)
+        return mechanism.start(generators, d, args.sigma, device=first.device, reuse=reuse)
 
     pending = _run_beside(start, work)
     into = Accumulator(work, alpha=1.0, pending=pending, exact=True)
     try:
-        sums = clipped_record_sums(model, at, batch, clip, loss=loss, buffers=buffers,
-                                   method=clip_method, into=into)  # fmt: skip
+        sums = clipped_record_sums(spec.model, at, batch, args.clip, loss=spec.loss,
+                                   buffers=spec.buffers, method=spec.clip_method,
+                                   into=into)  # fmt: skip
     except BaseException:
         futures_wait([pending])  # never leave a generator (or work) in use after we return
         raise
@@ -766,7 +747,8 @@ def _noisy_local_step(model, params, at, batch, generators, *, clip, sigma, step
     return mechanism.noisy_step(pending.result(), params, sums, step_size, out=work)
 
 
-def _sgp_local_step(model, params, at, batch, *, lr, loss, buffers, work) -> Params:
+def _sgp_local_step(spec: LocalStep, params: Params, at: Params, batch: NodeBatch, *,
+                    lr: float, work: Params | None) -> Params:  # fmt: skip
     """SGP's steps 2 and 5 in one pass: x_i^{k+1/2} = x_i^k - lr * (mean gradient of node i's
     batch), into ``work``: a copy of x^k (on a worker thread on CPU, while the gradients are
     computed), then each chunk's weighted sums added with weight -lr."""
@@ -778,7 +760,7 @@ def _sgp_local_step(model, params, at, batch, *, lr, loss, buffers, work) -> Par
 
     pending = _run_beside(start, work)
     try:
-        return mean_batch_grads(model, at, batch, loss=loss, buffers=buffers,
+        return mean_batch_grads(spec.model, at, batch, loss=spec.loss, buffers=spec.buffers,
                                 into=Accumulator(work, alpha=-lr, pending=pending))  # fmt: skip
     except BaseException:
         if pending is not None:
@@ -795,18 +777,21 @@ def _run_beside(job: Callable[[], object], work: Params) -> Future:
     return done
 
 
-def _noisy_clipped_sum(model, at, batch, generators, *, clip, sigma, loss, buffers,
-                       clip_method, noise, work) -> Params:  # fmt: skip
-    """Steps 2-4 for the optimiser's path: node i's released noisy sum G_i, into ``work`` if
-    given (the noise drawn on a worker thread on CPU, as in :func:`_noisy_local_step`)."""
-    mechanism, reuse = _mechanism_for(sigma, noise)
+def _noisy_clipped_sum(spec: LocalStep, at: Params, batch: NodeBatch,
+                       generators: Sequence[SecretStream], args: StepArguments,
+                       scratch: StepBuffers) -> Params:  # fmt: skip
+    """Steps 2-4 as stages: per-record clipping, then the noise mechanism: node i's released
+    noisy sum G_i, into ``scratch.work`` if given (the noise drawn on a worker thread on CPU,
+    as in :func:`_noisy_local_step`)."""
+    mechanism, reuse = _mechanism_for(args.sigma, (spec.mechanism, scratch.noise))
     first = next(iter(at.values()))
     d = sum(p[0].numel() for p in at.values())
-    pending = _run_beside(partial(mechanism.start, generators, d, sigma, device=first.device,
-                                  reuse=reuse), at)  # fmt: skip
+    pending = _run_beside(partial(mechanism.start, generators, d, args.sigma,
+                                  device=first.device, reuse=reuse), at)  # fmt: skip
     try:
         clipped_sum = clipped_record_sums(
-            model, at, batch, clip, loss=loss, buffers=buffers, method=clip_method, out=work,
+            spec.model, at, batch, args.clip, loss=spec.loss, buffers=spec.buffers,
+            method=spec.clip_method, out=scratch.work,
         )  # fmt: skip
     except BaseException:
         futures_wait([pending])  # never leave a generator in use after we return
@@ -871,34 +856,25 @@ class NonFiniteUpdate(DPDLError):
 
 
 def dyn_d2p_step(
-    model: torch.nn.Module,
+    spec: LocalStep,
     params: Params,
     weights: torch.Tensor,
-    inputs: torch.Tensor,
-    targets: torch.Tensor,
-    record_mask: torch.Tensor,
-    generators: Sequence[SecretStream],
+    records: NodeRecords,
+    args: StepArguments,
     *,
     step: int,
-    lr: float,
-    expected_batch_size: float,
-    sample_rate: float,
-    private: bool,
-    clip: float | None = None,
-    sigma: float | None = None,
     mixing: np.ndarray | torch.Tensor | None = None,
     circulant: Sequence[tuple[int, float]] | None = None,
-    loss: str = "cross_entropy",
-    buffers: Params | None = None,
 ) -> tuple[Params, torch.Tensor, torch.Tensor]:
-    """One iteration of Algorithm 1 for all n nodes: local update, then push-sum mixing.
+    """One iteration of Algorithm 1 for all n nodes: :func:`local_update`, then push-sum
+    mixing (always: ``args.mix`` is the engine's).  Transforms that keep a state across steps
+    (momentum) are refused: :func:`local_update` returns it, the engine keeps it.
 
     Returns (x^{k+1}, w^{k+1}, batch sizes |S_i^k|).
     """
-    half = local_update(
-        model, params, weights, inputs, targets, record_mask, generators,
-        step=step, lr=lr, expected_batch_size=expected_batch_size, sample_rate=sample_rate,
-        private=private, clip=clip, sigma=sigma, loss=loss, buffers=buffers,
-    )  # fmt: skip
+    require(not keeps_state(spec.transforms.init(params)),
+            "dyn_d2p_step keeps no update transform's state: call local_update (which "
+            "returns it) and push_sum_mix")  # fmt: skip
+    half = local_update(spec, params, weights, records, args, step=step)
     mixed, new_weights = push_sum_mix(half.params, weights, mixing, circulant=circulant)
     return mixed, new_weights, half.batch_sizes

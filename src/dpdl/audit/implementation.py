@@ -35,7 +35,10 @@ import torch
 
 from dpdl.accounting.schedules import make_schedule
 from dpdl.algorithms.dyn_d2p import (
+    LocalStep,
     NodeBatch,
+    NodeRecords,
+    StepArguments,
     clipped_record_sums,
     local_update,
     make_node_generators,
@@ -271,10 +274,13 @@ def record_play(noise: str, sigma: float, trials: int, *, nodes: int = 4,
             recorder = _Recording(noise_mechanism(noise))
             inputs, targets, mask = _record_play_data(x, y, nodes, records, with_target)
             params = stack_params(model, nodes, torch.device("cpu"))
-            local_update(model, params, torch.ones(nodes, dtype=torch.float64), inputs,
-                         targets, mask, make_node_generators(nodes, trial), step=0, lr=LR,
-                         expected_batch_size=rate * records, sample_rate=rate, private=True,
-                         clip=CLIP, sigma=sigma, mechanism=recorder)  # fmt: skip
+            local_update(LocalStep(model, expected_batch_size=rate * records,
+                                   mechanism=recorder),
+                         params, torch.ones(nodes, dtype=torch.float64),
+                         NodeRecords(inputs, targets, mask, make_node_generators(nodes, trial),
+                                     rate),
+                         StepArguments(private=True, clip=CLIP, sigma=sigma, lr=LR),
+                         step=0)  # fmt: skip
             sums[with_target] = recorder.sums[0]
         target_in = bool(make_node_generators(nodes, trial)[0].words(records + 1)[records]
                          < np.uint64(int(rate * 2.0**64)))  # fmt: skip

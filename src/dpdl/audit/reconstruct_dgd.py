@@ -24,7 +24,14 @@ import numpy as np
 import torch
 
 from dpdl.accounting.schedules import PrivacySchedule
-from dpdl.algorithms.dyn_d2p import local_update, make_node_generators, push_sum_mix
+from dpdl.algorithms.dyn_d2p import (
+    LocalStep,
+    NodeRecords,
+    StepArguments,
+    local_update,
+    make_node_generators,
+    push_sum_mix,
+)
 from dpdl.audit.reconstruct import (
     Reconstruction,
     knowledge_matrix,
@@ -80,10 +87,11 @@ def attack_dgd(topology, inputs: np.ndarray, labels: np.ndarray, classes: int, *
     for k in range(rounds):
         before = _flat(params)
         half = local_update(
-            model, params, weights, x, y, mask, generators, step=k, lr=lr,
-            expected_batch_size=1.0, sample_rate=1.0, private=schedule is not None,
-            clip=None if schedule is None else float(schedule.clip[k]),
-            sigma=None if schedule is None else float(schedule.sigma[k]),
+            LocalStep(model), params, weights, NodeRecords(x, y, mask, generators, 1.0),
+            StepArguments(private=schedule is not None, lr=lr,
+                          clip=None if schedule is None else float(schedule.clip[k]),
+                          sigma=None if schedule is None else float(schedule.sigma[k])),
+            step=k,
         )  # fmt: skip
         sent = _flat(half.params)
         messages.append(sent)

@@ -49,6 +49,9 @@ import torch
 from dpdl.accounting.schedules import PrivacySchedule
 from dpdl.algorithms.dyn_d2p import (
     GAUSSIAN_RELEASE,
+    LocalStep,
+    NodeRecords,
+    StepArguments,
     local_update,
     make_node_generators,
     push_sum_mix,
@@ -242,9 +245,10 @@ def run_trials(
         before = params["linear.weight"][canary_rows, 0, 0].double()
         whole_before = params["linear.weight"][:, 0, 0].double().reshape(T, n)
         half = local_update(
-            model, params, weights, inputs, targets, mask, generators,
-            step=k, lr=design.lr, expected_batch_size=b, sample_rate=p, private=True,
-            clip=clip, sigma=sigma * noise_scale, loss="squared_error", mechanism=mechanism,
+            LocalStep(model, loss="squared_error", expected_batch_size=b, mechanism=mechanism),
+            params, weights, NodeRecords(inputs, targets, mask, generators, p),
+            StepArguments(private=True, clip=clip, sigma=sigma * noise_scale, lr=design.lr),
+            step=k,
         )  # fmt: skip
         if design.threat == "messages":
             after = half.params["linear.weight"][canary_rows, 0, 0].double()
@@ -359,9 +363,10 @@ def run_one_run(
         clip, sigma = float(schedule.clip[k]), float(schedule.sigma[k])
         before = params["linear.weight"][CANARY_NODE, 0, :m].double()
         half = local_update(
-            model, params, weights, inputs, targets, mask, generators,
-            step=k, lr=design.lr, expected_batch_size=b, sample_rate=p, private=True,
-            clip=clip, sigma=sigma * noise_scale, loss="squared_error", mechanism=mechanism,
+            LocalStep(model, loss="squared_error", expected_batch_size=b, mechanism=mechanism),
+            params, weights, NodeRecords(inputs, targets, mask, generators, p),
+            StepArguments(private=True, clip=clip, sigma=sigma * noise_scale, lr=design.lr),
+            step=k,
         )  # fmt: skip
         if design.threat == "messages":
             after = half.params["linear.weight"][CANARY_NODE, 0, :m].double()

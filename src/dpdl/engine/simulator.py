@@ -34,6 +34,15 @@ from dpdl.algorithms.dyn_d2p import (
 )
 from dpdl.algorithms.noise import NoiseDraw
 from dpdl.engine.runtime import LocalRuntime, Runtime
+from dpdl.algorithms.step import LocalStep, NodeRecords, StepArguments, StepBuffers
+from dpdl.algorithms.transforms import (
+    LEGACY_STATE_KEYS,
+    Chain,
+    State,
+    sgd,
+    state_to_load,
+    state_to_save,
+)
 from dpdl.errors import DPDLError, require
 from dpdl.models.validation import refuse_stateful
 
@@ -250,11 +259,7 @@ class Simulator:
         self.params = stack_params(model, count, self.device)
         self.weights = torch.ones(count, dtype=torch.float64, device=self.device)
         self.momentum, self.weight_decay = float(momentum), float(weight_decay)
-        # m_i of every hosted node, in x-space like the update it accumulates; a node's own
-        # state (never sent: only x^{k+1/2} is), so each process keeps its block's rows.
-        self.momentum_buffer: Params | None = (
-            {name: torch.zeros_like(p) for name, p in self.params.items()} if momentum else None
-        )
+        self.use_transforms(sgd(momentum=self.momentum, weight_decay=self.weight_decay))
         self.noise_mechanism = noise_mechanism
         self._fingerprints: list[bytes] | None = None
         # Seeded streams are keyed with the node's data too: other data, other noise.
@@ -290,32 +295,24 @@ class Simulator:
         return self._fingerprints
 
     # ------------------------------------------------------------------ stepping
-    def step(
-        self,
-        *,
-        private: bool,
-        clip: float | None = None,
-        sigma: float | None = None,
-        unsafe_zero_noise: bool = False,
-        lr: float | None = None,
-        mix: bool = True,
-        mixing_round: int | None = None,
-    ) -> torch.Tensor:
+    def step(self, args: StepArguments | None = None, /, **keywords) -> torch.Tensor:
         """One iteration for every node; returns the sampled batch sizes |S_i^k| (n,).
 
-        A private step needs ``sigma`` > 0 (``unsafe_zero_noise=True`` allows 0, for tests).
-        ``lr`` is this step's γ_k (default: the simulator's constant ``lr``).  ``mix=False``
-        is a local step (x^{k+1} = x^{k+1/2}, w unchanged: no message is sent); a mixing step
-        gossips with the graph of ``mixing_round`` (default: the iteration k), through the
-        runtime's :attr:`mixer` (in memory, or point-to-point messages between processes).
+        ``args`` (:class:`~dpdl.algorithms.step.StepArguments`, ``RunPlan.step_arguments``),
+        or its fields as keywords (``private``, ``clip``, ``sigma``, ...).  A private step
+        needs ``sigma`` > 0 (``unsafe_zero_noise=True`` allows 0, for tests).  ``lr`` is this
+        step's γ_k (default: the simulator's constant ``lr``).  ``mix=False`` is a local step
+        (x^{k+1} = x^{k+1/2}, w unchanged: no message is sent); a mixing step gossips with
+        the graph of ``mixing_round`` (default: the iteration k), through the runtime's
+        :attr:`mixer` (in memory, or point-to-point messages between processes).
         """
+        args = StepArguments.given(args, keywords)
         k = self.iteration
         self.runtime.before_step(k)
-        half = self._local_update(k, private=private, clip=clip, sigma=sigma,
-                                  unsafe_zero_noise=unsafe_zero_noise, lr=lr)  # fmt: skip
-        if mix:
+        half = self._local_update(k, args)
+        if args.mix:
             # x^k is not needed once x^{k+1/2} is in the work buffer: x^{k+1} may overwrite it
-            round_k = k if mixing_round is None else mixing_round
+            round_k = k if args.mixing_round is None else args.mixing_round
             self.params, self.weights = self.mixer.mix(half.params, self.weights, round_k,
                                                        step=k, out=self.params)  # fmt: skip
         else:
@@ -323,31 +320,40 @@ class Simulator:
         self.iteration += 1
         return half.batch_sizes
 
-    def _local_update(self, k: int, *, private, clip, sigma, unsafe_zero_noise, lr):
+    def _local_update(self, k: int, args: StepArguments):
         """Steps 1-5 for the hosted nodes (:func:`~dpdl.algorithms.dyn_d2p.local_update`), with
-        this engine's buffers: the noise's, refilled every step, and the work buffer."""
-        if private and self._noise_buffer is None:
+        this engine's buffers (the noise's, refilled every step, and the work buffer) and its
+        nodes' state of the update transforms, which it keeps."""
+        if args.private and self._noise_buffer is None:
             d = sum(p[0].numel() for p in self.params.values())
             self._noise_buffer = NoiseDraw.empty(len(self.generators), d, self.device)
         if self._work is None:
             self._work = {name: torch.empty_like(p) for name, p in self.params.items()}
-        return local_update(
-            self.model, self.params, self.weights,
-            self.data.inputs, self.data.targets, self.data.mask, self.generators,
-            step=k, lr=self.lr if lr is None else lr, expected_batch_size=self.expected_batch_size,
-            sample_rate=self.hosted_sample_rates, private=private, clip=clip, sigma=sigma,
-            loss=self.loss, buffers=self.buffers, first_node=self.node_block[0],
-            noise_buffer=self._noise_buffer, unsafe_zero_noise=unsafe_zero_noise,
-            mechanism=self.noise_mechanism, clip_method=self.clip_method, work=self._work,
-            **self._optimiser(),
-        )  # fmt: skip
+        spec = LocalStep(self.model, loss=self.loss, buffers=self.buffers,
+                         expected_batch_size=self.expected_batch_size,
+                         clip_method=self.clip_method, mechanism=self.noise_mechanism,
+                         transforms=self.transforms)  # fmt: skip
+        records = NodeRecords(self.data.inputs, self.data.targets, self.data.mask,
+                              self.generators, self.hosted_sample_rates,
+                              first_node=self.node_block[0])  # fmt: skip
+        result = local_update(spec, self.params, self.weights, records, args.with_lr(self.lr),
+                              step=k, state=self.transform_state,
+                              scratch=StepBuffers(self._work, self._noise_buffer))  # fmt: skip
+        self.transform_state = result.state
+        return result
 
-    def _optimiser(self) -> dict:
-        """local_update's momentum and weight-decay arguments (none at the defaults)."""
-        if not (self.momentum or self.weight_decay):
-            return {}
-        return {"momentum": self.momentum, "weight_decay": self.weight_decay,
-                "momentum_buffer": self.momentum_buffer}  # fmt: skip
+    def use_transforms(self, transforms: Chain) -> None:
+        """The update transforms of every later step (:mod:`dpdl.algorithms.transforms`;
+        built from ``momentum`` and ``weight_decay`` by the constructor), from their initial
+        state: each hosted node's own rows (never sent: only x^{k+1/2} is), kept by the engine
+        across steps and in its checkpoints whatever the transforms."""
+        self.transforms = transforms
+        self.transform_state: State = transforms.init(self.params)
+
+    @property
+    def momentum_buffer(self) -> Params | None:
+        """The heavy ball's m_i of the hosted nodes (None without momentum)."""
+        return self.transform_state.get("momentum") or None
 
     def _keep_local(self, half: Params) -> None:
         """A step without mixing: x^{k+1} = x^{k+1/2}.  Those are the work buffer's tensors:
@@ -388,8 +394,9 @@ class Simulator:
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
-        """The hosted nodes' state: models, push-sum weights, momentum buffers (with
-        momentum), secret stream states (the secret: owner-only files), data fingerprints."""
+        """The hosted nodes' state: models, push-sum weights, the update transforms' state
+        (only when one keeps any, e.g. momentum), secret stream states (the secret:
+        owner-only files), data fingerprints."""
         first, _ = self.node_block
         return {
             "iteration": self.iteration,
@@ -398,14 +405,14 @@ class Simulator:
             "weights": self.weights.detach().cpu(),
             "generators": [g.get_state() for g in self.generators],
             "data_fingerprints": [f.hex() for f in self.data_fingerprints],
-        } | self._momentum_state()
+        } | self._transforms_checkpoint()
 
-    def _momentum_state(self) -> dict:
-        """The momentum buffers m_i, a copy (they change in place every step); no entry
-        without momentum, so such a checkpoint is what it was before momentum existed."""
-        if self.momentum_buffer is None:
-            return {}
-        return {"momentum": {k: v.detach().cpu().clone() for k, v in self.momentum_buffer.items()}}
+    def _transforms_checkpoint(self) -> dict:
+        """``{"transforms": {name: state}}``, a copy of each transform's non-empty state (it
+        changes in place every step); no entry when none keeps any, so a plain run's
+        checkpoint is what it was before the transforms existed."""
+        saved = state_to_save(self.transform_state)
+        return {"transforms": saved} if saved else {}
 
     def load_state_dict(self, state: dict) -> None:
         """Put :meth:`state_dict` back, refusing another model, block or data."""
@@ -424,24 +431,16 @@ class Simulator:
                 f"hosts {first}..{first + count - 1}: resume with the same number of processes"
             )
         check_fingerprints(state.get("data_fingerprints"), self.data_fingerprints, first)
-        self._load_momentum(state.get("momentum"))  # checked before anything is replaced
+        # checked before anything is replaced; copies (updated in place every step)
+        transform_state = state_to_load(self.transform_state, _saved_transforms(state),
+                                        self.device)  # fmt: skip
         # copies: the engine updates its parameters in place, never the caller's state
         self.params = {k: v.to(self.device, copy=True) for k, v in state["params"].items()}
         self.weights = state["weights"].to(self.device)
         for g, s in zip(self.generators, state["generators"], strict=True):
             g.set_state(s.clone())  # set_state needs a tensor that owns its storage
         self.iteration = int(state["iteration"])
-
-    def _load_momentum(self, saved: Params | None) -> None:
-        """The checkpoint's momentum buffers (copied: they are updated in place)."""
-        if self.momentum_buffer is None:
-            require(saved is None, "checkpoint holds momentum buffers but momentum is 0")
-            return
-        require(saved is not None, "checkpoint holds no momentum buffers but momentum is on")
-        require(set(saved) == set(self.params) and all(
-            saved[k].shape == self.params[k].shape for k in self.params),
-            "checkpoint's momentum buffers do not match the model")  # fmt: skip
-        self.momentum_buffer = {k: v.to(self.device).clone() for k, v in saved.items()}
+        self.transform_state = transform_state
 
     # ------------------------------------------------------------------ evaluation
     def _records_per_forward(self, cuda: int, cpu: int) -> int:
@@ -521,6 +520,14 @@ class Simulator:
         out = self.predict_average(inputs)
         loss = self.loss if callable(self.loss) else LOSSES[self.loss]
         return float(loss(out, targets).mean())
+
+
+def _saved_transforms(state: dict) -> dict:
+    """A checkpoint's update transform state: its "transforms" entry, or, in one written
+    before the transforms were generic, the heavy ball's buffers under "momentum"."""
+    if "transforms" in state:
+        return state["transforms"]
+    return {name: state[key] for key, name in LEGACY_STATE_KEYS.items() if key in state}
 
 
 @contextlib.contextmanager

@@ -46,7 +46,7 @@ def run_steps(plan: RunPlan, state: RunState, hooks: list[Hook]) -> tuple[str, s
         for k in range(state.done, plan.steps):
             if plan.private:  # recorded before the step: a step that fails still counts
                 state.ledger.record_step(plan.noise_multiplier(k))
-            state.engine.step(**plan.step_arguments(k))
+            state.engine.step(plan.step_arguments(k))
             state.done = k + 1
             for hook in hooks:
                 hook.on_step(state)

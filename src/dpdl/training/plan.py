@@ -22,6 +22,7 @@ from dpdl.accounting.ledger import MAX_NODE_RATES, PrivacyLedger, accounted_node
 from dpdl.accounting.schedules import PrivacySchedule, make_schedule
 from dpdl.algorithms.dyn_d2p import node_sample_rates
 from dpdl.algorithms.randomness import stream_root
+from dpdl.algorithms.step import StepArguments
 from dpdl.training.settings import AlgorithmSpec, PrivacySection, TrainingSection
 
 __all__ = [
@@ -202,10 +203,12 @@ class RunPlan:
         """Whether step k ends with a gossip round (every H-th step, and the last)."""
         return (k + 1) % self.local_steps == 0 or k == self.steps - 1
 
-    def step_arguments(self, k: int) -> dict[str, Any]:
+    def step_arguments(self, k: int) -> StepArguments:
+        """What the engine's step k is given: C_k and σ_k (private runs), γ_k, and whether it
+        ends with a gossip round on the graph of round k // H."""
         gossip = {"mix": self.mixes(k), "mixing_round": k // self.local_steps}
         lr = float(self.step_sizes[k])
         if not self.private:
-            return {"private": False, "lr": lr, **gossip}
-        return {"private": True, "clip": float(self.schedule.clip[k]),
-                "sigma": float(self.schedule.sigma[k]), "lr": lr, **gossip}  # fmt: skip
+            return StepArguments(private=False, lr=lr, **gossip)
+        return StepArguments(private=True, clip=float(self.schedule.clip[k]),
+                             sigma=float(self.schedule.sigma[k]), lr=lr, **gossip)  # fmt: skip
