@@ -33,7 +33,6 @@ from dpdl.algorithms.dyn_d2p import (
     node_sample_rates,
 )
 from dpdl.algorithms.noise import NoiseDraw
-from dpdl.engine.runtime import LocalRuntime, Runtime
 from dpdl.algorithms.step import LocalStep, NodeRecords, StepArguments, StepBuffers
 from dpdl.algorithms.transforms import (
     LEGACY_STATE_KEYS,
@@ -43,6 +42,7 @@ from dpdl.algorithms.transforms import (
     state_to_load,
     state_to_save,
 )
+from dpdl.engine.runtime import LocalRuntime, Runtime
 from dpdl.errors import DPDLError, require
 from dpdl.models.validation import refuse_stateful
 
