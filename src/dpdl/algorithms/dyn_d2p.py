@@ -94,6 +94,7 @@ __all__ = [
     "StepBuffers",
     "LocalUpdateResult",
     "make_node_generators",
+    "noisy_update",
     "SAMPLINGS",
     "node_sample_rates",
     "poisson_sample",
@@ -661,6 +662,19 @@ def local_update(
     # (finite clipped sums plus noise), so only released values overflowing can trip this.
     _check_finite(half, step, records.first_node)
     return LocalUpdateResult(half, batch.counts, state)
+
+
+def noisy_update(spec: LocalStep, params: Params, weights: torch.Tensor, records: NodeRecords,
+                 args: StepArguments) -> Params:  # fmt: skip
+    """A further release of a step (an algorithm's second noisy message): on a fresh Poisson
+    sample of every node (its stream goes on), node i's u_i = (S_i + σ ξ_i) / b, its clipped
+    gradient sum at z_i = x_i / w_i with the mechanism's exact noise (σ = ``args.sigma``); SGP's
+    mean gradient for a non-private step.  The ledger records it as its own mechanism."""
+    _check_step(params, weights, records, args)
+    batch = poisson_sample(records.inputs, records.targets, records.mask, records.sample_rate,
+                           records.generators)  # fmt: skip
+    return _node_updates(spec, debias(params, weights), batch, records.generators, args,
+                         StepBuffers())  # fmt: skip
 
 
 def _check_step(params: Params, weights: torch.Tensor, records: NodeRecords,

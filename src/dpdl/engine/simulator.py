@@ -31,6 +31,7 @@ from dpdl.algorithms.dyn_d2p import (
     local_update,
     make_node_generators,
     node_sample_rates,
+    noisy_update,
 )
 from dpdl.algorithms.noise import NoiseDraw
 from dpdl.algorithms.step import LocalStep, NodeRecords, StepArguments, StepBuffers
@@ -43,6 +44,7 @@ from dpdl.algorithms.transforms import (
     state_to_save,
 )
 from dpdl.engine.runtime import LocalRuntime, Runtime
+from dpdl.engine.steps import EngineStepContext, copy_state, state_to_device
 from dpdl.errors import DPDLError, require
 from dpdl.models.validation import refuse_stateful
 
@@ -271,6 +273,7 @@ class Simulator:
         self.mixer = self.runtime.mixer(topology, self._block, self.device)
         self._noise_buffer: NoiseDraw | None = None  # the noise's buffers, refilled each step
         self._work: Params | None = None  # the step's update, then x^{k+1/2}; never exposed
+        self.use_algorithm(None, None)  # Algorithm 1's step, until a registered one is given
 
     @property
     def node_block(self) -> tuple[int, int]:
@@ -309,6 +312,10 @@ class Simulator:
         args = StepArguments.given(args, keywords)
         k = self.iteration
         self.runtime.before_step(k)
+        if self.algorithm is not None:  # a registered algorithm's own step
+            sizes = self.algorithm.step(EngineStepContext(self, args.with_lr(self.lr)))
+            self.iteration += 1
+            return sizes
         half = self._local_update(k, args)
         if args.mix:
             # x^k is not needed once x^{k+1/2} is in the work buffer: x^{k+1} may overwrite it
@@ -329,10 +336,7 @@ class Simulator:
             self._noise_buffer = NoiseDraw.empty(len(self.generators), d, self.device)
         if self._work is None:
             self._work = {name: torch.empty_like(p) for name, p in self.params.items()}
-        spec = LocalStep(self.model, loss=self.loss, buffers=self.buffers,
-                         expected_batch_size=self.expected_batch_size,
-                         clip_method=self.clip_method, mechanism=self.noise_mechanism,
-                         transforms=self.transforms)  # fmt: skip
+        spec = self._local_step()
         records = NodeRecords(self.data.inputs, self.data.targets, self.data.mask,
                               self.generators, self.hosted_sample_rates,
                               first_node=self.node_block[0])  # fmt: skip
@@ -341,6 +345,35 @@ class Simulator:
                               scratch=StepBuffers(self._work, self._noise_buffer))  # fmt: skip
         self.transform_state = result.state
         return result
+
+    def noisy_update(self, k: int, args: StepArguments) -> Params:
+        """A further release of step ``k`` (an algorithm's second message): u_i on a fresh
+        Poisson sample of the hosted nodes (:func:`~dpdl.algorithms.dyn_d2p.noisy_update`)."""
+        records = NodeRecords(self.data.inputs, self.data.targets, self.data.mask,
+                              self.generators, self.hosted_sample_rates,
+                              first_node=self.node_block[0])  # fmt: skip
+        return noisy_update(self._local_step(), self.params, self.weights, records,
+                            args.with_lr(self.lr))  # fmt: skip
+
+    def work_buffer(self) -> Params:
+        """The step's scratch tensors shaped like the models (never the models themselves)."""
+        if self._work is None:
+            self._work = {name: torch.empty_like(p) for name, p in self.params.items()}
+        return self._work
+
+    def _local_step(self) -> LocalStep:
+        return LocalStep(self.model, loss=self.loss, buffers=self.buffers,
+                         expected_batch_size=self.expected_batch_size,
+                         clip_method=self.clip_method, mechanism=self.noise_mechanism,
+                         transforms=self.transforms)  # fmt: skip
+
+    def use_algorithm(self, algorithm, settings) -> None:
+        """Take every later step with a registered algorithm's own step
+        (:mod:`dpdl.algorithms.registry`; None: Algorithm 1's), from its initial state."""
+        self.algorithm = None if algorithm is None or algorithm.builtin_step else algorithm
+        self.algorithm_settings = settings
+        self.algorithm_state = ({} if self.algorithm is None else
+                                self.algorithm.init_state(EngineStepContext(self, None)))
 
     def use_transforms(self, transforms: Chain) -> None:
         """The update transforms of every later step (:mod:`dpdl.algorithms.transforms`;
@@ -405,7 +438,8 @@ class Simulator:
             "weights": self.weights.detach().cpu(),
             "generators": [g.get_state() for g in self.generators],
             "data_fingerprints": [f.hex() for f in self.data_fingerprints],
-        } | self._transforms_checkpoint()
+        } | self._transforms_checkpoint() | (
+            {"algorithm_state": copy_state(self.algorithm_state)} if self.algorithm_state else {})
 
     def _transforms_checkpoint(self) -> dict:
         """``{"transforms": {name: state}}``, a copy of each transform's non-empty state (it
@@ -434,6 +468,8 @@ class Simulator:
         # checked before anything is replaced; copies (updated in place every step)
         transform_state = state_to_load(self.transform_state, _saved_transforms(state),
                                         self.device)  # fmt: skip
+        algorithm_state = state_to_device(state.get("algorithm_state", {}),
+                                          self.algorithm_state, self.device)  # fmt: skip
         # copies: the engine updates its parameters in place, never the caller's state
         self.params = {k: v.to(self.device, copy=True) for k, v in state["params"].items()}
         self.weights = state["weights"].to(self.device)
@@ -441,6 +477,7 @@ class Simulator:
             g.set_state(s.clone())  # set_state needs a tensor that owns its storage
         self.iteration = int(state["iteration"])
         self.transform_state = transform_state
+        self.algorithm_state = algorithm_state
 
     # ------------------------------------------------------------------ evaluation
     def _records_per_forward(self, cuda: int, cpu: int) -> int:

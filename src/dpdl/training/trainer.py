@@ -443,6 +443,7 @@ class DecentralizedTrainer:
             runtime=self.runtime, **given,
         )  # fmt: skip
         del root  # the generators hold the secret now; nothing else should
+        sim.use_algorithm(self.spec.algorithm, self.spec.algorithm_settings)
         require(
             math.isclose(sim.sample_rate, self.schedule.sample_rate)
             and np.array_equal(sim.sample_rates, self.sample_rates),

@@ -1,0 +1,116 @@
+"""The engine's side of an algorithm's step (:class:`dpdl.algorithms.registry.StepContext`):
+what a registered algorithm's :meth:`~dpdl.algorithms.registry.Algorithm.step` may do with
+the hosted nodes, whichever runtime hosts them.
+
+A step sees the models x_i^k and push-sum weights w_i^k, its per-node state (checkpointed by
+the engine), and four operations: the built-in private local update (the step's first
+release: sampling, per-record clipping, the exact noise release, the update transforms), a
+further release's noisy gradient (a fresh Poisson sample and fresh noise of multiplier
+``noise_factor`` times the schedule's, recorded by the ledger as its own mechanism), the
+mixing of any tensors with a round's graph (the runtime's mixer: in memory, or messages
+between processes), and the models' own mixing or keeping.  Nothing else of the engine is
+reachable from a plugin, so a plugin cannot release anything the ledger does not know of.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from dpdl.algorithms.dyn_d2p import Params
+from dpdl.algorithms.step import StepArguments
+from dpdl.errors import require
+
+__all__ = ["EngineStepContext", "copy_state", "state_to_device"]
+
+
+class EngineStepContext:
+    """One step of a registered algorithm on ``engine`` (a :class:`~dpdl.engine.simulator.
+    Simulator`); ``arguments`` None while the algorithm's state is initialised."""
+
+    def __init__(self, engine, arguments: StepArguments | None):
+        self._engine = engine
+        self.arguments = arguments
+        self.iteration = engine.iteration
+        self.settings = engine.algorithm_settings
+        self._releases = engine.algorithm.releases(self.settings)
+
+    @property
+    def model(self) -> Params:
+        """x_i^k of the hosted nodes, {name: (m, *shape)} (read-only by convention)."""
+        return self._engine.params
+
+    @property
+    def weights(self) -> torch.Tensor:
+        return self._engine.weights
+
+    @property
+    def state(self) -> dict[str, Any]:
+        return self._engine.algorithm_state
+
+    def local_update(self):
+        """The step's first release: x^{k+1/2} (the engine's work buffer) and |S_i^k|."""
+        return self._engine._local_update(self.iteration, self.arguments)
+
+    def noisy_gradient(self, release: int) -> Params:
+        """Release ``release`` (1, 2, ...: the algorithm's ``releases()`` order) of this step:
+        (S_i + factor σ_k ξ) / b on a fresh Poisson sample at z_i = x_i / w_i, noise exactly
+        released (MATH.md §10); SGP's mean gradient for a non-private step."""
+        require(0 < release < len(self._releases),
+                f"release {release} is not one of this algorithm's further releases "
+                f"(1..{len(self._releases) - 1})")  # fmt: skip
+        args = self.arguments
+        if args.private:
+            args = replace(args, sigma=args.sigma * self._releases[release].noise_factor)
+        return self._engine.noisy_update(self.iteration, args)
+
+    def mix(self, tensors: Params, round_: int) -> Params:
+        """Σ_j P^r_ij t_j for any {name: (m, *shape)} tensors, with round ``round_``'s graph
+        (the weights are not touched: push-sum's are mixed with the models)."""
+        mixed, _ = self._engine.mixer.mix(tensors, self._engine.weights.clone(), round_,
+                                          step=self.iteration)  # fmt: skip
+        return mixed
+
+    def mix_model(self, half: Params | None, round_: int) -> None:
+        """One push-sum round of the models: of x^{k+1/2} (``half``, the local update's), or,
+        with None, of the current models again (a round without fresh noise)."""
+        engine = self._engine
+        if half is not None:
+            engine.params, engine.weights = engine.mixer.mix(
+                half, engine.weights, round_, step=self.iteration, out=engine.params)
+            return
+        previous = engine.params
+        engine.params, engine.weights = engine.mixer.mix(
+            previous, engine.weights, round_, step=self.iteration, out=engine.work_buffer())
+        engine._work = previous  # x before this round is no longer needed: the next buffer
+
+    def keep_model(self, half: Params) -> None:
+        """No round this step: x^{k+1} = x^{k+1/2}."""
+        self._engine._keep_local(half)
+
+
+def copy_state(state: Any, device: str | torch.device = "cpu") -> Any:
+    """A copy of an algorithm's (nested dict / list of tensors) state on ``device``."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to(device, copy=True)
+    if isinstance(state, dict):
+        return {k: copy_state(v, device) for k, v in state.items()}
+    if isinstance(state, list | tuple):
+        return type(state)(copy_state(v, device) for v in state)
+    return state
+
+
+def state_to_device(saved: Any, like: Any, device) -> Any:
+    """``saved`` checked against the freshly initialised ``like`` (same keys and shapes),
+    copied onto ``device``: a checkpoint of another algorithm or setting is refused."""
+    if isinstance(like, torch.Tensor):
+        require(isinstance(saved, torch.Tensor) and saved.shape == like.shape,
+                "the checkpoint's algorithm state does not match this algorithm's")  # fmt: skip
+        return saved.to(device, copy=True)
+    if isinstance(like, dict):
+        require(isinstance(saved, dict) and set(saved) == set(like),
+                "the checkpoint's algorithm state does not match this algorithm's")  # fmt: skip
+        return {k: state_to_device(saved[k], like[k], device) for k in like}
+    return copy_state(saved, device)
