@@ -32,10 +32,10 @@ clipped contribution, of norm <= C.
 
 Supported layers: the types registered in :mod:`dpdl.algorithms.per_sample_layers` (one
 handler class per type: ``nn.Linear``, ``nn.Conv2d`` (zero padding), ``nn.GroupNorm``,
-``nn.LayerNorm``, ``nn.Embedding``), each called once per forward and owning its own parameters, which nothing
-outside the layer's own forward uses (a structural check: every torch call of one forward is
-traced).  Any other model (another layer with parameters, a layer called twice, tied or
-shared weights) uses the plain path: same numbers, slower.
+``nn.LayerNorm``, ``nn.Embedding``), each called once per forward and owning its own
+parameters, which nothing outside the layer's own forward uses (a structural check: every
+torch call of one forward is traced).  Any other model (another layer with parameters, a
+layer called twice, tied or shared weights) uses the plain path: same numbers, slower.
 
 Privacy never rests on the layer formulas being the true gradient: a record's contribution
 is c_r times the per-layer terms built from its own (a_r, g_r), and c_r = min(1, C / norm of
@@ -152,9 +152,10 @@ def _find_layers(
 def _trace(model, layers, record_shape, params: Params, problems: list[str],
            record_dtype: torch.dtype | None = None) -> None:  # fmt: skip
     """One forward of one record (zeros of ``record_dtype``, the parameters' when None: no
-    one's data, and a valid index for token ids): sets each layer's input / output shape, and checks that each layer runs exactly once and its parameters are used nowhere
-    else (its (a, g) would then miss part of their gradient).  It runs the user's code on a
-    throw-away copy: whatever that forward leaves in a module stays in the copy."""
+    one's data, and a valid index for token ids): sets each layer's input / output shape, and
+    checks that each layer runs exactly once and its parameters are used nowhere else (its
+    (a, g) would then miss part of their gradient).  It runs the user's code on a throw-away
+    copy: whatever that forward leaves in a module stays in the copy."""
     clone = copy.deepcopy(model)
     twin = dict(zip(model.modules(), clone.modules(), strict=True))  # same order, same tree
     calls: dict[nn.Module, int] = {}

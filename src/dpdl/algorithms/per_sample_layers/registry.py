@@ -68,9 +68,9 @@ class LayerTerms:
     def terms(self, a: torch.Tensor, g: torch.Tensor):
         """From the layer inputs ``a`` (N, *in_shape) and output gradients ``g`` (N,
         *out_shape) of N records: their squared gradient norms (N,), and what the clipped sum
-        needs: a :class:`RankOne`, a :class:`SparseRows` (of the weight) or {"weight" / "bias":
-        per-record gradients (N, *parameter shape)}.  The norm must be that of exactly what is summed: privacy rests on
-        it, not on the terms being the true gradient."""
+        needs: a :class:`RankOne`, a :class:`SparseRows` (of the weight) or {"weight" /
+        "bias": per-record gradients (N, *parameter shape)}.  The norm must be that of exactly
+        what is summed: privacy rests on it, not on the terms being the true gradient."""
         raise NotImplementedError
 
 
