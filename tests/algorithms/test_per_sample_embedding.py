@@ -166,17 +166,22 @@ def test_per_record_norms_are_exact_repeated_tokens_summed_before_squaring():
     assert int(terms.index[0, 0]) == 2 and not bool(terms.rows[0, 1:].any())
 
 
-@pytest.mark.parametrize("records_per_chunk", [1, 3, 1000])
+@pytest.mark.parametrize("records_per_chunk", [1, 3, 1000, "units of two"])
 def test_chunks_units_and_the_sgp_sums_change_no_number(records_per_chunk, monkeypatch):
-    """Chunks that split a node's records over units (a node's rows added per unit), and the
-    non-private step's unit sums, against the references."""
+    """Chunks that split a node's records over units (a node's rows added per unit; "units of
+    two": chunks of up to eight records in units of two, several of a node, regrouped by node
+    where the sums are not private), and the non-private step's unit sums, against the references."""
     torch.manual_seed(0)
     model = BagOfEmbeddings(padding_idx=1)
     n, counts = 5, [4, 1, 7, 0, 3]
     batch = _token_batch(n, counts, (5,), high=6, seed=3)
     params = _nodes_params(model, n, seed=4)
     plan = per_sample.book_keeping_plan(model, (5,), params, torch.int64)
-    monkeypatch.setattr(per_sample, "CHUNK_BYTES", records_per_chunk * plan.bytes_per_record)
+    if records_per_chunk == "units of two":
+        monkeypatch.setattr(per_sample, "plan_chunks", lambda counts, *args, **kwargs:
+                            per_sample._grouped(per_sample._split(counts, 2), 1.0, 8, 0.0)[1])
+    else:
+        monkeypatch.setattr(per_sample, "CHUNK_BYTES", records_per_chunk * plan.bytes_per_record)
     _, norms = reference_clipped_sums(model, params, batch, 1.0)
     clip = float(norms.median())
     want, _ = reference_clipped_sums(model, params, batch, clip)
@@ -184,12 +189,24 @@ def test_chunks_units_and_the_sgp_sums_change_no_number(records_per_chunk, monke
     for name in want:
         torch.testing.assert_close(got[name].double(), want[name], atol=1e-6, rtol=1e-5)
     grads = torch_func_grads(model, params, batch)
-    weights = 1.0 / batch.counts.clamp_min(1).double()[batch.node]
-    mean = mean_batch_grads(model, params, batch)  # batched path: < 4 records a node
-    for name, g in grads.items():
-        expect = torch.zeros((n, *g.shape[1:]), dtype=torch.float64).index_add_(
+
+    def weighted(weights):
+        return {name: torch.zeros((n, *g.shape[1:]), dtype=torch.float64).index_add_(
             0, batch.node, g * weights.view(-1, *[1] * (g.dim() - 1)))
-        torch.testing.assert_close(mean[name].double(), expect, atol=1e-6, rtol=1e-5)
+            for name, g in grads.items()}  # fmt: skip
+
+    # the non-private step (batched path: < 4 records a node): each unit's sum, then its weight
+    mean = mean_batch_grads(model, params, batch)
+    want = weighted(1.0 / batch.counts.clamp_min(1).double()[batch.node])
+    for name in want:
+        torch.testing.assert_close(mean[name].double(), want[name], atol=1e-6, rtol=1e-5)
+    # weights that differ within a node: the SparseRows sums, units regrouped by node
+    weights = torch.rand(batch.size, generator=torch.Generator().manual_seed(5))
+    got = per_sample.clipped_sums_by_node(plan, model, params, batch, None,
+                                          loss_fn=LOSSES["cross_entropy"], weights=weights)
+    want = weighted(weights.double())
+    for name in want:
+        torch.testing.assert_close(got[name].double(), want[name], atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize(("option", "words"), [
