@@ -170,7 +170,8 @@ def test_per_record_norms_are_exact_repeated_tokens_summed_before_squaring():
 def test_chunks_units_and_the_sgp_sums_change_no_number(records_per_chunk, monkeypatch):
     """Chunks that split a node's records over units (a node's rows added per unit; "units of
     two": chunks of up to eight records in units of two, several of a node, regrouped by node
-    where the sums are not private), and the non-private step's unit sums, against the references."""
+    where the sums are not private), and the non-private step's unit sums, against the
+    references."""
     torch.manual_seed(0)
     model = BagOfEmbeddings(padding_idx=1)
     n, counts = 5, [4, 1, 7, 0, 3]
