@@ -322,7 +322,7 @@ def mean_batch_grads(
         return into.finish()
     first = next(iter(params.values()))
     weights = 1.0 / batch.counts.clamp_min(1).to(first.dtype)[batch.node]
-    plan = book_keeping_plan(model, tuple(batch.inputs.shape[1:]), params)
+    plan = book_keeping_plan(model, tuple(batch.inputs.shape[1:]), params, batch.inputs.dtype)
     if not plan.problems and _node_batches_pay(batch) and not _couples_records(model):
         return _node_by_node_mean_grads(model, params, batch, loss_fn, buffers or {}, into)
     if not plan.problems:
@@ -460,7 +460,8 @@ def clipped_record_sums(
     if batch.size == 0:
         return into.finish()
     if method != "per-record":
-        plan = book_keeping_plan(model, tuple(batch.inputs.shape[1:]), params)
+        plan = book_keeping_plan(model, tuple(batch.inputs.shape[1:]), params,
+                                 batch.inputs.dtype)
         require(
             method == "auto" or not plan.problems,
             f"book-keeping clipping cannot handle this model: {'; '.join(plan.problems)}",

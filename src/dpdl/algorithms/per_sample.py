@@ -18,7 +18,9 @@ the first fully connected layer.  Here instead (book-keeping clipping, Bu et al.
    for a linear layer on several positions and for a convolution, the per-record gradient
    P_r = sum_t g_rt a_rt^T itself (O x C k k for a convolution: the weight gradient of one
    grouped convolution with a group per record);
-   GroupNorm / LayerNorm from the normalised input;
+   GroupNorm / LayerNorm from the normalised input; for an embedding, the rows of the
+   record's distinct tokens, each the sum of that token's output gradients (token ids are
+   the records' int64 inputs);
 4. the clip factors c_r = min(1, C / ||g_r||) weight one batched product per layer and node,
    sum_r c_r g_r a_r^T or sum_r c_r P_r, the node's clipped sum, with no second backward.
 
@@ -30,10 +32,10 @@ clipped contribution, of norm <= C.
 
 Supported layers: the types registered in :mod:`dpdl.algorithms.per_sample_layers` (one
 handler class per type: ``nn.Linear``, ``nn.Conv2d`` (zero padding), ``nn.GroupNorm``,
-``nn.LayerNorm``), each called once per forward and owning its own parameters, which nothing
-outside the layer's own forward uses (a structural check: every torch call of one forward is
-traced).  Any other model (another layer with parameters, a layer called twice, tied or
-shared weights) uses the plain path: same numbers, slower.
+``nn.LayerNorm``, ``nn.Embedding``), each called once per forward and owning its own
+parameters, which nothing outside the layer's own forward uses (a structural check: every
+torch call of one forward is traced).  Any other model (another layer with parameters, a
+layer called twice, tied or shared weights) uses the plain path: same numbers, slower.
 
 Privacy never rests on the layer formulas being the true gradient: a record's contribution
 is c_r times the per-layer terms built from its own (a_r, g_r), and c_r = min(1, C / norm of
@@ -56,7 +58,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 from torch.overrides import TorchFunctionMode
 
-from dpdl.algorithms.per_sample_layers import LAYERS, LayerTerms, RankOne
+from dpdl.algorithms.per_sample_layers import LAYERS, LayerTerms, RankOne, SparseRows
 
 Params = dict[str, torch.Tensor]
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -98,13 +100,14 @@ class _Plan:
 _PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _make_plan(model: nn.Module, record_shape: tuple[int, ...], params: Params) -> _Plan:
+def _make_plan(model: nn.Module, record_shape: tuple[int, ...], params: Params,
+               record_dtype: torch.dtype | None = None) -> _Plan:  # fmt: skip
     problems: list[str] = []
     every_use = list(model.named_parameters(remove_duplicate=False))
     if len(every_use) != len(dict(model.named_parameters())):
         problems.append("tied parameters")
     layers = _find_layers(model, params, problems)
-    _trace(model, layers, record_shape, params, problems)
+    _trace(model, layers, record_shape, params, problems, record_dtype)
     macs = bytes_ = 0.0
     for layer in layers.values():
         n_in, n_out = math.prod(layer.in_shape), math.prod(layer.out_shape)
@@ -146,11 +149,13 @@ def _find_layers(
     return layers
 
 
-def _trace(model, layers, record_shape, params: Params, problems: list[str]) -> None:
-    """One forward of one record (zeros: no one's data): sets each layer's input / output
-    shape, and checks that each layer runs exactly once and its parameters are used nowhere
-    else (its (a, g) would then miss part of their gradient).  It runs the user's code on a
-    throw-away copy: whatever that forward leaves in a module stays in the copy."""
+def _trace(model, layers, record_shape, params: Params, problems: list[str],
+           record_dtype: torch.dtype | None = None) -> None:  # fmt: skip
+    """One forward of one record (zeros of ``record_dtype``, the parameters' when None: no
+    one's data, and a valid index for token ids): sets each layer's input / output shape, and
+    checks that each layer runs exactly once and its parameters are used nowhere else (its
+    (a, g) would then miss part of their gradient).  It runs the user's code on a throw-away
+    copy: whatever that forward leaves in a module stays in the copy."""
     clone = copy.deepcopy(model)
     twin = dict(zip(model.modules(), clone.modules(), strict=True))  # same order, same tree
     calls: dict[nn.Module, int] = {}
@@ -171,8 +176,9 @@ def _trace(model, layers, record_shape, params: Params, problems: list[str]) -> 
     uses = _OutsideUses(owner)
     uses.track(clone)
     with torch.no_grad(), uses:
-        dummy = torch.zeros((1, *record_shape), dtype=next(iter(one.values())).dtype,
-                            device=next(iter(one.values())).device)  # fmt: skip
+        first = next(iter(one.values()))
+        dummy = torch.zeros((1, *record_shape), dtype=record_dtype or first.dtype,
+                            device=first.device)  # fmt: skip
         functional_call(clone, one, (dummy,))
     if any(calls.get(m, 0) != 1 for m in layers):
         problems.append("a layer is not called exactly once per forward")
@@ -230,13 +236,16 @@ def _holds_tensor(value) -> bool:
     return any(True for _ in _flat(value, None))
 
 
-def book_keeping_plan(model: nn.Module, record_shape: tuple[int, ...], params: Params) -> _Plan:
-    """The model's layers as book-keeping sees them (cached per model, record shape and
-    parameter shapes); ``plan.problems`` lists what rules book-keeping out."""
+def book_keeping_plan(model: nn.Module, record_shape: tuple[int, ...], params: Params,
+                      record_dtype: torch.dtype | None = None) -> _Plan:  # fmt: skip
+    """The model's layers as book-keeping sees them (cached per model, record shape and dtype
+    (``record_dtype``: the inputs', e.g. int64 token ids; None: the parameters') and parameter
+    shapes); ``plan.problems`` lists what rules book-keeping out."""
     per_model = _PLANS.setdefault(model, {})
-    key = (record_shape, tuple((k, tuple(v.shape), v.dtype) for k, v in params.items()))
+    key = (record_shape, record_dtype,
+           tuple((k, tuple(v.shape), v.dtype) for k, v in params.items()))  # fmt: skip
     if key not in per_model:
-        per_model[key] = _make_plan(model, record_shape, params)
+        per_model[key] = _make_plan(model, record_shape, params, record_dtype)
         if per_model[key].problems:
             log.debug("per-record gradient path for %s: %s", type(model).__name__,
                       "; ".join(per_model[key].problems))  # fmt: skip
@@ -310,6 +319,8 @@ def _weighted_sums(layer: LayerTerms, terms, factors: torch.Tensor, mask, regrou
     """sum_r factors[u, r] * (record r's gradient) per unit, or per node with ``regroup``."""
     if isinstance(terms, RankOne):
         return _rank_one_sums(layer, terms, factors, mask, regroup)
+    if isinstance(terms, SparseRows):
+        return _sparse_rows_sums(layer, terms, factors, regroup)
     m, B = factors.shape
     out = {}
     for key, per_record in terms.items():
@@ -357,6 +368,23 @@ def _rank_one_sums(layer: LayerTerms, terms: RankOne, factors, mask, regroup) ->
     return out
 
 
+def _sparse_rows_sums(layer: LayerTerms, terms: SparseRows, factors, regroup) -> Params:
+    """:func:`_weighted_sums` of gradients that touch a few rows of the weight each (an
+    embedding's): each record's rows, times its factor, added into its unit's (or node's) rows
+    of the weight; no record's dense gradient is formed."""
+    m, B = factors.shape
+    index, rows = terms
+    shape = layer.module.weight.shape
+    groups = m if regroup is None else regroup.n_nodes
+    unit = torch.arange(m, device=index.device) if regroup is None else regroup.unit_node
+    # row index[r, k] of record r's unit (node) in the (groups * rows of the weight) layout
+    where = (unit.repeat_interleave(B)[:, None] * shape[0] + index).reshape(-1)
+    weighted = rows * factors.reshape(m * B, *[1] * (rows.dim() - 1)).to(rows.dtype)
+    total = rows.new_zeros((groups * shape[0], *shape[1:]))
+    total.index_add_(0, where, weighted.reshape(-1, *shape[1:]))
+    return {layer.weight: total.reshape(groups, *shape)}
+
+
 def _scatter_rows(rows: torch.Tensor, regroup: _Regroup) -> torch.Tensor:
     """(records, ...) -> (n_nodes * most, ...), zero where a node has fewer records."""
     out = rows.new_zeros((regroup.n_nodes * regroup.most, *rows.shape[1:]))
@@ -371,8 +399,10 @@ def _chunk_clipped_sums(
     per unit, or per node with ``regroup``; with ``clip=None``, the ``record_weights`` (m, B)
     weighted sums, unclipped."""
     m, B = mask.shape
+    # the loss weights (0 / 1) in the inputs' dtype, or the parameters' for integer records
+    weight_dtype = (inputs if inputs.is_floating_point() else next(iter(params.values()))).dtype
     acts, out_grads = _forward_backward(
-        model, plan.layers, params, buffers, loss_fn, inputs, targets, mask.to(inputs.dtype)
+        model, plan.layers, params, buffers, loss_fn, inputs, targets, mask.to(weight_dtype)
     )
     with torch.no_grad():
         if clip is None:

@@ -74,11 +74,13 @@ def stack_local_datasets(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Pad the nodes' local data sets into ``(X, Y, mask)`` (see the module docstring).
 
-    Inputs become float32; integer targets stay integers (class indices), others float32.
+    Integer inputs stay integers (int64: token ids, say, for a model that starts with
+    ``nn.Embedding``), others become float32; integer targets stay integers (class indices),
+    others float32.
     ``first_node`` is the index of ``datasets[0]`` in messages (a process's block of nodes);
     ``min_nodes`` the fewest accepted (a block may hold one node of a larger network).
-    Refused: fewer than ``min_nodes`` nodes, an empty node, records whose shape or target kind
-    differs from the first node's (non-finite values are refused by
+    Refused: fewer than ``min_nodes`` nodes, an empty node, records whose shape, input kind
+    (integer or real) or target kind differs from the first node's (non-finite values are refused by
     ``dpdl.engine.NodeData.from_arrays``, the one door of every run's data).
     """
     if not isinstance(datasets, Sequence) or isinstance(datasets, str | bytes):
@@ -109,7 +111,13 @@ def stack_local_datasets(
                 f"node {i}'s targets are {y.dtype} but node {first_node}'s are {ys[0].dtype}: "
                 "class indices (integers) on some nodes and real values on others"
             )
-        xs.append(x.astype(np.float32, copy=False))
+        integer_x = bool(np.issubdtype(x.dtype, np.integer))
+        if xs and integer_x != np.issubdtype(xs[0].dtype, np.integer):
+            raise DPDLError(
+                f"node {i}'s inputs are {x.dtype} but node {first_node}'s are {xs[0].dtype}: "
+                "integer records (token ids) on some nodes and real values on others"
+            )
+        xs.append(x.astype(np.int64 if integer_x else np.float32, copy=False))
         ys.append(y.astype(np.int64 if integer else np.float32, copy=False))
     sizes = np.array([len(x) for x in xs])
     bounds = np.concatenate([[0], np.cumsum(sizes)])

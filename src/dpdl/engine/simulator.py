@@ -48,7 +48,7 @@ from dpdl.engine.steps import EngineStepContext, copy_state, state_to_device
 from dpdl.errors import DPDLError, require
 from dpdl.models.validation import refuse_stateful
 
-__all__ = ["NodeData", "Simulator", "stack_params", "resolve_device"]
+__all__ = ["NodeData", "Simulator", "record_dtype", "stack_params", "resolve_device"]
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -68,7 +68,11 @@ def resolve_device(device: str | torch.device) -> torch.device:
 
 @dataclass
 class NodeData:
-    """Padded local data sets: inputs (n, J_max, ...), targets (n, J_max), mask (n, J_max)."""
+    """Padded local data sets: inputs (n, J_max, ...), targets (n, J_max), mask (n, J_max).
+
+    The record dtype is the inputs': float32, or int64 where the inputs are integers (token
+    ids for a model whose first layer is ``nn.Embedding``); every part of a run that makes or
+    takes records (the model probes, evaluation sets) reads it from ``inputs.dtype``."""
 
     inputs: torch.Tensor
     targets: torch.Tensor
@@ -80,7 +84,8 @@ class NodeData:
     ) -> NodeData:
         """Refuses non-finite values and padding before records; messages name nodes from
         ``first_node`` (a process's block of nodes)."""
-        x = torch.as_tensor(np.asarray(inputs), dtype=torch.float32, device=device)
+        x_np = np.asarray(inputs)
+        x = torch.as_tensor(x_np, dtype=record_dtype(x_np.dtype), device=device)
         y_np = np.asarray(targets)
         y_dtype = torch.int64 if np.issubdtype(y_np.dtype, np.integer) else torch.float32
         y = torch.as_tensor(y_np, dtype=y_dtype, device=device)
@@ -133,6 +138,12 @@ class NodeData:
                 digest.update(array.tobytes())
             out.append(digest.digest())
         return out
+
+
+def record_dtype(dtype) -> torch.dtype:
+    """The dtype records of numpy ``dtype`` are kept in: int64 for integers (indices, e.g.
+    token ids), float32 for anything else (booleans included, as before integers were kept)."""
+    return torch.int64 if np.issubdtype(np.dtype(dtype), np.integer) else torch.float32
 
 
 def stack_params(model: torch.nn.Module, n_nodes: int, device: torch.device) -> Params:
@@ -233,7 +244,8 @@ class Simulator:
         # couple those nodes (and state would keep a noise-free statistic of them).
         refuse_stateful(self.model, tuple(self.data.inputs.shape[2:]), self.device,
                         loss=loss if callable(loss) else LOSSES[loss],
-                        target_like=self.data.targets.new_zeros(self.data.targets.shape[2:]))
+                        target_like=self.data.targets.new_zeros(self.data.targets.shape[2:]),
+                        dtype=self.data.inputs.dtype)
         self.lr = float(lr)
         self.expected_batch_size = float(expected_batch_size)
         self.sampling = sampling

@@ -282,7 +282,7 @@ def _per_node_workload(cfg, seed, device, topology, first, count, rank) -> Workl
         input_shape=tuple(X.shape[2:]),
         num_classes=int(np.max(y_test)) + 1 if classification else None,
         loss="cross_entropy" if classification else "squared_error",
-        x_test=torch.as_tensor(np.asarray(x_test), dtype=torch.float32, device=device),
+        x_test=torch.as_tensor(np.asarray(x_test), dtype=node_data.inputs.dtype, device=device),
         y_test=torch.as_tensor(np.asarray(y_test), dtype=y_dtype, device=device),
         x_train_eval=None, y_train_eval=None, x_val=None, y_val=None, device=device,
         steps=_steps(cfg, counts),

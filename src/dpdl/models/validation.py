@@ -66,7 +66,9 @@ def validate_model(model: nn.Module) -> nn.Module:
     """Return ``model`` when private per-record training can use it, else raise DPDLError.
 
     Checks: a ``torch.nn.Module`` with at least one parameter, none of them frozen (the
-    engine trains every parameter), and no layer that mixes records (see the module docstring).
+    engine trains every parameter), no layer that mixes records (see the module docstring),
+    and no embedding with ``max_norm`` (a forward that changes the weight), ``sparse=True``
+    or ``scale_grad_by_freq=True`` (gradients scaled by the whole batch's token counts).
     """
     if not isinstance(model, nn.Module):
         raise DPDLError(f"the model must be a torch.nn.Module, got {type(model).__name__}")
@@ -87,7 +89,29 @@ def validate_model(model: nn.Module) -> nn.Module:
         )
     if not any(True for _ in model.parameters()):
         raise DPDLError(f"model {type(model).__name__} has no parameters to train")
+    for name, module in model.named_modules():
+        reason = _embedding_option_reason(module)
+        if reason is not None:
+            raise DPDLError(f"model layer {name or '<root>'!r} ({type(module).__name__}) "
+                            f"{reason}")  # fmt: skip
     return model
+
+
+def _embedding_option_reason(module: nn.Module) -> str | None:
+    """What an embedding's options do that private training cannot allow (padding_idx is
+    allowed: its row's gradient is zero, exactly what autograd gives)."""
+    if not isinstance(module, nn.Embedding | nn.EmbeddingBag):
+        return None
+    if module.max_norm is not None:
+        return ("has max_norm, which renormalises its weight in place in every forward (state "
+                "a forward changes, outside the gradient step): drop max_norm (clip the "
+                "gradients, not the rows)")
+    if module.sparse:
+        return "has sparse=True: the engine sums dense gradients; use sparse=False"
+    if module.scale_grad_by_freq:
+        return ("has scale_grad_by_freq=True, which scales each gradient by the token counts of "
+                "the whole batch (it couples the records' gradients): use the default False")
+    return None
 
 
 def throwaway_copy(model: nn.Module, device: torch.device | str | None = None) -> nn.Module:
@@ -103,12 +127,18 @@ def throwaway_copy(model: nn.Module, device: torch.device | str | None = None) -
 
 
 def synthetic_records(record_shape: tuple[int, ...], count: int,
-                      device: torch.device | str = "cpu") -> torch.Tensor:  # fmt: skip
-    """``count`` float32 records of ``record_shape``, uniform on [0, 1) from a fixed public
-    seed: an input of the right shape that is no one's data (distinct records, so a statistic
-    over the batch shows; values a float, an index or a pixel can all take)."""
+                      device: torch.device | str = "cpu",
+                      dtype: torch.dtype = torch.float32) -> torch.Tensor:  # fmt: skip
+    """``count`` records of ``record_shape`` and ``dtype`` from a fixed public seed: an input
+    of the right shape that is no one's data (distinct records, so a statistic over the batch
+    shows).  Real-valued records are uniform on [0, 1) (values a float or a pixel can take);
+    integer ones (token ids) are 0 or 1, indices every embedding table of two or more rows
+    holds."""
     generator = torch.Generator().manual_seed(SYNTHETIC_SEED)
-    return torch.rand((count, *record_shape), generator=generator).to(device)
+    if dtype.is_floating_point:
+        x = torch.rand((count, *record_shape), generator=generator)
+        return x.to(device) if dtype == torch.float32 else x.to(device, dtype)
+    return torch.randint(0, 2, (count, *record_shape), generator=generator).to(device, dtype)
 
 
 def refuse_state_changes(before: dict, model: nn.Module, when: str = "a forward") -> None:
@@ -176,7 +206,8 @@ class _Probe:
 
 def refuse_stateful(model: nn.Module, record_shape: tuple[int, ...],
                     device: torch.device | str | None = None, *, loss: Callable | None = None,
-                    target_like: torch.Tensor | None = None) -> None:  # fmt: skip
+                    target_like: torch.Tensor | None = None,
+                    dtype: torch.dtype = torch.float32) -> None:  # fmt: skip
     """Run a throw-away copy of ``model`` (and of the per-record ``loss``, when given) on
     synthetic records every way the engine runs it (:data:`~dpdl.models.probes.ENGINE_WAYS`:
     a plain forward, under ``functional_call``, each record a batch of one under ``vmap``,
@@ -185,12 +216,13 @@ def refuse_stateful(model: nn.Module, record_shape: tuple[int, ...],
     description cannot read, if any parameter, buffer, attribute or class data attribute of
     any submodule (or of the loss) changed, or if a forward drew from a process-wide random
     generator in the modes the engine runs it (given, and eval for evaluations).
-    ``target_like``: one record's target (only its shape and dtype are read) for the loss.
+    ``target_like``: one record's target (only its shape and dtype are read) for the loss;
+    ``dtype`` the records' (:func:`synthetic_records`: token ids for int64).
     The generators are left as they were, the user's module and loss untouched."""
     where = torch.device(device or "cpu")
     probe_loss = _loss_copy(loss)
     probe = _Probe(model, throwaway_copy(model, device), probe_loss,
-                   synthetic_records(record_shape, 3, where), None, where)  # fmt: skip
+                   synthetic_records(record_shape, 3, where, dtype), None, where)  # fmt: skip
     refuse_undescribed(module_state(probe.copy))
     if probe_loss is not None:
         refuse_undescribed(loss_state(probe_loss), "loss")
@@ -255,8 +287,11 @@ def _probe_way(probe: _Probe, run: _Run) -> None:
         if run.required:
             what = ("cannot take records of shape " + str(tuple(probe.x.shape[1:]))
                     if run.when.startswith("a forward in") else f"fails when run as {run.when}")
-            raise DPDLError(f"the model {what}: {type(err).__name__}: {_first_line(err)}"
-                            ) from None  # fmt: skip
+            hint = ("" if probe.x.is_floating_point() else
+                    " (the records are integers, kept as int64 token ids: give real-valued "
+                    "inputs as floats)")  # fmt: skip
+            raise DPDLError(f"the model {what}{hint}: {type(err).__name__}: "
+                            f"{_first_line(err)}") from None  # fmt: skip
     moved = moved_generators(generators, generator_states(probe.where))
     if moved and run.draws_refused:
         _refuse_draws(probe, run, moved[0])

@@ -120,15 +120,15 @@ def _evaluation_sets(eval_data, train_eval_data, validation_data, *, node_data: 
                      device) -> dict[str, Any]:  # fmt: skip
     rng = np.random.default_rng(seed)
     record_shape = tuple(node_data.inputs.shape[2:])
-    target_dtype = node_data.targets.dtype
+    target_dtype, record_dtype = node_data.targets.dtype, node_data.inputs.dtype
 
     def tensors(pair, what, limit):
         x, y = check_eval_records(pair, what, record_shape=record_shape, loss=loss,
-                                  classes=classes)  # fmt: skip
+                                  classes=classes, record_dtype=record_dtype)  # fmt: skip
         if limit is not None and limit < len(x):
             pick = torch.as_tensor(np.sort(rng.choice(len(x), limit, replace=False)))
             x, y = x[pick.to(x.device)], y[pick.to(y.device)]
-        x = x.to(device=device, dtype=torch.float32)
+        x = x.to(device=device, dtype=record_dtype)
         return x, y.to(device=device, dtype=target_dtype)
 
     sets = {"x_train": None, "y_train": None, "x_test": None, "y_test": None}

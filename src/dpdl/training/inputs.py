@@ -158,9 +158,12 @@ def first_line(err: BaseException) -> str:
 
 
 def check_eval_records(pair, what: str, *, record_shape: tuple[int, ...], loss,
-                       classes: int | None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+                       classes: int | None,
+                       record_dtype: torch.dtype = torch.float32,
+                       ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """``(inputs, targets)`` tensors of one evaluation set (a pair or a torch Dataset): as many
-    targets as inputs, at least one record, the nodes' record shape, and for cross_entropy
+    targets as inputs, at least one record, the nodes' record shape, whole-number inputs where
+    the nodes' records are integers (``record_dtype``: token ids), and for cross_entropy
     class labels the model scores.  Left where they are (device, dtype)."""
     from dpdl.data import local_arrays
 
@@ -176,6 +179,10 @@ def check_eval_records(pair, what: str, *, record_shape: tuple[int, ...], loss,
         tuple(x.shape[1:]) == record_shape,
         f"{what} has record shape {tuple(x.shape[1:])} but the nodes' records have {record_shape}",
     )
+    if not record_dtype.is_floating_point and x.is_floating_point():
+        require(bool(torch.all(x == torch.round(x))),
+                f"{what} has real-valued inputs but the nodes' records are integers (token "
+                "ids)")  # fmt: skip
     if loss == "cross_entropy" and classes:
         check_eval_labels(y, what, classes)
     return x, y
@@ -204,21 +211,21 @@ def probe_model(model: nn.Module, node_data: NodeData, loss, device,
     (:func:`~dpdl.models.validation.refuse_stateful`, the loss's state too).  Then every
     hosted node's labels (cross_entropy: class indices the model scores).  Returns the
     number of classes the model scores (cross_entropy), else None."""
-    record_shape = tuple(node_data.inputs.shape[2:])
+    record_shape, dtype = tuple(node_data.inputs.shape[2:]), node_data.inputs.dtype
     target_like = node_data.targets.new_zeros(node_data.targets.shape[2:])
     # also: the model takes such records
     refuse_stateful(model, record_shape, device, loss=per_record_loss(loss),
-                    target_like=target_like)  # fmt: skip
+                    target_like=target_like, dtype=dtype)  # fmt: skip
     probe = throwaway_copy(model, device)  # in its own modes: those it trains in
     before = module_state(probe)
     count = 3
-    x = synthetic_records(record_shape, count, device)
+    x = synthetic_records(record_shape, count, device, dtype)
     # zeros: a class every classifier scores, a value every regression target can take
     y = torch.zeros((count, *target_like.shape), dtype=target_like.dtype, device=device)
     with torch.no_grad():
         out = probe(x)
     _check_per_record_losses(loss, out, y, count)
-    _check_records_independent(probe, record_shape, device)
+    _check_records_independent(probe, record_shape, device, dtype)
     params = stack_params(probe, 1, device)
     batch = NodeBatch(x, y, torch.zeros(count, dtype=torch.int64, device=device), 1)
     buffers = dict(probe.named_buffers())
@@ -269,13 +276,14 @@ def _check_class_labels(node_data: NodeData, classes: int, first_node: int) -> N
                         f"(the model's {classes} outputs), e.g. {int(wrong[0])}")  # fmt: skip
 
 
-def _check_records_independent(model: nn.Module, record_shape: tuple[int, ...], device) -> None:
+def _check_records_independent(model: nn.Module, record_shape: tuple[int, ...], device,
+                               dtype: torch.dtype = torch.float32) -> None:  # fmt: skip
     """Refuse a model whose output for one record depends on the other records of its
     batch (a mean or norm over the batch, like BatchNorm's).  Training never lets records
     meet (each is its own batch of one under vmap, so privacy holds regardless), but such
     a model would be trained on something other than what it computes when evaluated.
     Distinct synthetic records show such a statistic as well as real ones would."""
-    x = synthetic_records(record_shape, 4, device)
+    x = synthetic_records(record_shape, 4, device, dtype)
     with evaluation_mode(model), torch.no_grad():  # dropout off: a record, one output
         together = model(x)
         alone = torch.cat([model(x[i : i + 1]) for i in range(len(x))])

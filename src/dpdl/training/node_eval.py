@@ -85,10 +85,10 @@ def node_eval_sets(node_eval_data, n: int, first: int, count: int, *, node_data:
     for i, pair in pairs:
         what = f"node_eval_data[{i}] (node {i}'s evaluation set)"
         x, y = check_eval_records(pair, what, record_shape=record_shape, loss=loss,
-                                  classes=classes)  # fmt: skip
+                                  classes=classes, record_dtype=node_data.inputs.dtype)  # fmt: skip
         require(tuple(y.shape[1:]) == target_shape, f"{what} has targets of shape "
                 f"{tuple(y.shape[1:])} per record but the nodes' have {target_shape}")  # fmt: skip
-        sets.append((x.to(device=device, dtype=torch.float32),
+        sets.append((x.to(device=device, dtype=node_data.inputs.dtype),
                      y.to(device=device, dtype=node_data.targets.dtype)))  # fmt: skip
     return _padded(sets)
 

@@ -6,11 +6,18 @@ parameters takes the per-record path."""
 
 # the handler modules register their layer types when imported
 from dpdl.algorithms.per_sample_layers.conv2d import Conv2dTerms
+from dpdl.algorithms.per_sample_layers.embedding import EmbeddingTerms
 from dpdl.algorithms.per_sample_layers.linear import LinearTerms
 from dpdl.algorithms.per_sample_layers.norm import GroupNormTerms, LayerNormTerms
-from dpdl.algorithms.per_sample_layers.registry import LAYERS, LayerTerms, RankOne, register_layer
+from dpdl.algorithms.per_sample_layers.registry import (
+    LAYERS,
+    LayerTerms,
+    RankOne,
+    SparseRows,
+    register_layer,
+)
 
 __all__ = [
-    "LAYERS", "Conv2dTerms", "GroupNormTerms", "LayerNormTerms", "LayerTerms", "LinearTerms",
-    "RankOne", "register_layer",
+    "LAYERS", "Conv2dTerms", "EmbeddingTerms", "GroupNormTerms", "LayerNormTerms", "LayerTerms",
+    "LinearTerms", "RankOne", "SparseRows", "register_layer",
 ]  # fmt: skip

@@ -19,6 +19,17 @@ class RankOne(NamedTuple):
     bias: torch.Tensor
 
 
+class SparseRows(NamedTuple):
+    """Record r's weight gradient as a few rows of the weight (an embedding's: the rows of the
+    tokens it holds), never formed densely: ``rows[r, k]`` (K, *row shape) is its gradient
+    at row ``index[r, k]`` (N, K) of the weight.  The rows a record names are distinct (a
+    repeated token's gradients summed into one slot), so the record's gradient norm is that
+    of its ``rows``; a slot it does not use holds zeros (at any index)."""
+
+    index: torch.Tensor
+    rows: torch.Tensor
+
+
 @dataclass
 class LayerTerms:
     """One layer of a model as book-keeping sees it; a subclass per layer type says what
@@ -57,9 +68,9 @@ class LayerTerms:
     def terms(self, a: torch.Tensor, g: torch.Tensor):
         """From the layer inputs ``a`` (N, *in_shape) and output gradients ``g`` (N,
         *out_shape) of N records: their squared gradient norms (N,), and what the clipped sum
-        needs, either a :class:`RankOne` or {"weight" / "bias": per-record gradients (N,
-        *parameter shape)}.  The norm must be that of exactly what is summed: privacy rests on
-        it, not on the terms being the true gradient."""
+        needs: a :class:`RankOne`, a :class:`SparseRows` (of the weight) or {"weight" /
+        "bias": per-record gradients (N, *parameter shape)}.  The norm must be that of exactly
+        what is summed: privacy rests on it, not on the terms being the true gradient."""
         raise NotImplementedError
 
 
