@@ -589,7 +589,14 @@ def make_schedule(
         parameters=parameters,
         neighboring=neighboring,
     )
-    return replace(schedule, release_names=names, release_factors=factors)
+    if factors == (1.0,):
+        return schedule
+    from dpdl.accounting.gdp import clt_mu_total
+
+    every = replace(schedule, release_names=names, release_factors=factors)
+    # the CLT μ of every mechanism, each release of each step
+    mu_tot = clt_mu_total(sample_rate, 1.0 / every.release_multipliers, neighboring=neighboring)
+    return replace(every, mu_tot=mu_tot)
 
 
 def _releases(releases: dict[str, float] | None) -> tuple[tuple[str, ...], tuple[float, ...]]:

@@ -37,7 +37,9 @@ CLT_GAP_WARNING_RATIO = 1.2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--algorithm", required=True, help=f"one of {', '.join(ALGORITHMS)}")
+    parser.add_argument("--algorithm", required=True,
+                        help=f"one of {', '.join(ALGORITHMS)}, or a registered algorithm "
+                             "name(key=value, ...) (its schedule and releases per step)")
     parser.add_argument("--epsilon", type=float, help="target epsilon (> 0)")
     parser.add_argument("--delta", type=float, default=1e-4, help="target delta (default 1e-4)")
     parser.add_argument("--steps", type=int, required=True, help="number of iterations K")
@@ -118,10 +120,13 @@ def _finite_or_none(value: float | None) -> float | None:
 
 
 def _validate(args: argparse.Namespace) -> None:
-    require(
-        args.algorithm in ALGORITHMS,
-        f"unknown algorithm {args.algorithm!r}; expected one of {', '.join(ALGORITHMS)}",
-    )
+    from dpdl.algorithms.registry import resolve
+
+    algorithm, settings = resolve(args.algorithm)  # one line naming an unknown one
+    releases = algorithm.releases(settings)
+    args.family = algorithm.schedule
+    args.releases = (None if len(releases) == 1 and releases[0].noise_factor == 1.0 else
+                     {r.name: r.noise_factor for r in releases})
     require(
         args.calibrate in ACCOUNTANTS,
         f"unknown accountant {args.calibrate!r} for --calibrate; expected one of "
@@ -133,7 +138,7 @@ def _validate(args: argparse.Namespace) -> None:
         f"{', '.join(NEIGHBORING_RELATIONS)}",
     )
     require(args.steps >= 1, f"--steps must be >= 1, got {args.steps}")
-    if ALGORITHMS[args.algorithm].private:
+    if ALGORITHMS[args.family].private:
         require(args.epsilon is not None, f"--epsilon is required for {args.algorithm}")
     if args.epsilon is not None:
         require(
@@ -212,8 +217,9 @@ def run(args: argparse.Namespace) -> int:
         "calibrate": args.calibrate,
         "blocks": args.blocks,
         "neighboring": args.neighboring,
+        "releases": args.releases,
     }
-    result = calibrate(args.algorithm, report=computed, **options)
+    result = calibrate(args.family, report=computed, **options)
     schedule = result.schedule
     warnings = _warnings(result.reports) if schedule.private else []
     if args.schedule_out:

@@ -196,7 +196,8 @@ def _curve_into(cache, by_sizes, base, run, key, work):
                        default=str)  # fmt: skip
     if sizes not in by_sizes:
         schedule = cell_trainer(planned, cfg.experiment.specs[0], eps).schedule
-        by_sizes[sizes] = schedule_rdp(schedule.noise_multipliers, schedule.sample_rate,
+        # every mechanism of the run: one per release per step (gradient tracking: two)
+        by_sizes[sizes] = schedule_rdp(schedule.release_multipliers, schedule.sample_rate,
                                        neighboring=schedule.neighboring).tolist()  # fmt: skip
     cache[key] = by_sizes[sizes]
     return work
@@ -231,6 +232,9 @@ def _recorded_curve(base: dict, run: tuple, memo: dict) -> list[float]:
                 f"a run of {run[0]} at {run[1]} (ε {run[2]:g}, seed {run[3]}) recorded noise "
                 f"multipliers {first:.6g} .. {last:.6g}, its settings now plan {z[0]:.6g} .. "
                 f"{z[-1]:.6g}: its ε cannot be restated")  # fmt: skip
+    spec = cfg.experiment.specs[0]
+    factors = [r.noise_factor for r in spec.algorithm.releases(spec.algorithm_settings)]
+    z = np.outer(z, factors).ravel()  # every release of every step
     memo[key] = schedule_rdp(z, float(rate), neighboring=cfg.privacy.neighboring).tolist()
     return memo[key]
 
