@@ -288,10 +288,12 @@ def gls_weights(B: np.ndarray, c: np.ndarray) -> np.ndarray:
 
 
 def schedule_view_mu(mixing, *, target: int, observers: Sequence[int] | int,
-                     sigmas: Sequence[float], sensitivities: Sequence[float]) -> float:
-    """μ of ``target`` contributing Δ_t at round t, with noise std σ_t at round t (Dyn-D2P's
-    C_k and σ_k of a gradient canary, p = 1); rounds = len(sigmas).  Constant Δ, σ give
-    :func:`view_mu` with ``contribution="every-round"``."""
+                     sigmas: Sequence[float], sensitivities: Sequence[float],
+                     period: int = 1) -> float:
+    """μ of ``target`` contributing Δ_k at step k, with noise std σ_k at step k (Dyn-D2P's
+    C_k and σ_k of a gradient canary, p = 1); steps = len(sigmas), each ``period`` gossip
+    rounds whose first carries the contribution and the fresh noise (Muffliato's steps).
+    Constant Δ, σ give :func:`view_mu` with ``contribution="every-round"``."""
     sigmas = np.asarray(sigmas, dtype=np.float64)
     deltas = np.asarray(sensitivities, dtype=np.float64)
     require(sigmas.ndim == 1 and sigmas.shape == deltas.shape and len(sigmas) >= 1,
@@ -299,11 +301,13 @@ def schedule_view_mu(mixing, *, target: int, observers: Sequence[int] | int,
     for sigma, delta in zip(sigmas, deltas, strict=True):
         _check_sigma(float(sigma), float(delta))
     target = _check_target(target, _mixing_of(mixing)[1])
-    view = build_view(mixing, rounds=len(sigmas), observers=observers)
+    R = _check_period(period)
+    view = build_view(mixing, rounds=len(sigmas) * R, observers=observers)
     require(target not in view.observers, f"the target {target} is one of the observers")
-    c = sum(delta * view.column(target, t) for t, delta in enumerate(deltas))
-    scale = np.repeat(sigmas, view.n)
-    keep = np.tile(~np.isin(np.arange(view.n), view.observers), view.rounds)
+    c = sum(delta * view.column(target, k * R) for k, delta in enumerate(deltas))
+    scale = np.repeat(np.repeat(sigmas, R), view.n)
+    fresh = np.arange(view.rounds) % R == 0
+    keep = (fresh[:, None] & ~np.isin(np.arange(view.n), view.observers)[None, :]).ravel()
     B = view.matrix[:, keep] * scale[keep]
     if B.shape[0] == 0:
         return 0.0

@@ -101,6 +101,27 @@ def _result(schedule, design: AuditDesign, *, algorithm, epsilon, calibrate, eps
     )  # fmt: skip
 
 
+def algorithm_design(algorithm: str, design: AuditDesign) -> tuple[str, AuditDesign]:
+    """(schedule family, the design with the algorithm's rounds per step) of a registered
+    algorithm "name(key=value, ...)": the trials play its view, one release then R rounds.
+    An algorithm releasing several noisy messages per step is refused (the trials play one)."""
+    from dataclasses import replace
+
+    from dpdl.algorithms.registry import resolve
+
+    plugin, settings = resolve(algorithm)
+    releases = plugin.releases(settings)
+    require(len(releases) == 1 and releases[0].noise_factor == 1.0,
+            f"{algorithm} releases {len(releases)} noisy messages per step "
+            f"({', '.join(r.name for r in releases)}); the audit's trials play one: its "
+            "accounting is checked by `dpdl account`, its observers by `dpdl gossip account`")
+    view = plugin.view(settings)
+    rounds = 1 if view.fresh_noise_every_round else view.rounds
+    require(view.exact and (rounds == 1 or view.rounds == rounds),
+            f"{algorithm}: its view is not one linear Gaussian stream; nothing to audit")
+    return plugin.schedule, replace(design, rounds_per_step=rounds)
+
+
 def _calibrated(algorithm, epsilon, delta, steps, sample_rate, calibrate, schedule_options):
     """The schedule `dpdl run` would train with, its approved ledger, and its CLT/PLD ε."""
     schedule = make_schedule(
@@ -148,7 +169,7 @@ def run_audit(
     :data:`~dpdl.audit.trials.NOISE_MECHANISMS`).  The claim checked is the
     calibrated ε (the target); ``noise_scale`` only changes the noise the engine adds.
     """
-    design = design or AuditDesign()
+    family, design = algorithm_design(algorithm, design or AuditDesign())
     design.validate()
     require(
         isinstance(trials, int) and trials >= 2, f"trials must be an integer >= 2, got {trials}"
@@ -156,7 +177,7 @@ def run_audit(
     _check_scale_and_confidence(noise_scale, confidence)
     require(chunk >= 1, f"chunk must be >= 1, got {chunk}")
     schedule, ledger, epsilon_clt, epsilon_certified = _calibrated(
-        algorithm, epsilon, delta, steps, sample_rate, calibrate, schedule_options
+        family, epsilon, delta, steps, sample_rate, calibrate, schedule_options
     )
     members = np.arange(trials) % 2 == 1
     scores = np.empty(trials)
@@ -213,7 +234,8 @@ def _view_privacy(schedule, design: AuditDesign) -> tuple[float, float]:
     topology = make_topology(design.topology, design.nodes)
     mu = schedule_view_mu(topology.mixing_matrix, target=0, observers=design.observers,
                           sigmas=schedule.sigma[: schedule.steps],
-                          sensitivities=schedule.clip[: schedule.steps])  # fmt: skip
+                          sensitivities=schedule.clip[: schedule.steps],
+                          period=design.rounds_per_step)  # fmt: skip
     return mu, float(epsilon_of(mu, schedule.delta))
 
 
@@ -245,7 +267,9 @@ def run_one_run_audit(
     them), and reports the one-run bound of the best.  No GDP bound: the canaries of one run are
     not independent trials.
     """
-    design = design or AuditDesign()
+    family, design = algorithm_design(algorithm, design or AuditDesign())
+    require(design.rounds_per_step == 1,
+            f"{algorithm}: a one-run audit plays one gossip round per step")  # fmt: skip
     design.validate()
     require(
         isinstance(canaries, int) and canaries >= 2,
@@ -253,7 +277,7 @@ def run_one_run_audit(
     )
     _check_scale_and_confidence(noise_scale, confidence)
     schedule, ledger, epsilon_clt, epsilon_certified = _calibrated(
-        algorithm, epsilon, delta, steps, sample_rate, calibrate, schedule_options
+        family, epsilon, delta, steps, sample_rate, calibrate, schedule_options
     )
     # Which canaries are in: the auditor's coin flips (OS entropy unless the audit is seeded).
     coins = np.random.default_rng(None if seed is None else [seed, 1])

@@ -89,9 +89,14 @@ class AuditDesign:
     lr: float = 0.1
     data_seed: int = 0  # the adversary's data set: public by design, not a privacy secret
     observers: tuple[int, ...] = (1,)  # threat "observer": the curious nodes (not node 0)
+    # gossip rounds per step, the first with the step's release, the others only mixing (an
+    # algorithm's view: Muffliato's R rounds); round r of step k uses the graph P^{kR + r}
+    rounds_per_step: int = 1
 
     def validate(self) -> None:
         require(self.threat in THREATS, f"unknown threat {self.threat!r}; choose {THREATS}")
+        require(isinstance(self.rounds_per_step, int) and self.rounds_per_step >= 1,
+                f"rounds_per_step must be an integer >= 1, got {self.rounds_per_step!r}")
         require(self.canary in CANARIES, f"unknown canary {self.canary!r}; choose {CANARIES}")
         require(self.nodes >= 1, f"nodes must be >= 1, got {self.nodes}")
         require(
@@ -258,11 +263,14 @@ def run_trials(
             message = half.params["linear.weight"][:, 0, 0].double().reshape(T, n)
             sent.append(message.numpy())
             inputs_along_0.append((message - whole_before).numpy())
-        if topology is not None:
-            P, circ = _mixing(topology, k)
-            params, weights = _mix_blocks(half.params, weights, T, n, P, circ)
-        else:
-            params = half.params
+        params = half.params
+        for r in range(design.rounds_per_step if topology is not None else 0):
+            if r and design.threat == "observer":  # a round without fresh noise or input
+                message = params["linear.weight"][:, 0, 0].double().reshape(T, n)
+                sent.append(message.numpy())
+                inputs_along_0.append(np.zeros((T, n)))
+            P, circ = _mixing(topology, k * design.rounds_per_step + r)
+            params, weights = _mix_blocks(params, weights, T, n, P, circ)
         if on_step is not None:
             on_step()
     w0 = params["linear.weight"][:, 0, 0]
@@ -289,16 +297,18 @@ def _observer_scores(topology, schedule: PrivacySchedule, design: AuditDesign, b
     observers received along e_0, their own inputs subtracted (module doc)."""
     from dpdl.accounting.gossip import build_view, gls_weights
 
-    K, n = schedule.steps, design.nodes
-    view = build_view(topology.mixing_matrix, rounds=K, observers=design.observers)
+    K, n, R = schedule.steps, design.nodes, design.rounds_per_step
+    view = build_view(topology.mixing_matrix, rounds=K * R, observers=design.observers)
     observed = np.stack([sent[t][:, j] for t, j in view.rows])  # (rows, T)
     V = list(view.observers)
-    for t in range(K):
+    for t in range(K * R):
         observed -= view.matrix[:, t * n : (t + 1) * n][:, V] @ own[t][:, V].T
     gain = design.lr / b
-    c = sum(gain * float(schedule.clip[t]) * view.column(CANARY_NODE, t) for t in range(K))
-    honest = np.tile(~np.isin(np.arange(n), V), K)
-    scale = np.repeat(gain * np.asarray(schedule.sigma[:K], dtype=np.float64), n)
+    c = sum(gain * float(schedule.clip[k]) * view.column(CANARY_NODE, k * R) for k in range(K))
+    # the honest nodes' noises: fresh only in the first round of each step
+    fresh = np.arange(K * R) % R == 0
+    honest = (fresh[:, None] & ~np.isin(np.arange(n), V)[None, :]).ravel()
+    scale = np.repeat(gain * np.repeat(np.asarray(schedule.sigma[:K], dtype=np.float64), R), n)
     w = gls_weights(view.matrix[:, honest] * scale[honest], c)
     return (w @ observed) / (w @ c)
 

@@ -115,7 +115,7 @@ def _from_config(args) -> dict:
     p = config.privacy
     calibrate = spec.calibrate or p.calibrate
     return {
-        "algorithm": spec.name,
+        "algorithm": spec.label.split("@")[0],  # name(settings): its view is audited
         "epsilon": p.epsilons[0],
         "delta": p.delta,
         "steps": work.steps,
