@@ -32,8 +32,10 @@ class EngineStepContext:
 
     def __init__(self, engine, arguments: StepArguments | None):
         self._engine = engine
-        self.arguments = arguments
         self.iteration = engine.iteration
+        if arguments is not None and arguments.mixing_round is None:  # default: round k
+            arguments = replace(arguments, mixing_round=self.iteration)
+        self.arguments = arguments
         self.settings = engine.algorithm_settings
         self._releases = engine.algorithm.releases(self.settings)
 
