@@ -167,7 +167,7 @@ def _brute_force_mu(P, steps, rounds, target, observer, sigma):
             m = np.zeros(n)
             m[node] = 1.0
             trace = []
-            for t in range(s, T):
+            for _ in range(s, T):
                 trace.append(m.copy())
                 m = P @ m
             columns[(s, node)] = trace
