@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from dpdl.accounting.schedules import make_schedule
+from dpdl.accounting.schedules import ShapeOptions, make_schedule
 from dpdl.accounting.selection import (
     SELECTION_ORDERS,
     best_of_rdp,
@@ -40,7 +40,8 @@ def main() -> None:
     print("|---" * (2 + len(args.runs) + len(args.mean)) + "|")
     for eps in args.epsilon:
         schedule = make_schedule(args.algorithm, epsilon=eps, delta=delta, steps=args.steps,
-                                 sample_rate=args.sample_rate, clip=1.0, calibrate="pld")
+                                 sample_rate=args.sample_rate,
+                                 options=ShapeOptions(clip=1.0), calibrate="pld")
         run = schedule_rdp(schedule.noise_multipliers, schedule.sample_rate)
         composed = [rdp_epsilon_at(orders, n * run, delta)[0] for n in args.runs]
         best = [[rdp_epsilon_at(orders, best_of_rdp(orders, run, eta, gamma_for_mean(eta, m)),

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from dpdl.accounting.calibration import calibrate_noise_scale, calibrate_safe
 from dpdl.accounting.certified import epsilon_report
 from dpdl.accounting.gdp import mu_from_epsilon_delta
-from dpdl.accounting.schedules import calibrate, make_schedule
+from dpdl.accounting.schedules import ShapeOptions, calibrate, make_schedule
 from dpdl.errors import DPDLError
 
 
@@ -109,7 +109,7 @@ def test_rdp_calibration_heterogeneous_against_dp_accounting():
         delta=delta,
         steps=steps,
         sample_rate=p,
-        rho_mu=3.0,
+        options=ShapeOptions(rho_mu=3.0),
         calibrate="rdp",
     )
     runs = [(float(z), 1) for z in schedule.noise_multipliers]
@@ -130,8 +130,7 @@ def test_pld_calibration_general_piecewise_against_dp_accounting():
         delta=delta,
         steps=600,
         sample_rate=p,
-        clip_shape=np.ones(600),
-        noise_shape=noise_shape,
+        options=ShapeOptions(clip_shape=np.ones(600), noise_shape=noise_shape),
         calibrate="pld",
     )
     scale = schedule.sigma_scale
@@ -142,7 +141,8 @@ def test_pld_calibration_general_piecewise_against_dp_accounting():
 
 def test_blocked_pld_calibration_is_safe_for_exact():
     p, delta, target, steps = 0.05, 1e-5, 1.0, 60
-    kw = {"epsilon": target, "delta": delta, "steps": steps, "sample_rate": p, "rho_mu": 4.0}
+    kw = {"epsilon": target, "delta": delta, "steps": steps, "sample_rate": p,
+          "options": ShapeOptions(rho_mu=4.0)}
     blocked = make_schedule("dyn-mu-d2p", calibrate="pld", blocks=6, **kw)
     exact = make_schedule("dyn-mu-d2p", calibrate="pld", **kw)
     # The blocked bound is an upper bound: it needs at least as much noise as exact.
@@ -163,7 +163,7 @@ def test_two_phase_calibration_of_a_long_schedule_against_dp_accounting():
         delta=delta,
         steps=steps,
         sample_rate=p,
-        rho_mu=2.0,
+        options=ShapeOptions(rho_mu=2.0),
         calibrate="pld",
         blocks=blocks,
     )
@@ -215,7 +215,8 @@ def test_long_schedule_calibrates_with_the_binned_bound_by_default():
     """More than EXACT_MAX_DISTINCT distinct multipliers: PLD calibration uses the binned
     bound (issue 15), which needs less noise than 100 blocks by count and stays safe for the
     exact composition (the same construction as dp_accounting's, tested in test_certified)."""
-    kw = {"epsilon": 1.0, "delta": 1e-5, "steps": 600, "sample_rate": 0.01, "rho_mu": 2.0}
+    kw = {"epsilon": 1.0, "delta": 1e-5, "steps": 600, "sample_rate": 0.01,
+          "options": ShapeOptions(rho_mu=2.0)}
     binned = make_schedule("dyn-mu-d2p", calibrate="pld", **kw)
     blocked = make_schedule("dyn-mu-d2p", calibrate="pld", blocks=100, **kw)
     report = binned.epsilon("pld")

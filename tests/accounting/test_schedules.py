@@ -16,6 +16,7 @@ from dpdl.accounting.gdp import (
 )
 from dpdl.accounting.schedules import (
     ALGORITHMS,
+    ShapeOptions,
     constant_clip,
     exponential_budget,
     exponential_clip,
@@ -50,7 +51,8 @@ def test_const_noise_multiplier_oracles(epsilon, ratio):
 
 def test_dyn_mu_oracle_mu0():
     schedule = make_schedule(
-        "dyn-mu-d2p", epsilon=1.0, delta=DELTA, steps=K, sample_rate=P, rho_mu=2, calibrate="clt"
+        "dyn-mu-d2p", epsilon=1.0, delta=DELTA, steps=K, sample_rate=P,
+        options=ShapeOptions(rho_mu=2), calibrate="clt",
     )
     assert schedule.mu0 == pytest.approx(1.23087, abs=1e-5)
     assert schedule.mu_bar is None
@@ -72,23 +74,23 @@ def test_table_of_section_2():
     """The clip / budget / noise columns of every algorithm in MATH.md §2's table."""
     kw = {"epsilon": 1.0, "delta": DELTA, "steps": 1000, "sample_rate": 0.01, "calibrate": "clt"}
     k = np.arange(1000) / 1000
-    dyn = make_schedule("dyn-d2p", clip0=3.0, rho_c=4.0, rho_mu=5.0, **kw)
+    dyn = make_schedule("dyn-d2p", options=ShapeOptions(clip0=3.0, rho_c=4.0, rho_mu=5.0), **kw)
     np.testing.assert_allclose(dyn.clip, 3.0 * 4.0 ** (-k), rtol=1e-13)
     np.testing.assert_allclose(dyn.mu, dyn.mu0 * 5.0**k, rtol=1e-12)
     np.testing.assert_allclose(dyn.sigma, dyn.clip / dyn.mu, rtol=1e-12)
 
-    dyn_c = make_schedule("dyn-c-d2p", clip0=3.0, rho_c=4.0, **kw)
+    dyn_c = make_schedule("dyn-c-d2p", options=ShapeOptions(clip0=3.0, rho_c=4.0), **kw)
     np.testing.assert_allclose(dyn_c.clip, 3.0 * 4.0 ** (-k), rtol=1e-13)
     np.testing.assert_allclose(dyn_c.mu, dyn_c.mu_bar, rtol=1e-13)
     np.testing.assert_allclose(dyn_c.sigma, dyn_c.clip / dyn_c.mu_bar, rtol=1e-12)
 
-    dyn_mu = make_schedule("dyn-mu-d2p", clip=0.7, rho_mu=5.0, **kw)
+    dyn_mu = make_schedule("dyn-mu-d2p", options=ShapeOptions(clip=0.7, rho_mu=5.0), **kw)
     np.testing.assert_allclose(dyn_mu.clip, 0.7)
     np.testing.assert_allclose(dyn_mu.sigma, 0.7 / (dyn_mu.mu0 * 5.0**k), rtol=1e-12)
     # Dyn-D2P and Dyn[μ] share the budget schedule (the clip cancels in z_k).
     assert dyn.mu0 == pytest.approx(dyn_mu.mu0, rel=1e-12)
 
-    const = make_schedule("const-d2p", clip=0.7, **kw)
+    const = make_schedule("const-d2p", options=ShapeOptions(clip=0.7), **kw)
     np.testing.assert_allclose(const.sigma, 0.7 / const.mu_bar, rtol=1e-13)
     assert const.mu_bar == pytest.approx(dyn_c.mu_bar, rel=1e-13)
     closed = math.sqrt(math.log(mu_from_epsilon_delta(1.0, DELTA) ** 2 / (1000 * 0.01**2) + 1))
@@ -107,13 +109,15 @@ def test_general_form_eq10_and_corollary1():
 
     kw = {"epsilon": 1.0, "delta": DELTA, "steps": 2000, "sample_rate": 0.005, "calibrate": "clt"}
     general = make_schedule(
-        "general", clip_shape=clip[:1] * np.ones(2000), noise_shape=np.ones(2000), **kw
+        "general",
+        options=ShapeOptions(clip_shape=clip[:1] * np.ones(2000), noise_shape=np.ones(2000)),
+        **kw,
     )
-    const = make_schedule("const-d2p", clip=float(clip[0]), **kw)
+    const = make_schedule("const-d2p", options=ShapeOptions(clip=float(clip[0])), **kw)
     np.testing.assert_allclose(general.sigma, const.sigma, rtol=1e-9)
     # Corollary 1's default instance gives the same multipliers as Dyn-D2P (ρ_c ρ_μ / ρ_c = ρ_μ).
-    corollary = make_schedule("general", rho_c=3.0, rho_mu=2.0, **kw)
-    dyn = make_schedule("dyn-d2p", rho_c=3.0, rho_mu=2.0, **kw)
+    corollary = make_schedule("general", options=ShapeOptions(rho_c=3.0, rho_mu=2.0), **kw)
+    dyn = make_schedule("dyn-d2p", options=ShapeOptions(rho_c=3.0, rho_mu=2.0), **kw)
     np.testing.assert_allclose(corollary.noise_multipliers, dyn.noise_multipliers, rtol=1e-9)
     np.testing.assert_allclose(corollary.clip, dyn.clip, rtol=1e-13)
     assert corollary.sigma_scale == pytest.approx(1 / dyn.mu0, rel=1e-9)
@@ -178,12 +182,12 @@ BASE = {"epsilon": 1.0, "delta": DELTA, "steps": 100, "sample_rate": 0.01, "cali
         ("const-d2p", {"steps": 0}, "steps"),
         ("const-d2p", {"sample_rate": 0.0}, "sample_rate"),
         ("const-d2p", {"sample_rate": 1.5}, "sample_rate"),
-        ("dyn-mu-d2p", {"rho_mu": 0.99}, "rho_mu"),
-        ("dyn-d2p", {"rho_c": 0.5}, "rho_c"),
-        ("const-d2p", {"clip": -1.0}, "clip"),
+        ("dyn-mu-d2p", {"options": ShapeOptions(rho_mu=0.99)}, "rho_mu"),
+        ("dyn-d2p", {"options": ShapeOptions(rho_c=0.5)}, "rho_c"),
+        ("const-d2p", {"options": ShapeOptions(clip=-1.0)}, "clip"),
         ("const-d2p", {"calibrate": "moments"}, "unknown accountant 'moments'"),
-        ("general", {"clip_shape": [1.0, 2.0]}, "clip_shape has length 2"),
-        ("general", {"noise_shape": -np.ones(100)}, "noise_shape"),
+        ("general", {"options": ShapeOptions(clip_shape=[1.0, 2.0])}, "clip_shape has length 2"),
+        ("general", {"options": ShapeOptions(noise_shape=-np.ones(100))}, "noise_shape"),
     ],
 )
 def test_bad_input(algorithm, changes, needle):
@@ -207,8 +211,7 @@ def test_clt_calibration_always_meets_eq6(epsilon, log10_p, steps, rho, algorith
         delta=1e-5,
         steps=steps,
         sample_rate=p,
-        rho_c=rho,
-        rho_mu=rho,
+        options=ShapeOptions(rho_c=rho, rho_mu=rho),
         calibrate="clt",
     )
     mu_tot = mu_from_epsilon_delta(epsilon, 1e-5)
@@ -221,9 +224,9 @@ def test_clt_calibration_always_meets_eq6(epsilon, log10_p, steps, rho, algorith
 
 def test_rho_one_is_the_constant_schedule():
     kw = dict(epsilon=1.0, delta=DELTA, steps=200, sample_rate=0.05, calibrate="clt")
-    flat = make_schedule("dyn-d2p", rho_c=1.0, rho_mu=1.0, **kw)
+    flat = make_schedule("dyn-d2p", options=ShapeOptions(rho_c=1.0, rho_mu=1.0), **kw)
     const = make_schedule("const-d2p", **kw)
     np.testing.assert_allclose(flat.clip, const.clip, rtol=1e-12)
     np.testing.assert_allclose(flat.sigma, const.sigma, rtol=1e-9)
     with pytest.raises(DPDLError, match="rho_c must be a finite number >= 1"):
-        make_schedule("dyn-d2p", rho_c=0.5, rho_mu=1.0, **kw)
+        make_schedule("dyn-d2p", options=ShapeOptions(rho_c=0.5, rho_mu=1.0), **kw)

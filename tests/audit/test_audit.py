@@ -10,7 +10,14 @@ import pytest
 import dpdl.audit.trials as trials_module
 from dpdl.accounting.gdp import mu_from_epsilon_delta
 from dpdl.accounting.schedules import make_schedule
-from dpdl.audit import AuditDesign, run_audit, run_one_run, run_one_run_audit, run_trials
+from dpdl.audit import (
+    AuditDesign,
+    AuditExecution,
+    run_audit,
+    run_one_run,
+    run_one_run_audit,
+    run_trials,
+)
 from dpdl.audit.runner import DEFAULT_TRIALS
 from dpdl.errors import DPDLError
 
@@ -30,7 +37,7 @@ FULL_BATCH = {"delta": 1e-5, "steps": 10, "sample_rate": 1.0}
 def test_a_correct_mechanism_is_never_refuted(algorithm, epsilon, sample_rate, design):
     result = run_audit(
         algorithm, epsilon=epsilon, delta=1e-5, steps=10, sample_rate=sample_rate,
-        trials=2000, design=design, seed=11,
+        trials=2000, design=design, execution=AuditExecution(seed=11),
     )  # fmt: skip
     assert not result.claim_refuted
     assert result.epsilon_lower <= result.epsilon_certified
@@ -43,13 +50,14 @@ def test_a_correct_mechanism_is_never_refuted(algorithm, epsilon, sample_rate, d
 
 @pytest.mark.parametrize("epsilon", [1.0, 4.0])
 def test_an_under_noised_mechanism_is_refuted(epsilon):
-    result = run_audit("const-d2p", epsilon=epsilon, noise_scale=0.25, seed=3, **FULL_BATCH)
+    result = run_audit("const-d2p", epsilon=epsilon,
+                       execution=AuditExecution(noise_scale=0.25, seed=3), **FULL_BATCH)
     assert result.claim_refuted
     assert result.epsilon_lower > epsilon
 
 
 def test_power_full_batch_messages_gdp_bound_reaches_half_the_certified_epsilon():
-    result = run_audit("const-d2p", epsilon=2.0, seed=5, **FULL_BATCH)
+    result = run_audit("const-d2p", epsilon=2.0, execution=AuditExecution(seed=5), **FULL_BATCH)
     assert result.trials == DEFAULT_TRIALS == 5000
     assert result.epsilon_lower_gdp >= 0.5 * result.epsilon_certified
     # Measured with this seed: GDP bound 1.36, the sound (epsilon, delta) bound 0.76 -- far
@@ -99,8 +107,8 @@ def test_trials_use_fresh_randomness_unless_seeded():
     ("kwargs", "message"),
     [
         ({"trials": 1}, "trials"),
-        ({"noise_scale": 0.0}, "noise.scale"),
-        ({"noise_scale": -1.0}, "noise.scale"),
+        ({"execution": AuditExecution(noise_scale=0.0)}, "noise.scale"),
+        ({"execution": AuditExecution(noise_scale=-1.0)}, "noise.scale"),
         ({"design": AuditDesign(nodes=1)}, "no messages"),
         ({"design": AuditDesign(threat="messages", canary="input")}, "final"),
     ],
@@ -129,11 +137,13 @@ def test_one_run_canaries_each_get_their_full_clipped_gradient():
 
 
 def test_one_run_audit_sound_on_a_correct_mechanism_and_refutes_a_broken_one():
-    kwargs = {"epsilon": 0.5, "canaries": 400, "seed": 9, **FULL_BATCH}
-    honest = run_one_run_audit("const-d2p", **kwargs)
+    kwargs = {"epsilon": 0.5, "canaries": 400, **FULL_BATCH}
+    honest = run_one_run_audit("const-d2p", execution=AuditExecution(seed=9), **kwargs)
     assert not honest.claim_refuted and honest.epsilon_lower <= honest.epsilon_certified
     assert honest.epsilon_lower_gdp is None and honest.trials == 1
-    broken = run_one_run_audit("const-d2p", noise_scale=0.05, **kwargs)
+    broken = run_one_run_audit(
+        "const-d2p", execution=AuditExecution(noise_scale=0.05, seed=9), **kwargs
+    )
     assert broken.claim_refuted
     assert broken.one_run["guesses"] >= 1 and broken.one_run["correct"] <= broken.one_run["guesses"]
 

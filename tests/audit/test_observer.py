@@ -15,7 +15,7 @@ from scipy import stats
 
 from dpdl.accounting.gossip import schedule_view_mu, view_mu
 from dpdl.accounting.schedules import make_schedule
-from dpdl.audit import AuditDesign, run_audit
+from dpdl.audit import AuditDesign, AuditExecution, run_audit
 from dpdl.audit.trials import run_trials
 from dpdl.cli import main
 from dpdl.errors import DPDLError
@@ -71,7 +71,7 @@ def test_the_observers_score_through_the_engine_is_gaussian_with_the_view_mu():
 def test_bounds_never_exceed_the_view_epsilon_nor_the_claim(topology, observers):
     design = AuditDesign(threat="observer", nodes=8, topology=topology, observers=observers)
     r = run_audit("const-d2p", epsilon=2.0, delta=1e-5, steps=4, sample_rate=1.0, trials=2000,
-                  design=design, seed=4)  # fmt: skip
+                  design=design, execution=AuditExecution(seed=4))  # fmt: skip
     assert not r.claim_refuted
     assert r.epsilon_lower <= r.epsilon_view <= r.epsilon_claimed + 1e-9
     assert r.mu_lower_gdp <= r.mu_view
@@ -80,7 +80,8 @@ def test_bounds_never_exceed_the_view_epsilon_nor_the_claim(topology, observers)
 def test_an_implementation_with_too_little_noise_is_caught_by_an_observer_two_hops_away():
     design = AuditDesign(threat="observer", nodes=8, topology="ring", observers=(2,))
     r = run_audit("const-d2p", epsilon=2.0, delta=1e-5, steps=4, sample_rate=1.0, trials=2000,
-                  design=design, seed=5, noise_scale=0.2)  # fmt: skip
+                  design=design,
+                  execution=AuditExecution(seed=5, noise_scale=0.2))  # fmt: skip
     assert r.epsilon_lower > r.epsilon_view  # the view's exact ε is refuted
 
 

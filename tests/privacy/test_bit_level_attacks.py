@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from dpdl.accounting.schedules import make_schedule
+from dpdl.accounting.schedules import ShapeOptions, make_schedule
 from dpdl.algorithms.dyn_d2p import NodeBatch, per_record_grads
 from dpdl.algorithms.per_sample import SENSITIVITY_MARGIN
 from dpdl.algorithms.randomness import SecretStream
@@ -136,7 +136,8 @@ def test_fp_lattice_cnn_at_table_2s_setting_finds_no_lattice():
     the engine's messages give chance under the truth too."""
     lr, clip, b = 0.03, 1.0, 1.0
     sigma = float(make_schedule("const-d2p", epsilon=1.0, delta=1e-4, steps=3000,
-                                sample_rate=1 / 3000, clip=clip, calibrate="pld").sigma[0])
+                                sample_rate=1 / 3000, options=ShapeOptions(clip=clip),
+                                calibrate="pld").sigma[0])
     model = make_model("cnn", (1, 28, 28), 10, seed=0)
     x0 = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).double().numpy()
     records = torch.rand((3, 1, 28, 28), generator=torch.Generator().manual_seed(5))

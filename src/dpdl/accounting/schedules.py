@@ -496,13 +496,8 @@ def make_schedule(
     delta: float | None,
     steps: int,
     sample_rate: float,
-    clip: float = DEFAULT_CLIP,
-    clip0: float | None = None,
-    rho_c: float = DEFAULT_RHO_C,
-    rho_mu: float = DEFAULT_RHO_MU,
+    options: ShapeOptions | None = None,
     calibrate: str = "pld",
-    clip_shape: ArrayLike | None = None,
-    noise_shape: ArrayLike | None = None,
     blocks: int | None = None,
     on_iteration: ProgressCallback | None = None,
     neighboring: str = ADD_REMOVE,
@@ -514,8 +509,10 @@ def make_schedule(
 
     ``calibrate`` picks the accountant whose ε must stay ≤ ``epsilon``: ``"clt"`` is the
     paper's approximation (eq. 8-10, closed form / root find); ``"pld"`` (default) and
-    ``"rdp"`` are certified (``dpdl.accounting.calibration``). ``clip`` is C̄, ``clip0`` is C0
-    (default C̄). ``blocks`` selects the blocked PLD upper bound with that many blocks.
+    ``"rdp"`` are certified (``dpdl.accounting.calibration``). ``options`` (default
+    ``ShapeOptions()``) are what the family's shapes read: C̄, C0 (default C̄), ρ_c, ρ_μ and
+    ``general``'s clip and noise shapes. ``blocks`` selects the blocked PLD upper bound with
+    that many blocks.
     ``on_iteration(i, total, epsilon)`` is told of the calibration's progress
     (``dpdl.accounting.calibration``).
     ``releases`` ({name: factor}, default one release of factor 1): a step releases one
@@ -546,22 +543,22 @@ def make_schedule(
     require(delta is not None, f"algorithm {algorithm!r} needs a target delta")
     delta = check.delta(delta)
     check_accountant(calibrate, neighboring)
-    clip = check.positive("clip", clip)
-    if clip0 is not None:
-        clip0 = check.positive("clip0", clip0)
+    options = ShapeOptions() if options is None else options
+    clip = check.positive("clip", options.clip)
+    clip0 = None if options.clip0 is None else check.positive("clip0", options.clip0)
+    options = replace(options, clip=clip, clip0=clip0)
     clips, multiplier_shape, sigma_shape = noise_shape_of(
         algorithm,
         steps,
         clip=clip,
         clip0=clip0,
-        rho_c=rho_c,
-        rho_mu=rho_mu,
-        clip_shape=clip_shape,
-        noise_shape=noise_shape,
+        rho_c=options.rho_c,
+        rho_mu=options.rho_mu,
+        clip_shape=options.clip_shape,
+        noise_shape=options.noise_shape,
     )
     parameters: dict[str, Any] = {"clip": clip, "clip0": clip if clip0 is None else clip0}
-    parameters |= family.recorded_parameters(
-        ShapeOptions(clip, clip0, rho_c, rho_mu, clip_shape, noise_shape))
+    parameters |= family.recorded_parameters(options)
     if blocks is not None:
         parameters["blocks"] = int(blocks)
 

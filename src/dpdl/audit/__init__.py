@@ -6,7 +6,7 @@
 * :mod:`dpdl.audit.plot` -- the score distributions and ROC as a PNG.
 """
 
-from dpdl.audit.runner import AuditResult, run_audit, run_one_run_audit
+from dpdl.audit.runner import AuditExecution, AuditResult, run_audit, run_one_run_audit
 from dpdl.audit.stats import (
     clopper_pearson_lower,
     clopper_pearson_upper,
@@ -21,6 +21,7 @@ from dpdl.audit.trials import CANARIES, THREATS, AuditDesign, run_one_run, run_t
 
 __all__ = [
     "AuditDesign",
+    "AuditExecution",
     "AuditResult",
     "CANARIES",
     "THREATS",

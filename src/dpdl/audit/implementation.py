@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dpdl.accounting.schedules import make_schedule
+from dpdl.accounting.schedules import ShapeOptions, make_schedule
 from dpdl.algorithms.dyn_d2p import (
     LocalStep,
     NodeBatch,
@@ -103,7 +103,8 @@ class _Game:
         self.model = make_model("logreg", (64,), 10, seed=0)  # the public initial model
         self.x0 = torch.cat([p.detach().reshape(-1) for p in self.model.parameters()])
         schedule = make_schedule("const-d2p", epsilon=epsilon, delta=delta, steps=1,
-                                 sample_rate=1.0, clip=CLIP, calibrate="pld")  # fmt: skip
+                                 sample_rate=1.0, options=ShapeOptions(clip=CLIP),
+                                 calibrate="pld")  # fmt: skip
         self.sigma = float(schedule.sigma[0])
         self.mechanism = noise_mechanism(noise)
         self.b = float(_OTHERS)

@@ -28,6 +28,7 @@ from dpdl.audit.trials import AuditDesign, run_one_run, run_trials
 from dpdl.errors import require
 
 __all__ = [
+    "AuditExecution",
     "AuditResult",
     "run_audit",
     "run_one_run_audit",
@@ -41,6 +42,24 @@ THRESHOLD_LEVELS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.65, 0.8, 0.9, 0.95,
 SELECTION_EVERY = 10
 DEFAULT_TRIALS = 5000
 DEFAULT_CHUNK = 1000  # trials per engine call: bounds memory, not results
+
+
+@dataclass(frozen=True)
+class AuditExecution:
+    """How an audit runs, not what it audits: ``noise_scale`` multiplies the noise the engine
+    adds (the claim checked stays the calibrated ε), ``confidence`` is the bounds' level,
+    ``seed`` makes the audit reproducible (None: every trial's noise and sampling come from OS
+    entropy), ``noise`` names the mechanism audited (``"exact"``, the engine's; or an old
+    sampler kept to be refuted: :data:`~dpdl.audit.trials.NOISE_MECHANISMS`), ``chunk`` is the
+    trials per engine call (bounds memory, not results; a one-run audit has one run) and
+    ``progress`` shows a progress bar."""
+
+    noise_scale: float = 1.0
+    confidence: float = 0.95
+    seed: int | None = None
+    noise: str = "exact"
+    chunk: int = DEFAULT_CHUNK
+    progress: bool = False
 
 
 @dataclass
@@ -152,23 +171,22 @@ def run_audit(
     sample_rate: float,
     calibrate: str = "pld",
     trials: int = DEFAULT_TRIALS,
-    noise_scale: float = 1.0,
-    confidence: float = 0.95,
     design: AuditDesign | None = None,
-    seed: int | None = None,
-    noise: str = "exact",
     schedule_options: dict[str, Any] | None = None,
-    chunk: int = DEFAULT_CHUNK,
-    progress: bool = False,
+    execution: AuditExecution | None = None,
 ) -> AuditResult:
     """Audit ``algorithm`` calibrated to (ε, δ) over ``trials`` independent trainings.
 
-    ``seed`` makes the audit itself reproducible (labelled ``seeded`` in the result); by
-    default every trial's noise and sampling come from OS entropy.  ``noise`` names the
-    mechanism audited (``"exact"``, the engine's; or an old sampler kept to be refuted:
-    :data:`~dpdl.audit.trials.NOISE_MECHANISMS`).  The claim checked is the
-    calibrated ε (the target); ``noise_scale`` only changes the noise the engine adds.
+    ``schedule_options`` are further keyword arguments of
+    :func:`~dpdl.accounting.schedules.make_schedule` (``options``, ``blocks``).
+    ``execution`` (default ``AuditExecution()``) is how the audit runs: its ``seed`` makes
+    the audit itself reproducible (labelled ``seeded`` in the result); by default every
+    trial's noise and sampling come from OS entropy.  The claim checked is the calibrated ε
+    (the target); ``execution.noise_scale`` only changes the noise the engine adds.
     """
+    run = AuditExecution() if execution is None else execution
+    noise_scale, confidence, seed, noise = run.noise_scale, run.confidence, run.seed, run.noise
+    chunk, progress = run.chunk, run.progress
     family, design = algorithm_design(algorithm, design or AuditDesign())
     design.validate()
     require(
@@ -252,21 +270,20 @@ def run_one_run_audit(
     sample_rate: float,
     canaries: int,
     calibrate: str = "pld",
-    noise_scale: float = 1.0,
-    confidence: float = 0.95,
     design: AuditDesign | None = None,
-    seed: int | None = None,
-    noise: str = "exact",
     schedule_options: dict[str, Any] | None = None,
-    progress: bool = False,
+    execution: AuditExecution | None = None,
 ) -> AuditResult:
     """Audit with ``canaries`` gradient canaries in ONE training run (Steinke et al. 2023).
 
     Each canary is in with probability ½; the auditor guesses "in" for the r/2 highest and "out"
     for the r/2 lowest scores, for every r in ``ONE_RUN_GUESS_FRACTIONS`` · m (Bonferroni over
     them), and reports the one-run bound of the best.  No GDP bound: the canaries of one run are
-    not independent trials.
+    not independent trials.  ``execution`` is how the audit runs (its ``chunk`` is unused).
     """
+    run = AuditExecution() if execution is None else execution
+    noise_scale, confidence, seed, noise = run.noise_scale, run.confidence, run.seed, run.noise
+    progress = run.progress
     family, design = algorithm_design(algorithm, design or AuditDesign())
     require(design.rounds_per_step == 1,
             f"{algorithm}: a one-run audit plays one gossip round per step")  # fmt: skip

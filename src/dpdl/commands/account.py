@@ -25,6 +25,7 @@ from dpdl.accounting.schedules import (
     DEFAULT_CLIP,
     DEFAULT_RHO_C,
     DEFAULT_RHO_MU,
+    ShapeOptions,
     calibrate,
 )
 from dpdl.accounting.validators import DEFAULT_NEIGHBORING, NEIGHBORING_RELATIONS
@@ -210,10 +211,12 @@ def run(args: argparse.Namespace) -> int:
         "delta": args.delta,
         "steps": args.steps,
         "sample_rate": sample_rate,
-        "clip": args.clip,
-        "clip0": args.clip0,
-        "rho_c": DEFAULT_RHO_C if args.rho_c is None else args.rho_c,
-        "rho_mu": DEFAULT_RHO_MU if args.rho_mu is None else args.rho_mu,
+        "options": ShapeOptions(
+            clip=args.clip,
+            clip0=args.clip0,
+            rho_c=DEFAULT_RHO_C if args.rho_c is None else args.rho_c,
+            rho_mu=DEFAULT_RHO_MU if args.rho_mu is None else args.rho_mu,
+        ),
         "calibrate": args.calibrate,
         "blocks": args.blocks,
         "neighboring": args.neighboring,

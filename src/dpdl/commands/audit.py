@@ -9,6 +9,7 @@ import argparse
 import dataclasses
 import json
 import math
+from typing import Any
 
 from dpdl.accounting.certified import accountant_names, get_accountant
 from dpdl.commands import audit_reconstruct
@@ -235,8 +236,9 @@ def run(args) -> int:
     _validate(args)
     import torch
 
+    from dpdl.accounting.schedules import ShapeOptions
     from dpdl.audit import AuditDesign, run_audit, run_one_run_audit
-    from dpdl.audit.runner import DEFAULT_TRIALS
+    from dpdl.audit.runner import DEFAULT_TRIALS, AuditExecution
 
     torch.set_num_threads(args.threads)
     s = _settings(args)
@@ -248,14 +250,18 @@ def run(args) -> int:
         records_per_node=args.records,
         observers=tuple(args.observer or ()) if args.threat == "observer" else (1,),
     )
-    names = ("clip", "clip0", "rho_c", "rho_mu", "blocks")
-    options = {k: s[k] for k in names if s.get(k) is not None}
+    shape = {k: s[k] for k in ("clip", "clip0", "rho_c", "rho_mu") if s.get(k) is not None}
+    options: dict[str, Any] = {"options": ShapeOptions(**shape)}
+    if s.get("blocks") is not None:
+        options["blocks"] = s["blocks"]
+    execution = AuditExecution(
+        noise_scale=args.noise_scale, confidence=args.confidence, seed=args.seed,
+        noise=args.noise, progress=not (args.no_progress or args.json),
+    )  # fmt: skip
     common = {
         "epsilon": s["epsilon"], "delta": s["delta"], "steps": s["steps"],
-        "sample_rate": s["sample_rate"], "calibrate": s["calibrate"],
-        "noise_scale": args.noise_scale, "confidence": args.confidence, "design": design,
-        "seed": args.seed, "noise": args.noise, "schedule_options": options,
-        "progress": not (args.no_progress or args.json),
+        "sample_rate": s["sample_rate"], "calibrate": s["calibrate"], "design": design,
+        "schedule_options": options, "execution": execution,
     }  # fmt: skip
     if args.one_run is not None:
         if args.canary == "input":

@@ -157,11 +157,12 @@ def run(args) -> int:
         inputs, labels, mean = _digits(n, args.data_seed)
         schedule = None
         if args.epsilon is not None:
-            from dpdl.accounting.schedules import make_schedule
+            from dpdl.accounting.schedules import ShapeOptions, make_schedule
 
             schedule = make_schedule(args.algorithm or "const-d2p", epsilon=args.epsilon,
                                      delta=args.delta or 1e-5, steps=args.rounds,
-                                     sample_rate=1.0, clip=args.clip or 1.0)  # fmt: skip
+                                     sample_rate=1.0,
+                                     options=ShapeOptions(clip=args.clip or 1.0))  # fmt: skip
         result = attack_dgd(topology, inputs, labels, 10, rounds=args.rounds,
                             coalition=coalition, lr=args.lr, schedule=schedule,
                             seed=args.seed)  # fmt: skip

@@ -19,7 +19,7 @@ import numpy as np
 from dpdl.accounting.calibration import ProgressCallback
 from dpdl.accounting.certified import ACCOUNTANTS, get_accountant
 from dpdl.accounting.ledger import MAX_NODE_RATES, PrivacyLedger, accounted_node_rates
-from dpdl.accounting.schedules import PrivacySchedule, make_schedule
+from dpdl.accounting.schedules import PrivacySchedule, ShapeOptions, make_schedule
 from dpdl.algorithms.dyn_d2p import node_sample_rates
 from dpdl.algorithms.randomness import stream_root
 from dpdl.algorithms.step import StepArguments
@@ -97,10 +97,8 @@ def build_schedule(
         delta=privacy.delta,
         steps=steps,
         sample_rate=sample_rate,
-        clip=privacy.clip,
-        clip0=privacy.clip0,
-        rho_c=privacy.rho_c,
-        rho_mu=privacy.rho_mu,
+        options=ShapeOptions(clip=privacy.clip, clip0=privacy.clip0, rho_c=privacy.rho_c,
+                             rho_mu=privacy.rho_mu),
         calibrate=calibrate,
         blocks=privacy.calibration_blocks if get_accountant(calibrate).calibration_blocks else None,
         on_iteration=on_iteration,

@@ -572,14 +572,13 @@ def fit_private_linreg(
     row_clip: float,
     label_clip: float,
     seed: Randomness = None,
-    noise_offset: float | None = None,
-    noise_exponent: float | None = None,
+    noise_shape: tuple[float, float] | None = None,
     record_every: int = 1,
 ) -> PrivateFit:
     """ε-DP decentralized linear regression end to end (MATH.md §5), failing closed.
 
     Clips the data (:func:`enforce_data_bounds`), calibrates c_v so that the exact ε_T sum
-    is ``epsilon`` (d_v, e_v default to
+    is ``epsilon`` (``noise_shape`` is the noise's (d_v, e_v); None:
     :func:`dpdl.extensions.linreg.accounting.default_noise_shape`),
     and runs the algorithm; β* is the pooled least-squares solution of the clipped data.
     """
@@ -589,11 +588,9 @@ def fit_private_linreg(
     m, k = problems.num_features, problems.num_nodes
     sensitivity = LinRegSensitivity(bounded.delta_x, bounded.delta_y, omega_bound(domain, m),
                                     m, bounded.max_local_records, k)
-    d_v, e_v = default_noise_shape(alpha)
-    noise = calibrate_noise_scale(
-        epsilon, sensitivity, alpha, steps,
-        noise_offset=d_v if noise_offset is None else noise_offset,
-        noise_exponent=e_v if noise_exponent is None else noise_exponent)
+    d_v, e_v = default_noise_shape(alpha) if noise_shape is None else noise_shape
+    noise = calibrate_noise_scale(epsilon, sensitivity, alpha, steps,
+                                  noise_offset=d_v, noise_exponent=e_v)  # fmt: skip
     result = run_linreg(problems, mixing, steps=steps, alpha=alpha, noise=noise, domain=domain,
                         seed=seed, record_every=record_every)
     return PrivateFit(result, privacy_report(sensitivity, alpha, noise, steps), bounded, noise)
