@@ -286,3 +286,21 @@ grid = { "training.lr" = [0.3] }
 algorithm = "dsgt(tracker_noise=2.0)"
 grid = { "training.lr" = [0.3] }
 """
+
+
+@pytest.mark.xdist_group("multi-process")
+def test_the_plugins_run_across_processes_as_in_the_simulator(tmp_path, capsys):
+    """Two torchrun-style processes, two nodes each: DSGT's tracker and Muffliato's extra
+    rounds go through the point-to-point mixer and give the simulator's numbers."""
+    config = tmp_path / "plugins.toml"
+    config.write_text(CONFIG)
+    finals = {}
+    for runtime in ("simulator", "distributed"):
+        extra = ["--runtime", "distributed", "--procs", "2"] if runtime == "distributed" else []
+        assert main(["run", str(config), "--output", str(tmp_path / runtime), "--no-progress",
+                     *extra]) == 0
+        results = json.loads(next((tmp_path / runtime).rglob("results.json")).read_text())
+        finals[runtime] = {c["algorithm"]: c["final"]["test_accuracy"] for c in results["cells"]}
+    capsys.readouterr()
+    assert set(finals["simulator"]) == {"muffliato(rounds=3)", "dsgt(tracker_noise=2.0)"}
+    assert finals["distributed"] == pytest.approx(finals["simulator"], abs=1e-6)
