@@ -304,3 +304,109 @@ def test_the_plugins_run_across_processes_as_in_the_simulator(tmp_path, capsys):
     capsys.readouterr()
     assert set(finals["simulator"]) == {"muffliato(rounds=3)", "dsgt(tracker_noise=2.0)"}
     assert finals["distributed"] == pytest.approx(finals["simulator"], abs=1e-6)
+
+
+REPEATS = '''
+from dpdl import Algorithm, Release, register_algorithm
+from pydantic import BaseModel, ConfigDict
+
+
+class RefreshSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    refreshes: int = 1
+
+
+class Twice(Algorithm):
+    """Two local updates per step, one release declared: must be refused."""
+
+    name = "twice-test"
+
+    def step(self, context):
+        context.local_update()
+        half = context.local_update()
+        context.mix_model(half.params, context.arguments.mixing_round)
+        return half.batch_sizes
+
+
+class Refresh(Algorithm):
+    """Release names distinct only at the default setting."""
+
+    name, Settings = "refresh-test", RefreshSettings
+
+    def releases(self, settings):
+        return (Release("model"),) + (Release("tracker"),) * settings.refreshes
+
+
+register_algorithm(Twice())
+register_algorithm(Refresh())
+'''
+
+
+def test_a_step_cannot_draw_a_release_twice_nor_declare_one_name_twice(tmp_path, monkeypatch):
+    """The attacker review's F1 and F2: a second draw of a declared release would go
+    unrecorded by the ledger; duplicate names would merge in the schedule."""
+    plugin = tmp_path / "repeats.py"
+    plugin.write_text(REPEATS)
+    monkeypatch.setenv(registry.PLUGINS_VARIABLE, str(plugin))
+    registry.load_plugins()
+    with pytest.raises(dpdl.DPDLError, match="made release 'update' twice"):
+        _train("twice-test", steps=2)
+    with pytest.raises(dpdl.DPDLError, match="releases must be distinct"):
+        _train("refresh-test(refreshes=3)", steps=2)
+
+
+EDITED = '''
+from dpdl import Algorithm, register_algorithm
+
+
+class Mine(Algorithm):
+    name = "mine-test"
+
+    def step(self, context):
+        half = context.local_update()
+        for name in half.params:
+            half.params[name].mul_(SHRINK)
+        context.mix_model(half.params, context.arguments.mixing_round)
+        return half.batch_sizes
+
+
+register_algorithm(Mine(), replace=True)
+'''
+
+
+def test_a_plugin_edited_under_its_name_keys_other_noise_and_other_checkpoints(tmp_path):
+    """The attacker review's F3: the plugin's code is part of the seeded-noise key."""
+    from dpdl.training.plan import noise_root
+
+    digests = []
+    for shrink in ("1.0", "0.99"):
+        plugin = tmp_path / f"mine_{shrink.replace('.', '_')}.py"
+        plugin.write_text(EDITED.replace("SHRINK", shrink))
+        registry._import(str(plugin))
+        torch.manual_seed(0)
+        trainer = dpdl.DecentralizedTrainer(torch.nn.Linear(5, 2), _nodes(), topology="ring",
+                                            algorithm="mine-test", epsilon=4.0, steps=4,
+                                            batch_size=4, lr=0.3, entropy="seed", seed=1)
+        digests.append((noise_root("seed", 1, trainer.stream_settings()), trainer.run_digest()))
+    assert digests[0][0] != digests[1][0] and digests[0][1] != digests[1][1]
+
+
+def test_the_mixing_digest_covers_every_round_of_a_multi_round_step():
+    """The attacker review's F4: R rounds per step use graphs past the step count."""
+    from dpdl.training.fingerprints import mixing_digest
+
+    class Phases:
+        n, period = 4, 4
+
+        def __init__(self, last):
+            self.last = last
+
+        def circulant(self, k):
+            return None
+
+        def mixing_matrix(self, k):
+            return np.eye(4) if k < 3 else self.last
+
+    a, b = Phases(np.eye(4)), Phases(np.full((4, 4), 0.25))
+    assert mixing_digest(a, 2) == mixing_digest(b, 2)  # 2 rounds: phase 3 unused
+    assert mixing_digest(a, 2 * 2) != mixing_digest(b, 2 * 2)  # R = 2: it is used

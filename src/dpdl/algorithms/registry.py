@@ -47,6 +47,7 @@ __all__ = [
     "Release",
     "StepContext",
     "View",
+    "algorithm_digest",
     "algorithm_names",
     "get_algorithm",
     "load_plugins",
@@ -178,9 +179,7 @@ def register_algorithm(algorithm: Algorithm, *, replace: bool = False) -> Algori
             f"an algorithm named {name!r} is already registered")  # fmt: skip
     require(issubclass(algorithm.Settings, BaseModel),
             f"algorithm {name!r}: Settings must be a pydantic model")  # fmt: skip
-    releases = algorithm.releases(algorithm.Settings())
-    require(len(releases) >= 1 and len({r.name for r in releases}) == len(releases),
-            f"algorithm {name!r}: its releases must be distinct, got {releases!r}")  # fmt: skip
+    _check_releases(algorithm, algorithm.releases(algorithm.Settings()))
     ALGORITHM_REGISTRY[name] = algorithm
     return algorithm
 
@@ -211,14 +210,54 @@ def algorithm_names() -> tuple[str, ...]:
 
 
 def parse_settings(algorithm: Algorithm, given: dict[str, Any]) -> BaseModel:
-    """The algorithm's settings from ``given`` (one line naming the value when invalid)."""
+    """The algorithm's settings from ``given`` (one line naming the value when invalid), with
+    its releases at these settings checked: distinct names, factors > 0 (the ledger keys
+    them by name)."""
     try:
-        return algorithm.Settings(**given)
+        settings = algorithm.Settings(**given)
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "settings"
         raise DPDLError(f"algorithm {algorithm.name!r}: {where}: {first['msg']} "
                         f"(got {first.get('input')!r})") from None
+    _check_releases(algorithm, algorithm.releases(settings))
+    return settings
+
+
+def _check_releases(algorithm: Algorithm, releases) -> None:
+    import math
+
+    ok = (len(releases) >= 1 and len({r.name for r in releases}) == len(releases)
+          and all(math.isfinite(r.noise_factor) and r.noise_factor > 0 for r in releases))
+    require(ok, f"algorithm {algorithm.name!r}: its releases must be distinct names with "
+                f"factors > 0, got {releases!r}")  # fmt: skip
+
+
+def algorithm_digest(algorithm: Algorithm, settings: BaseModel) -> str:
+    """SHA-256 of what an algorithm computes: its class's module, name and code (every
+    method, its Settings' schema), and its releases and view at ``settings``: a plugin edited
+    under the same name is another algorithm (its seeded noise and checkpoints its own)."""
+    import hashlib
+    import inspect
+    import json
+
+    cls = type(algorithm)
+    digest = hashlib.sha256(b"dpdl algorithm v1")
+    digest.update(f"{cls.__module__}.{cls.__qualname__};".encode())
+    for klass in cls.__mro__:
+        if klass in (Algorithm, object):
+            continue
+        try:
+            digest.update(inspect.getsource(klass).encode())
+        except (OSError, TypeError):  # no source (built in the REPL): its code objects
+            for value in vars(klass).values():
+                code = getattr(value, "__code__", None)
+                if code is not None:
+                    digest.update(code.co_code + repr(code.co_consts).encode())
+    digest.update(json.dumps(algorithm.Settings.model_json_schema(), sort_keys=True).encode())
+    digest.update(repr((algorithm.releases(settings), algorithm.view(settings),
+                        algorithm.rounds(settings), algorithm.schedule)).encode())
+    return digest.hexdigest()
 
 
 def split_settings(head: str) -> tuple[str, dict[str, Any]]:

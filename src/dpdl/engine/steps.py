@@ -8,8 +8,11 @@ release: sampling, per-record clipping, the exact noise release, the update tran
 further release's noisy gradient (a fresh Poisson sample and fresh noise of multiplier
 ``noise_factor`` times the schedule's, recorded by the ledger as its own mechanism), the
 mixing of any tensors with a round's graph (the runtime's mixer: in memory, or messages
-between processes), and the models' own mixing or keeping.  Nothing else of the engine is
-reachable from a plugin, so a plugin cannot release anything the ledger does not know of.
+between processes), and the models' own mixing or keeping.  Each declared release may be made
+at most once per step (a second draw is refused before anything is sampled): the ledger
+records exactly one mechanism per declared release and step.  Python cannot stop a plugin
+from reaching past this object into the engine; one that does is outside what dpdl
+accounts.
 """
 
 from __future__ import annotations
@@ -38,6 +41,18 @@ class EngineStepContext:
         self.arguments = arguments
         self.settings = engine.algorithm_settings
         self._releases = engine.algorithm.releases(self.settings)
+        self._used: set[int] = set()  # the releases this step has made (each at most once)
+
+    def _release(self, index: int) -> None:
+        """Release ``index`` of this step, refused if already made: the ledger records one
+        mechanism per declared release and step, so a second draw would go unaccounted."""
+        require(self.arguments is not None, "the algorithm's state is being initialised: "
+                "nothing may be released")  # fmt: skip
+        require(index not in self._used,
+                f"{self._engine.algorithm.name}: step {self.iteration} made release "
+                f"{self._releases[index].name!r} twice; the ledger records each declared "
+                "release once per step: declare another release for a further draw")
+        self._used.add(index)
 
     @property
     def model(self) -> Params:
@@ -54,6 +69,7 @@ class EngineStepContext:
 
     def local_update(self):
         """The step's first release: x^{k+1/2} (the engine's work buffer) and |S_i^k|."""
+        self._release(0)
         return self._engine._local_update(self.iteration, self.arguments)
 
     def noisy_gradient(self, release: int) -> Params:
@@ -63,6 +79,7 @@ class EngineStepContext:
         require(0 < release < len(self._releases),
                 f"release {release} is not one of this algorithm's further releases "
                 f"(1..{len(self._releases) - 1})")  # fmt: skip
+        self._release(release)
         args = self.arguments
         if args.private:
             args = replace(args, sigma=args.sigma * self._releases[release].noise_factor)

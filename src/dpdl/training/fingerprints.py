@@ -50,8 +50,9 @@ def state_digest(model: nn.Module, loss) -> str:
 
 
 def mixing_digest(topology, steps: int) -> str:
-    """SHA-256 of the mixing a run of ``steps`` steps applies: P^k = P^(k mod period) and
-    every gossip round is numbered below ``steps``, so the phases 0 .. min(period, steps) - 1
+    """SHA-256 of the mixing a run of ``steps`` gossip rounds applies (its steps times an
+    algorithm's rounds per step): P^k = P^(k mod period) and every gossip round is numbered
+    below ``steps``, so the phases 0 .. min(period, steps) - 1
     are all it uses (at most one period: a schedule that never repeats is given with
     period = steps).  Each phase as the engine applies it: its circulant form (offsets and
     weights) where it rolls, else the float64 matrix itself; describe() names a networkx

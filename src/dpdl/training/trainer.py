@@ -42,8 +42,10 @@ from torch import nn
 
 from dpdl.accounting.ledger import PrivacyLedger
 from dpdl.accounting.schedules import PrivacySchedule
+from dpdl.algorithms.builtin import ScheduleAlgorithm
 from dpdl.algorithms.dyn_d2p import GAUSSIAN_RELEASE
 from dpdl.algorithms.randomness import settings_digest
+from dpdl.algorithms.registry import algorithm_digest
 from dpdl.engine import checkpoint as checkpoints
 from dpdl.engine.simulator import NodeData, Simulator
 from dpdl.errors import DPDLError, require
@@ -552,7 +554,12 @@ class DecentralizedTrainer:
         # the whole state and code (every attribute of every submodule, the loss) and the
         # mixing matrices themselves: describe() leaves out what makes two such runs differ
         settings["model"]["state"] = state_digest(self._template, self.loss)
-        settings["topology"]["mixing"] = mixing_digest(self.topology, self.steps)
+        algorithm, algorithm_settings = self.spec.algorithm, self.spec.algorithm_settings
+        # the gossip rounds the run uses: R per step for an algorithm of R rounds
+        rounds = self.steps * algorithm.rounds(algorithm_settings)
+        settings["topology"]["mixing"] = mixing_digest(self.topology, rounds)
+        if not isinstance(algorithm, ScheduleAlgorithm):  # a plugin: its code keys it too
+            settings["algorithm_code"] = algorithm_digest(algorithm, algorithm_settings)
         settings["seed"] = self.seed
         for where in ("runtime", "entropy"):
             settings.pop(where)
@@ -661,8 +668,10 @@ class DecentralizedTrainer:
             saved_rates is not None and ledger.node_sample_rates is not None
             and np.array_equal(saved_rates, ledger.node_sample_rates))  # fmt: skip
         same = (
-            (restored.sample_rate, restored.delta, restored.accountant, restored.neighboring)
-            == (ledger.sample_rate, ledger.delta, ledger.accountant, ledger.neighboring)
+            (restored.sample_rate, restored.delta, restored.accountant, restored.neighboring,
+             restored.releases)
+            == (ledger.sample_rate, ledger.delta, ledger.accountant, ledger.neighboring,
+                ledger.releases)
             and same_rates
             and restored.epsilon_budget <= ledger.epsilon_budget
             and restored.steps_taken == iteration
