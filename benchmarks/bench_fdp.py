@@ -31,7 +31,8 @@ STEPS, SENSITIVITY, DELTA = 20_000, 0.4, 1e-5
 PAPER_SIGMA = {256: 0.7446875, 2048: 0.3246875}  # MATH.md §7 table-form oracles
 SPEC_EPSILON = {256: 9.997, 2048: 10.008}
 PAPER_SECONDS = {2048: 847.0}  # the paper's code, one evaluation at n = 2048 (issue 15)
-COMMON = {"steps": STEPS, "sensitivity": SENSITIVITY, "delta": DELTA, "hop_form": "table"}
+COMMON = {"steps": STEPS, "delta": DELTA,
+          "bound": fdp.BoundSettings(sensitivity=SENSITIVITY, hop_form="table")}
 
 
 def timed(function, *args, **kwargs):

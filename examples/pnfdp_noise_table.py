@@ -38,9 +38,10 @@ def row(n: int, epsilon: float, hop_form: str) -> dict:
     start = time.perf_counter()
     walk = walk_matrix_of(make_topology("hypercube", n))
     k = fdp.composition_count(n, STEPS)
+    bound = fdp.BoundSettings(sensitivity=SENSITIVITY, hop_form=hop_form,
+                              relative_slack=RELATIVE_SLACK)
     pn = fdp.calibrate_sigma_pnfdp(walk, steps=STEPS, target_epsilon=epsilon, delta=DELTA,
-                                   sensitivity=SENSITIVITY, hop_form=hop_form, targets=[0],
-                                   relative_slack=RELATIVE_SLACK)
+                                   bound=bound, targets=[0])
     rdp = fdp.calibrate_sigma_rdp_baseline(walk, steps=STEPS, target_epsilon=epsilon,
                                            delta=DELTA, sensitivity=SENSITIVITY)
     local = math.sqrt(k) * SENSITIVITY / mu_from_epsilon_delta(epsilon, DELTA)

@@ -74,7 +74,7 @@ def test_table_hop_form_and_target_column(tmp_path, capsys):
 
 
 def test_pair_calibration_meets_the_target(capsys):
-    from dpdl.extensions.fdp.accounting import pnfdp_epsilon
+    from dpdl.extensions.fdp.accounting import BoundSettings, pnfdp_epsilon
     from dpdl.extensions.fdp.experiment import walk_matrix_of
     from dpdl.topology import make_topology
 
@@ -83,7 +83,8 @@ def test_pair_calibration_meets_the_target(capsys):
     assert rc == 0
     sigma = json.loads(capsys.readouterr().out)["calibration"]["sigma_pn_fdp"]
     walk = walk_matrix_of(make_topology("hypercube", 32))
-    upper, _ = pnfdp_epsilon(walk, 0, 1, steps=275, sigma=sigma, delta=1e-5, hop_form="table")
+    upper, _ = pnfdp_epsilon(walk, 0, 1, steps=275, sigma=sigma, delta=1e-5,
+                             bound=BoundSettings(hop_form="table"))
     assert 4 * (1 - 1e-3) < upper <= 4
 
 

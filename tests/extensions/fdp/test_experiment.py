@@ -11,7 +11,11 @@ import pytest
 from dpdl.errors import DPDLError
 from dpdl.experiments.registry import experiment_module, preset_path
 from dpdl.extensions.fdp import experiment
-from dpdl.extensions.fdp.accounting import pnfdp_epsilon_matrix, rdp_baseline_epsilon
+from dpdl.extensions.fdp.accounting import (
+    BoundSettings,
+    pnfdp_epsilon_matrix,
+    rdp_baseline_epsilon,
+)
 
 
 def tiny_config(**privacy):
@@ -42,8 +46,8 @@ def test_tiny_run_writes_its_folder_and_meets_the_target(tmp_path):
 
     walk = make_topology("hypercube", 8).mixing_matrix(0).T
     sensitivity = 2 * 2.0 / 8  # the default clip C = 2, b = 8
-    eps = pnfdp_epsilon_matrix(walk, steps=80, sigma=sigma_f, delta=1e-5,
-                               sensitivity=sensitivity, relative_slack=2e-3).epsilon
+    eps = pnfdp_epsilon_matrix(walk, steps=80, sigma=sigma_f, delta=1e-5, bound=BoundSettings(
+        sensitivity=sensitivity, relative_slack=2e-3)).epsilon
     assert np.nanmax(eps) <= 4.0 and np.nanmax(eps) > 3.99
     base = rdp_baseline_epsilon(walk, steps=80, sigma=sigma_rdp, delta=1e-5,
                                 sensitivity=sensitivity).epsilon
@@ -145,7 +149,8 @@ def test_the_table_hop_form_reaches_the_calibration():
     }  # fmt: skip
     assert sigmas["table"] > sigmas["lemma"]
     direct = calibrate_sigma_pnfdp(walk, steps=80, target_epsilon=4.0, delta=1e-5,
-                                   sensitivity=0.25, relative_slack=2e-3, hop_form="table")
+                                   bound=BoundSettings(sensitivity=0.25, relative_slack=2e-3,
+                                                       hop_form="table"))
     assert sigmas["table"] == pytest.approx(direct, rel=1e-12)
     with pytest.raises(DPDLError, match="contraction = 0.5 needs hop_form = 'lemma'"):
         experiment.parse_config(tiny_config(hop_form="table", contraction=0.5))

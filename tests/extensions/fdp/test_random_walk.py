@@ -9,6 +9,7 @@ from scipy.linalg import logm
 
 from dpdl.errors import DPDLError
 from dpdl.extensions.fdp.accounting import (
+    BoundSettings,
     GaussianTradeOff,
     calibrate_sigma_pnfdp,
     calibrate_sigma_rdp_baseline,
@@ -25,6 +26,7 @@ from dpdl.extensions.fdp.accounting import (
 )
 
 ORACLE = dict(steps=275, sigma=1.0, delta=1e-5)  # MATH.md §7: ⌊275/32⌋ = 8 compositions
+SLACK_1E3 = BoundSettings(relative_slack=1e-3)
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +88,7 @@ def test_mixture_reduces_to_a_gaussian_on_a_deterministic_walk():
 
 
 def test_pairwise_matrix_matches_single_pairs_and_beats_rdp(hypercube):
-    report = pnfdp_epsilon_matrix(hypercube, **ORACLE, relative_slack=1e-3, bracket=True)
+    report = pnfdp_epsilon_matrix(hypercube, **ORACLE, bound=SLACK_1E3, bracket=True)
     eps = report.epsilon
     assert eps.shape == (32, 32) and np.all(np.isnan(np.diag(eps)))
     # hypercube symmetry: ε depends on the Hamming distance only, neighbours are the worst
@@ -100,7 +102,7 @@ def test_pairwise_matrix_matches_single_pairs_and_beats_rdp(hypercube):
     # far pairs leak less
     assert eps[0, 31] < eps[0, 3] < eps[0, 1]
     # a pair computed alone agrees
-    upper, _ = pnfdp_epsilon(hypercube, 5, 6, **ORACLE, relative_slack=1e-3)
+    upper, _ = pnfdp_epsilon(hypercube, 5, 6, **ORACLE, bound=SLACK_1E3)
     assert eps[5, 6] == pytest.approx(upper, abs=1e-6)
     baseline = rdp_baseline_epsilon(hypercube, **ORACLE).epsilon
     off = ~np.isnan(eps)
@@ -153,14 +155,15 @@ def test_zeta_slack(hypercube):
     assert composition_count(n, T, zeta=zeta) == math.ceil(2 * T / n)
     assert composition_count(n, T) == T // n
     with pytest.raises(DPDLError, match="slack"):
-        pnfdp_epsilon(hypercube, 0, 1, steps=275, sigma=1.0, delta=1e-5, zeta=0.5)
+        pnfdp_epsilon(hypercube, 0, 1, steps=275, sigma=1.0, delta=1e-5,
+                      bound=BoundSettings(zeta=0.5))
     # complete graph W = J/n: λ₂ = 0, δ' = exp(-2ζ²T/n²) = exp(-12.5) for n=8, T=400, ζ=1
     complete = np.full((8, 8), 1 / 8)
     assert markov_slack_delta(complete, 400, 1.0) == pytest.approx(math.exp(-12.5), rel=1e-9)
     capped, _ = pnfdp_epsilon(complete, 0, 1, steps=400, sigma=4.0, delta=1e-3,
-                              relative_slack=1e-3)
-    slack, _ = pnfdp_epsilon(complete, 0, 1, steps=400, sigma=4.0, delta=1e-3, zeta=1.0,
-                             relative_slack=1e-3)
+                              bound=SLACK_1E3)
+    slack, _ = pnfdp_epsilon(complete, 0, 1, steps=400, sigma=4.0, delta=1e-3,
+                             bound=BoundSettings(zeta=1.0, relative_slack=1e-3))
     assert slack > capped  # 100 compositions instead of 50
 
 
@@ -197,25 +200,28 @@ def test_worst_pair_calibration_on_an_asymmetric_graph():
     W = rng.random((8, 8)) * (rng.random((8, 8)) < 0.5) + np.eye(8) * 0.1
     W /= W.sum(axis=1, keepdims=True)
     sigma = calibrate_sigma_pnfdp(W, steps=40, target_epsilon=2.0, delta=1e-5,
-                                  relative_slack=2e-3)
+                                  bound=BoundSettings(relative_slack=2e-3))
     eps = pnfdp_epsilon_matrix(W, steps=40, sigma=sigma, delta=1e-5,
-                               relative_slack=2e-3).epsilon
+                               bound=BoundSettings(relative_slack=2e-3)).epsilon
     assert np.nanmax(eps) <= 2.0
     assert np.nanmax(eps) > 1.99
 
 
 def test_contraction_only_tightens_the_pair_bound(hypercube):
-    plain, _ = pnfdp_epsilon(hypercube, 0, 3, **ORACLE, relative_slack=1e-3)
-    strong, _ = pnfdp_epsilon(hypercube, 0, 3, **ORACLE, relative_slack=1e-3, contraction=0.8)
+    plain, _ = pnfdp_epsilon(hypercube, 0, 3, **ORACLE, bound=SLACK_1E3)
+    strong, _ = pnfdp_epsilon(hypercube, 0, 3, **ORACLE,
+                              bound=BoundSettings(relative_slack=1e-3, contraction=0.8))
     assert strong < plain
     # doubling K_loc under the table form √K·Δ/(σ√t) is the same as dividing σ by √2
-    table = {"steps": 275, "delta": 1e-5, "relative_slack": 1e-3, "hop_form": "table"}
-    twice, _ = pnfdp_epsilon(hypercube, 0, 3, sigma=1.0, local_steps=2, **table)
-    scaled, _ = pnfdp_epsilon(hypercube, 0, 3, sigma=1 / math.sqrt(2), **table)
+    table = {"steps": 275, "delta": 1e-5}
+    twice, _ = pnfdp_epsilon(hypercube, 0, 3, sigma=1.0, **table, bound=BoundSettings(
+        local_steps=2, relative_slack=1e-3, hop_form="table"))
+    scaled, _ = pnfdp_epsilon(hypercube, 0, 3, sigma=1 / math.sqrt(2), **table,
+                              bound=BoundSettings(relative_slack=1e-3, hop_form="table"))
     assert twice == pytest.approx(scaled, rel=1e-9)
     # the lemma form √K·Δ/(σ√(tK+1)) grows with K but stays below the table form
-    lemma_twice, _ = pnfdp_epsilon(hypercube, 0, 3, sigma=1.0, local_steps=2,
-                                   **{**table, "hop_form": "lemma"})
+    lemma_twice, _ = pnfdp_epsilon(hypercube, 0, 3, sigma=1.0, **table, bound=BoundSettings(
+        local_steps=2, relative_slack=1e-3, hop_form="lemma"))
     assert plain < lemma_twice < twice
 
 
@@ -237,8 +243,8 @@ def hypercube_walk(n):
 
 
 def test_column_and_chunks_match_the_full_matrix(hypercube):
-    full = pnfdp_epsilon_matrix(hypercube, **ORACLE, relative_slack=1e-3, chunk=7)
-    column = pnfdp_epsilon_matrix(hypercube, **ORACLE, relative_slack=1e-3, targets=[5])
+    full = pnfdp_epsilon_matrix(hypercube, **ORACLE, bound=SLACK_1E3, chunk=7)
+    column = pnfdp_epsilon_matrix(hypercube, **ORACLE, bound=SLACK_1E3, targets=[5])
     np.testing.assert_allclose(column.epsilon[:, 5], full.epsilon[:, 5], rtol=1e-12)
     assert np.all(np.isnan(np.delete(column.epsilon, 5, axis=1)))
     assert column.summary()["pairs"] == 31
@@ -252,13 +258,16 @@ def test_truncated_hitting_weights_stay_an_upper_bound():
     # (1−q)^t, so a tolerance of 1e-6 stops long before T and moves that mass to hop t+1
     n, T = 6, 600
     W = (np.ones((n, n)) - np.eye(n)) / (n - 1)
-    common = {"steps": T, "sigma": 3.0, "delta": 1e-5, "relative_slack": 1e-3}
-    exact, _ = pnfdp_epsilon(W, 0, 1, tolerance=0.0, **common)
-    loose, _ = pnfdp_epsilon(W, 0, 1, tolerance=1e-6, **common)
-    default, _ = pnfdp_epsilon(W, 0, 1, **common)
+    common = {"steps": T, "sigma": 3.0, "delta": 1e-5}
+    exact, _ = pnfdp_epsilon(W, 0, 1, bound=BoundSettings(relative_slack=1e-3, tolerance=0.0),
+                             **common)
+    loose, _ = pnfdp_epsilon(W, 0, 1, bound=BoundSettings(relative_slack=1e-3, tolerance=1e-6),
+                             **common)
+    default, _ = pnfdp_epsilon(W, 0, 1, bound=SLACK_1E3, **common)
     assert exact < loose < exact + 1e-3  # the moved mass only ever raises ε
     assert default == pytest.approx(exact, abs=1e-9)  # 1e-12 of mass: round-off level
-    report = pnfdp_epsilon_matrix(W, tolerance=1e-6, **common)
+    report = pnfdp_epsilon_matrix(W, bound=BoundSettings(relative_slack=1e-3, tolerance=1e-6),
+                                  **common)
     assert report.extra["hops"] < T
 
 
@@ -292,7 +301,8 @@ def test_pnfdp_beats_rdp_ht_which_beats_cyffers_on_the_oracle_hypercube(hypercub
 def test_spec_table_form_oracles(n, sigma, expected):
     # MATH.md §7: hypercube (Metropolis), T = 20000, Δ = 0.4, δ = 1e-5, pair 0 → 1, table form
     upper, lower = pnfdp_epsilon(hypercube_walk(n), 0, 1, steps=20000, sigma=sigma,
-                                 sensitivity=0.4, delta=1e-5, hop_form="table")
+                                 delta=1e-5, bound=BoundSettings(sensitivity=0.4,
+                                                                 hop_form="table"))
     assert lower <= upper
     assert upper == pytest.approx(expected, abs=2e-3)
 
@@ -300,18 +310,19 @@ def test_spec_table_form_oracles(n, sigma, expected):
 @pytest.mark.slow
 def test_table_form_calibration_reproduces_the_papers_sigma():
     sigma = calibrate_sigma_pnfdp(hypercube_walk(256), steps=20000, target_epsilon=10.0,
-                                  delta=1e-5, sensitivity=0.4, pair=(0, 1), hop_form="table")
+                                  delta=1e-5, pair=(0, 1),
+                                  bound=BoundSettings(sensitivity=0.4, hop_form="table"))
     assert sigma == pytest.approx(0.7446875, rel=1e-3)  # the paper's Table 3
 
 
 def test_large_n_pair_uses_the_sparse_walk():
     # n = 256 pair at T = 2000: T sparse products, no (T+1)·n² table (which would be 1.3e8)
     walk = hypercube_walk(256)
-    upper, lower = pnfdp_epsilon(walk, 0, 1, steps=2000, sigma=0.5, sensitivity=0.4,
-                                 delta=1e-5, hop_form="table", relative_slack=1e-3)
+    bound = BoundSettings(sensitivity=0.4, hop_form="table", relative_slack=1e-3)
+    upper, lower = pnfdp_epsilon(walk, 0, 1, steps=2000, sigma=0.5, delta=1e-5, bound=bound)
     assert 0 < lower <= upper
-    column = pnfdp_epsilon_matrix(walk, steps=2000, sigma=0.5, sensitivity=0.4, delta=1e-5,
-                                  hop_form="table", relative_slack=1e-3, targets=[1])
+    column = pnfdp_epsilon_matrix(walk, steps=2000, sigma=0.5, delta=1e-5, bound=bound,
+                                  targets=[1])
     assert column.epsilon[0, 1] == pytest.approx(upper, rel=1e-9)
     # vertex-transitive: sources at equal Hamming distance from the observer share a class
     assert "8 distinct pair classes" in column.method  # Hamming distances 1..8
@@ -337,17 +348,22 @@ def test_node_transitive_symmetry_is_found_only_where_it_holds(name, n, expected
 
 @pytest.mark.parametrize("name, n", [("hypercube", 8), ("undirected-ring", 7)])
 def test_the_symmetric_shortcut_gives_every_pair_of_the_full_computation(name, n):
-    from dpdl.extensions.fdp.random_walk import calibrate_sigma_pnfdp, pnfdp_epsilon_matrix
+    from dpdl.extensions.fdp.random_walk import (
+        BoundSettings,
+        calibrate_sigma_pnfdp,
+        pnfdp_epsilon_matrix,
+    )
     from dpdl.topology import make_topology
 
     W = make_topology(name, n).mixing_matrix(0).T
-    common = dict(steps=60, sigma=0.8, delta=1e-5, relative_slack=2e-3)
+    common = dict(steps=60, sigma=0.8, delta=1e-5, bound=BoundSettings(relative_slack=2e-3))
     shortcut = pnfdp_epsilon_matrix(W, **common)
     every_column = pnfdp_epsilon_matrix(W, **common, targets=list(range(n)))
     np.testing.assert_allclose(shortcut.epsilon, every_column.epsilon, rtol=1e-9, equal_nan=True)
     np.testing.assert_allclose(shortcut.epsilon_rdp_ht, every_column.epsilon_rdp_ht,
                                rtol=1e-9, equal_nan=True)
     assert "symmetry" in shortcut.method
-    calib = dict(steps=60, target_epsilon=3.0, delta=1e-5, relative_slack=2e-3)
+    calib = dict(steps=60, target_epsilon=3.0, delta=1e-5,
+                 bound=BoundSettings(relative_slack=2e-3))
     assert calibrate_sigma_pnfdp(W, **calib) == pytest.approx(
         calibrate_sigma_pnfdp(W, **calib, targets=list(range(n))), rel=1e-9)

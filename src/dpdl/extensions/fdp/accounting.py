@@ -27,6 +27,7 @@ from dpdl.extensions.fdp.decor_accounting import (
 from dpdl.extensions.fdp.random_walk import (
     DEFAULT_TOLERANCE,
     HOP_FORMS,
+    BoundSettings,
     PairwiseReport,
     calibrate_sigma_pnfdp,
     calibrate_sigma_rdp_baseline,
@@ -61,6 +62,7 @@ __all__ = [
     "DECOR_ACCOUNTANTS",
     "DEFAULT_TOLERANCE",
     "HOP_FORMS",
+    "BoundSettings",
     "rdp_ht_epsilon",
     "rdp_ht_epsilon_from_rho",
     "DecorPrivacy",

@@ -163,9 +163,13 @@ def _pairwise(args) -> dict:
     topology = _topology(args)
     walk = walk_matrix_of(topology)
     n = walk.shape[0]
-    options = dict(steps=args.steps, delta=args.delta, sensitivity=args.sensitivity,
-                   local_steps=args.local_steps, contraction=args.contraction, zeta=args.zeta,
-                   hop_form=args.hop_form, tolerance=args.tolerance)
+    options = dict(steps=args.steps, delta=args.delta)
+
+    def bound(relative_slack: float) -> fdp.BoundSettings:
+        return fdp.BoundSettings(sensitivity=args.sensitivity, local_steps=args.local_steps,
+                                 contraction=args.contraction, zeta=args.zeta,
+                                 relative_slack=relative_slack, hop_form=args.hop_form,
+                                 tolerance=args.tolerance)
     # the Cyffers baseline has no K_loc: fold it into the sensitivity, as the experiment does
     baseline_common = dict(steps=args.steps, sigma=args.sigma, delta=args.delta,
                            sensitivity=args.sensitivity * math.sqrt(args.local_steps))
@@ -174,7 +178,7 @@ def _pairwise(args) -> dict:
     if args.pair is not None:
         i, j = args.pair
         slack = min(args.relative_slack, 1e-4)
-        upper, lower = fdp.pnfdp_epsilon(walk, i, j, sigma=args.sigma, relative_slack=slack,
+        upper, lower = fdp.pnfdp_epsilon(walk, i, j, sigma=args.sigma, bound=bound(slack),
                                          **options)
         rdp_ht = fdp.rdp_ht_epsilon(walk, i, j, steps=args.steps, sigma=args.sigma,
                                     delta=args.delta, sensitivity=args.sensitivity,
@@ -188,7 +192,7 @@ def _pairwise(args) -> dict:
     else:
         targets = None if args.target is None else [args.target]
         report = fdp.pnfdp_epsilon_matrix(
-            walk, sigma=args.sigma, relative_slack=args.relative_slack, targets=targets,
+            walk, sigma=args.sigma, bound=bound(args.relative_slack), targets=targets,
             progress=sys.stderr.isatty(), **options)
         out["pn_fdp"] = report.summary()
         if args.target is None:
@@ -218,8 +222,8 @@ def _pairwise(args) -> dict:
         cal = {"target_epsilon": args.target_epsilon,
                "sigma_pn_fdp": fdp.calibrate_sigma_pnfdp(
                    walk, target_epsilon=args.target_epsilon,
-                   relative_slack=(min(args.relative_slack, 1e-4) if args.pair is not None
-                                   else args.relative_slack),
+                   bound=bound(min(args.relative_slack, 1e-4) if args.pair is not None
+                               else args.relative_slack),
                    progress=sys.stderr.isatty(), **options, **scope)}
         if np.allclose(walk, walk.T, atol=1e-12):
             cal["sigma_rdp_baseline"] = fdp.calibrate_sigma_rdp_baseline(

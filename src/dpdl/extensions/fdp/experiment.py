@@ -330,8 +330,9 @@ def calibrate_noise(accountant: str, walk: np.ndarray, *, epsilon: float, cfg: P
     if accountant == "pn-fdp":
         return fdp.calibrate_sigma_pnfdp(
             walk, steps=cfg.steps, target_epsilon=epsilon, delta=cfg.delta,
-            sensitivity=sensitivity, local_steps=cfg.local_steps, contraction=cfg.contraction,
-            relative_slack=cfg.relative_slack, hop_form=cfg.hop_form)
+            bound=fdp.BoundSettings(sensitivity=sensitivity, local_steps=cfg.local_steps,
+                                    contraction=cfg.contraction,
+                                    relative_slack=cfg.relative_slack, hop_form=cfg.hop_form))
     if accountant == "rdp-baseline":
         return fdp.calibrate_sigma_rdp_baseline(
             walk, steps=cfg.steps, target_epsilon=epsilon, delta=cfg.delta,
@@ -496,9 +497,10 @@ def _write_outputs(folder: RunFolder, cfg: FdpRandomWalkConfig, topology, walk: 
                        next(s for _, e, s in cells if e is not None))
     report = fdp.pnfdp_epsilon_matrix(
         walk, steps=privacy.steps, sigma=shown_sigma, delta=privacy.delta,
-        sensitivity=sensitivity, local_steps=privacy.local_steps,
-        contraction=privacy.contraction, relative_slack=privacy.relative_slack,
-        hop_form=privacy.hop_form)
+        bound=fdp.BoundSettings(sensitivity=sensitivity, local_steps=privacy.local_steps,
+                                contraction=privacy.contraction,
+                                relative_slack=privacy.relative_slack,
+                                hop_form=privacy.hop_form))
     folder.write_records_csv("metrics.csv", metric_rows, METRIC_FIELDS)
     results = {
         "kind": KIND, "run_dir": str(folder.path), "dataset": nodes["name"],

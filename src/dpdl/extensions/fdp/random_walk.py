@@ -69,6 +69,7 @@ __all__ = [
     "markov_slack_delta",
     "single_visit_tradeoff",
     "PairwiseReport",
+    "BoundSettings",
     "pnfdp_epsilon",
     "pnfdp_epsilon_matrix",
     "rdp_baseline_rho",
@@ -82,6 +83,28 @@ __all__ = [
 
 HOP_FORMS = ("lemma", "table")
 DEFAULT_TOLERANCE = 1e-12
+
+
+@dataclass(frozen=True)
+class BoundSettings:
+    """How a PN-f-DP bound is computed (shared by :func:`pnfdp_epsilon`,
+    :func:`pnfdp_epsilon_matrix` and :func:`calibrate_sigma_pnfdp`): the per-step
+    ``sensitivity``, ``local_steps`` K_loc, the hop map's ``contraction``, the optional
+    composition cap ``zeta``, the discretisation's ``relative_slack``, the ``hop_form``
+    ("lemma" or "table") and the truncation ``tolerance`` of the hitting laws."""
+
+    sensitivity: float = 1.0
+    local_steps: int = 1
+    contraction: float = 1.0
+    zeta: float | None = None
+    relative_slack: float = 1e-4
+    hop_form: str = "lemma"
+    tolerance: float = DEFAULT_TOLERANCE
+
+    def fields(self) -> tuple:
+        """(sensitivity, local_steps, contraction, zeta, relative_slack, hop_form, tolerance)."""
+        return (self.sensitivity, self.local_steps, self.contraction, self.zeta,
+                self.relative_slack, self.hop_form, self.tolerance)
 _MAX_WEIGHT_ENTRIES = 2e8
 _CALIBRATION_CANDIDATES = 32
 _TINY = 1e-280
@@ -507,14 +530,13 @@ def _check_node(node: int, n: int, what: str) -> int:
 
 
 def pnfdp_epsilon(walk: ArrayLike, source: int, target: int, *, steps: int, sigma: float,
-                  delta: float, sensitivity: float = 1.0, local_steps: int = 1,
-                  contraction: float = 1.0, zeta: float | None = None,
-                  relative_slack: float = 1e-4, hop_form: str = "lemma",
-                  tolerance: float = DEFAULT_TOLERANCE) -> tuple[float, float]:
+                  delta: float, bound: BoundSettings = BoundSettings()) -> tuple[float, float]:
     """(certified upper bound, optimistic value) of ε for the pair source → target (MATH.md §7).
 
     Costs T matrix-vector products (one column of first-hitting weights); never builds the
     (T+1)·n² table."""
+    (sensitivity, local_steps, contraction, zeta, relative_slack, hop_form,
+     tolerance) = bound.fields()
     setup = _setup(walk, steps=steps, delta=delta, sensitivity=sensitivity,
                    local_steps=local_steps, contraction=contraction, zeta=zeta,
                    relative_slack=relative_slack, hop_form=hop_form, tolerance=tolerance)
@@ -616,10 +638,7 @@ def _pairs_report(setup: _Setup, targets: np.ndarray, sources: np.ndarray | None
 
 
 def pnfdp_epsilon_matrix(walk: ArrayLike, *, steps: int, sigma: float, delta: float,
-                         sensitivity: float = 1.0, local_steps: int = 1,
-                         contraction: float = 1.0, zeta: float | None = None,
-                         relative_slack: float = 1e-4, bracket: bool = False,
-                         hop_form: str = "lemma", tolerance: float = DEFAULT_TOLERANCE,
+                         bound: BoundSettings = BoundSettings(), bracket: bool = False,
                          targets: ArrayLike | None = None, chunk: int | None = None,
                          progress: bool = False) -> PairwiseReport:
     """The PN-f-DP ε of every ordered pair (i → j), certified upper bounds (MATH.md §7).
@@ -632,6 +651,8 @@ def pnfdp_epsilon_matrix(walk: ArrayLike, *, steps: int, sigma: float, delta: fl
     a tqdm bar over the chunks. ``extra["epsilon_rdp_ht"]`` holds the RDP (HT) baseline of
     the same pairs.
     """
+    (sensitivity, local_steps, contraction, zeta, relative_slack, hop_form,
+     tolerance) = bound.fields()
     setup = _setup(walk, steps=steps, delta=delta, sensitivity=sensitivity,
                    local_steps=local_steps, contraction=contraction, zeta=zeta,
                    relative_slack=relative_slack, hop_form=hop_form, tolerance=tolerance)
@@ -719,11 +740,8 @@ def _check_target(target_epsilon: float) -> float:
 
 
 def calibrate_sigma_pnfdp(walk: ArrayLike, *, steps: int, target_epsilon: float, delta: float,
-                          sensitivity: float = 1.0, local_steps: int = 1,
-                          contraction: float = 1.0, zeta: float | None = None,
+                          bound: BoundSettings = BoundSettings(),
                           pair: tuple[int, int] | None = None,
-                          relative_slack: float = 1e-4, hop_form: str = "lemma",
-                          tolerance: float = DEFAULT_TOLERANCE,
                           targets: ArrayLike | None = None, progress: bool = False) -> float:
     """The smallest σ (to 1e-5 relative) whose certified PN-f-DP ε ≤ target for the worst
     ordered pair (or for ``pair``, or the worst source of the ``targets`` columns).
@@ -731,6 +749,8 @@ def calibrate_sigma_pnfdp(walk: ArrayLike, *, steps: int, target_epsilon: float,
     The single-visit laws do not depend on σ (μ_t ∝ 1/σ): they are computed and composed
     once at σ = 1 and only the support is rescaled during the root find. The returned σ is
     checked against the target."""
+    (sensitivity, local_steps, contraction, zeta, relative_slack, hop_form,
+     tolerance) = bound.fields()
     setup = _setup(walk, steps=steps, delta=delta, sensitivity=sensitivity,
                    local_steps=local_steps, contraction=contraction, zeta=zeta,
                    relative_slack=relative_slack, hop_form=hop_form, tolerance=tolerance)
