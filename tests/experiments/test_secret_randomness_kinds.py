@@ -15,7 +15,7 @@ from dpdl.algorithms import randomness
 from dpdl.cli import main
 from dpdl.errors import DPDLError
 from dpdl.experiments.registry import experiment_module, validate_experiment_config
-from dpdl.extensions.fdp.decor import run_decor
+from dpdl.extensions.fdp.decor import RunOptions, run_decor
 from dpdl.extensions.linreg.accounting import PowerDecay
 from dpdl.extensions.linreg.algorithm import Ball, LocalProblems, run_linreg
 from dpdl.extensions.netdp import algorithm as tk
@@ -167,12 +167,13 @@ def _walk_sgd(**kwargs):
                               **kwargs)
 
 
-def _decor(**kwargs):
+def _decor(*, sigma, seed, unsafe_zero_noise=False):
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(4, 10, 3)), rng.integers(0, 2, size=(4, 10))
     w = nx.to_numpy_array(nx.cycle_graph(4)) / 3 + np.eye(4) / 3
     return run_decor(w, x, y, num_classes=2, steps=3, lr=0.1, clip=1.0, sigma_cor=1.0,
-                     batch_size=2, **kwargs)
+                     batch_size=2, sigma=sigma,
+                     options=RunOptions(seed=seed, unsafe_zero_noise=unsafe_zero_noise))
 
 
 @pytest.mark.parametrize("call", [_walk_sgd, _decor])

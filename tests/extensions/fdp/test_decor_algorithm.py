@@ -7,6 +7,7 @@ import torch
 
 from dpdl.errors import DPDLError
 from dpdl.extensions.fdp.decor import (
+    RunOptions,
     clipped_mean_gradient,
     edge_list,
     pairwise_secrets,
@@ -68,8 +69,8 @@ def _toy_data(rng, n=8, per_node=30, d=4):
 def test_secrets_leave_the_network_average_unchanged(rng):
     x, y = _toy_data(rng)
     W = metropolis(nx.cycle_graph(8))
-    kwargs = dict(num_classes=2, steps=1, lr=0.5, clip=1.0, sigma=0.0, batch_size=4, seed=3,
-                  unsafe_zero_noise=True)
+    kwargs = dict(num_classes=2, steps=1, lr=0.5, clip=1.0, sigma=0.0, batch_size=4,
+                  options=RunOptions(seed=3, unsafe_zero_noise=True))
     plain = run_decor(W, x, y, sigma_cor=0.0, **kwargs)
     correlated = run_decor(W, x, y, sigma_cor=50.0, **kwargs)
     np.testing.assert_allclose(correlated.average, plain.average, atol=1e-10)
@@ -83,15 +84,15 @@ def test_decor_learns_without_noise_and_is_seeded(rng):
     W = metropolis(nx.cycle_graph(8))
     xt, yt = x.reshape(-1, 4), y.reshape(-1)
     out = run_decor(W, x, y, num_classes=2, steps=150, lr=0.5, clip=1.0, sigma=0.0,
-                    sigma_cor=0.0, batch_size=8, eval_every=50, eval_data=(xt, yt),
-                    unsafe_zero_noise=True)
+                    sigma_cor=0.0, batch_size=8,
+                    options=RunOptions(eval_every=50, eval_data=(xt, yt), unsafe_zero_noise=True))
     assert out.history[-1]["accuracy"] > 0.9
     _, acc = softmax_loss_accuracy(out.average, xt, yt)
     assert acc == out.history[-1]["accuracy"]
     a = run_decor(W, x, y, num_classes=2, steps=5, lr=0.1, clip=1.0, sigma=1.0, sigma_cor=2.0,
-                  seed=7)
+                  options=RunOptions(seed=7))
     b = run_decor(W, x, y, num_classes=2, steps=5, lr=0.1, clip=1.0, sigma=1.0, sigma_cor=2.0,
-                  seed=7)
+                  options=RunOptions(seed=7))
     np.testing.assert_array_equal(a.theta, b.theta)
 
 

@@ -16,6 +16,7 @@ from dpdl.extensions.fdp.accounting import (
     pnfdp_epsilon_matrix,
     rdp_baseline_epsilon,
 )
+from dpdl.extensions.fdp.decor import RunOptions
 
 
 def tiny_config(**privacy):
@@ -114,7 +115,9 @@ def test_contribution_cap_and_walk_law():
     rng = np.random.default_rng(1)
     x, y = rng.normal(size=(3, 10, 2)), rng.integers(0, 2, size=(3, 10))
     out = experiment.random_walk_dp_sgd(W, x, y, num_classes=2, steps=90, lr=0.1, clip=1.0,
-                                        sigma=1.0, batch_size=2, cap=5, seed=0)
+                                        sigma=1.0,
+                                        visits=experiment.VisitSettings(batch_size=2, cap=5),
+                                        options=RunOptions(seed=0))
     assert out["contributions"].max() <= 5
 
 

@@ -111,12 +111,14 @@ def test_random_walk_sgd_cap_clipping_and_noise_only_steps():
         return np.full(d, 1e6)
 
     res = tk.random_walk_sgd(huge_gradient, np.zeros(d), walk, lr=0.1, sigma=0.0, clip=1.0,
-                             n=n, contributes=mask, model="local", unsafe_zero_noise=True)
+                             n=n, cap=tk.CapPolicy(contributes=mask, model="local"),
+                             unsafe_zero_noise=True)
     assert res.contributions.max() <= cap
     # each data step moves by exactly lr * clip (clipped before noise), capped steps not at all
     assert np.linalg.norm(res.weights) == pytest.approx(0.1 * mask.sum())
     net = tk.random_walk_sgd(lambda w, u: np.zeros(d), np.zeros(d), walk, lr=1.0, sigma=1.0,
-                             clip=1.0, n=n, contributes=mask, model="network", seed=3)
+                             clip=1.0, n=n, cap=tk.CapPolicy(contributes=mask, model="network"),
+                             seed=3)
     # noise on every step: the stream an int seed names, d words a step, each released as
     # round_g(0 + X) (X from first principles in mpmath)
     from tests.engine.noise_reference import reference_noisy_sum
@@ -133,8 +135,8 @@ def test_random_walk_sgd_converges_without_noise_and_projects():
     target = np.array([0.5, -0.25])
     walk = tk.sample_random_walk(3, 300, seed=1)
     res = tk.random_walk_sgd(lambda w, u: w - target, np.zeros(2), walk, lr=0.1, sigma=0.0,
-                             clip=10.0, n=3, evaluate=lambda w: {"dist": float(
-                                 np.linalg.norm(w - target))}, eval_every=100,
+                             clip=10.0, n=3, evaluation=tk.Evaluation(lambda w: {"dist": float(
+                                 np.linalg.norm(w - target))}, every=100),
                              unsafe_zero_noise=True)
     assert res.history[-1]["dist"] < 1e-6 and len(res.history) == 4
     proj = tk.random_walk_sgd(lambda w, u: w - 10 * target, np.zeros(2), walk, lr=0.1,

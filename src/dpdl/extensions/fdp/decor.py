@@ -41,6 +41,7 @@ __all__ = [
     "softmax_loss_accuracy",
     "sample_batches",
     "DecorResult",
+    "RunOptions",
     "run_decor",
 ]
 
@@ -130,19 +131,36 @@ class DecorResult:
         return self.theta.mean(axis=0)
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """How a training run is driven, not what it computes (shared by :func:`run_decor` and
+    :func:`dpdl.extensions.fdp.experiment.random_walk_dp_sgd`): the secret ``seed`` (a
+    Generator/SeedSequence, None for OS entropy, or an int), an evaluation on ``eval_data``
+    every ``eval_every`` steps (0: none), a tqdm ``progress`` bar, and ``unsafe_zero_noise``,
+    which allows σ = 0 (not private)."""
+
+    seed: Randomness = None
+    eval_every: int = 0
+    eval_data: tuple | None = None
+    progress: bool = False
+    unsafe_zero_noise: bool = False
+
+
 def run_decor(mixing: ArrayLike, x_nodes: np.ndarray, y_nodes: np.ndarray, *,
               num_classes: int, steps: int, lr: float, clip: float, sigma: float,
               sigma_cor: float, batch_size: int = 1, mask: np.ndarray | None = None,
-              seed: Randomness = None, eval_every: int = 0, eval_data: tuple | None = None,
-              progress: bool = False, unsafe_zero_noise: bool = False) -> DecorResult:
+              options: RunOptions = RunOptions()) -> DecorResult:
     """Run DECOR (MATH.md §7) for ``steps`` steps on stacked node data.
 
     ``mixing`` is the symmetric doubly stochastic W (undirected graph); x_nodes (n, J, ...),
     y_nodes (n, J) integer labels, ``mask`` (n, J) marks real records (all by default).
     ``sigma`` > 0 is required: σ = 0 (with sigma_cor = 0, the non-private baseline, still
     clipped) needs ``unsafe_zero_noise=True``, and is not private.  sigma_cor = 0 alone is
-    plain DP decentralized SGD.
+    plain DP decentralized SGD.  ``options`` carries the seed, evaluation, progress bar and
+    ``unsafe_zero_noise`` (:class:`RunOptions`).
     """
+    seed, eval_every, eval_data = options.seed, options.eval_every, options.eval_data
+    progress, unsafe_zero_noise = options.progress, options.unsafe_zero_noise
     W = np.asarray(mixing, dtype=float)
     n = W.shape[0]
     edges = edge_list(W)

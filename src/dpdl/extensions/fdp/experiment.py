@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -42,6 +43,7 @@ from pydantic import Field, field_validator, model_validator
 
 from dpdl.algorithms.randomness import secret_rng
 from dpdl.errors import DPDLError, require
+from dpdl.extensions.fdp.decor import RunOptions
 from dpdl.extensions.fdp.models import MODEL_CLASSES, MODELS, make_model
 from dpdl.training.results import std_or_none
 from dpdl.training.run_folder import CellLog, RunFolder, resume_in_folder
@@ -270,18 +272,30 @@ def sample_walk(walk: np.ndarray, steps: int, rng: np.random.Generator) -> np.nd
     return np.minimum(path, n - 1)
 
 
+_DEFAULT_RUN_OPTIONS = RunOptions()
+
+
+@dataclass(frozen=True)
+class VisitSettings:
+    """What the token holder does at each visit of :func:`random_walk_dp_sgd`: ``local_steps``
+    noisy updates on batches of ``batch_size`` records, for at most ``cap`` contributing
+    visits per node (None: uncapped; later visits only add noise)."""
+
+    batch_size: int
+    local_steps: int = 1
+    cap: int | None = None
+
+
 def random_walk_dp_sgd(walk: np.ndarray, x_nodes: np.ndarray, y_nodes: np.ndarray, *,
                        num_classes: int, steps: int, lr: float, clip: float, sigma: float,
-                       batch_size: int, local_steps: int = 1, cap: int | None = None,
-                       seed=None, eval_every: int = 0, eval_data: tuple | None = None,
-                       mask: np.ndarray | None = None, unsafe_zero_noise: bool = False,
-                       model=None) -> dict:
+                       visits: VisitSettings, mask: np.ndarray | None = None, model=None,
+                       options: RunOptions = _DEFAULT_RUN_OPTIONS) -> dict:
     """Random-walk DP-SGD (MATH.md §7) on stacked node data; returns the final model, the
     evaluation history and the contribution count of every node.
 
-    The walk, batches and noise are secret: ``seed`` is a Generator/SeedSequence (a cell's
-    stream), None (OS entropy) or an int (reproducible).  ``sigma`` must be > 0; the
-    noise-free baseline needs ``unsafe_zero_noise=True`` and is not private.  ``model`` is
+    The walk, batches and noise are secret: ``options.seed`` is a Generator/SeedSequence (a
+    cell's stream), None (OS entropy) or an int (reproducible).  ``sigma`` must be > 0; the
+    noise-free baseline needs ``options.unsafe_zero_noise`` and is not private.  ``model`` is
     one of :mod:`dpdl.extensions.fdp.models` (None: softmax regression).  This function does
     not check the hop map: a pn-fdp or rdp-baseline σ covers it only where the step is
     non-expansive (:func:`hop_map_gap`, which the experiment's config enforces)."""
@@ -289,7 +303,9 @@ def random_walk_dp_sgd(walk: np.ndarray, x_nodes: np.ndarray, y_nodes: np.ndarra
     from dpdl.algorithms.randomness import check_noise_std
     from dpdl.extensions.fdp.decor import sample_batches
 
-    sigma = check_noise_std(sigma, unsafe_zero_noise)
+    batch_size, local_steps, cap = visits.batch_size, visits.local_steps, visits.cap
+    seed, eval_every, eval_data = options.seed, options.eval_every, options.eval_data
+    sigma = check_noise_std(sigma, options.unsafe_zero_noise)
 
     n = walk.shape[0]
     x_nodes = np.asarray(x_nodes, dtype=np.float64).reshape(n, x_nodes.shape[1], -1)
@@ -301,7 +317,12 @@ def random_walk_dp_sgd(walk: np.ndarray, x_nodes: np.ndarray, y_nodes: np.ndarra
     theta = model.initial()
     contributions = np.zeros(n, dtype=np.int64)
     history = []
-    for t, holder in enumerate(path):
+    visits_iter = path
+    if options.progress:
+        from tqdm import tqdm
+
+        visits_iter = tqdm(path, desc="random walk", leave=False, disable=None)
+    for t, holder in enumerate(visits_iter):
         contributes = cap is None or contributions[holder] < cap
         contributions[holder] += int(contributes)
         for _ in range(local_steps):
@@ -472,12 +493,14 @@ def _random_walk_history(cfg: FdpRandomWalkConfig, walk: np.ndarray, nodes: dict
     out = random_walk_dp_sgd(
         walk, nodes["x"], nodes["y"], mask=nodes["mask"], num_classes=nodes["num_classes"],
         steps=privacy.steps, lr=cfg.train.lr, clip=privacy.clip, sigma=sigma,
-        batch_size=cfg.train.batch_size, local_steps=privacy.local_steps,
-        cap=cap if epsilon is not None else None,
-        seed=numpy_secret_rng(seed, cfg.experiment.entropy,
-                              seeded_cell_name(cfg, cell, _GRID, _data(nodes), _LATER)),
-        eval_every=cfg.train.eval_every, eval_data=nodes["eval"], model=nodes["model"],
-        unsafe_zero_noise=epsilon is None)  # the non-private baseline
+        visits=VisitSettings(batch_size=cfg.train.batch_size, local_steps=privacy.local_steps,
+                             cap=cap if epsilon is not None else None),
+        model=nodes["model"],
+        options=RunOptions(
+            seed=numpy_secret_rng(seed, cfg.experiment.entropy,
+                                  seeded_cell_name(cfg, cell, _GRID, _data(nodes), _LATER)),
+            eval_every=cfg.train.eval_every, eval_data=nodes["eval"],
+            unsafe_zero_noise=epsilon is None))  # the non-private baseline
     return _plain(out["history"])
 
 
@@ -590,10 +613,10 @@ def _decor_history(cfg: FdpRandomWalkConfig, W: np.ndarray, nodes: dict, cell: s
     out = run_decor(W, nodes["x"], nodes["y"], mask=nodes["mask"],
                     num_classes=nodes["num_classes"], steps=cfg.decor.steps, lr=cfg.decor.lr,
                     clip=cfg.privacy.clip, sigma=sigma, sigma_cor=sigma_cor,
-                    batch_size=cfg.decor.batch_size,
-                    seed=numpy_secret_rng(seed, cfg.experiment.entropy, seeded_cell_name(
-                        cfg, cell, _GRID, _data(nodes), _LATER)),
-                    eval_every=cfg.train.eval_every, eval_data=nodes["eval"])
+                    batch_size=cfg.decor.batch_size, options=RunOptions(
+                        seed=numpy_secret_rng(seed, cfg.experiment.entropy, seeded_cell_name(
+                            cfg, cell, _GRID, _data(nodes), _LATER)),
+                        eval_every=cfg.train.eval_every, eval_data=nodes["eval"]))
     return _plain(out.history)
 
 

@@ -35,6 +35,8 @@ __all__ = [
     "SumResult",
     "HistogramResult",
     "SGDResult",
+    "Evaluation",
+    "CapPolicy",
     "validate_transition_matrix",
     "sample_random_walk",
     "randomized_response",
@@ -318,6 +320,25 @@ def project_l2_ball(w: np.ndarray, radius: float | None) -> np.ndarray:
     return w if norm <= radius else w * (radius / norm)
 
 
+@dataclass(frozen=True)
+class Evaluation:
+    """Evaluate the weights with ``evaluate`` (weights → dict of metrics) before the first step
+    and every ``every`` steps (0: only before the first step), and after the last."""
+
+    evaluate: Callable[[np.ndarray], dict] | None = None
+    every: int = 0
+
+
+@dataclass(frozen=True)
+class CapPolicy:
+    """Which steps of the walk carry data (``contributes``, one bool a step; None: all) and
+    what a holder past its cap does under the trust ``model``: "network" adds only noise,
+    "local" forwards the token untouched."""
+
+    contributes: ArrayLike | None = None
+    model: str = "network"
+
+
 def random_walk_sgd(
     gradient: Callable[[np.ndarray, int], np.ndarray],
     w0: ArrayLike,
@@ -327,23 +348,24 @@ def random_walk_sgd(
     sigma: float,
     clip: float,
     n: int,
-    contributes: ArrayLike | None = None,
-    model: str = "network",
+    cap: CapPolicy = CapPolicy(),
     radius: float | None = None,
     seed: Randomness = None,
-    evaluate: Callable[[np.ndarray], dict] | None = None,
-    eval_every: int = 0,
+    evaluation: Evaluation = Evaluation(),
     unsafe_zero_noise: bool = False,
 ) -> SGDResult:
     """A4: τ ← Π_W(τ − η(clip(∇f(τ; D_u)) + Z)), Z ~ N(0, σ² I), along ``walk``.
 
     The gradient is clipped to norm ``clip`` *before* the noise is added. Where
-    ``contributes`` is False (the user is past its cap ⌈cT/n⌉) the holder adds only noise under
-    network DP and forwards the token untouched under local DP. The noisy gradient is
-    released exactly, round_g(clip(∇f) + σN) (MATH.md §10), then the step taken from it.
-    ``sigma`` must be > 0:
-    the noise-free run (``sigma=0``) needs ``unsafe_zero_noise=True`` and is not private.
+    ``cap.contributes`` is False (the user is past its cap ⌈cT/n⌉) the holder adds only noise
+    under network DP and forwards the token untouched under local DP (``cap.model``). The
+    noisy gradient is released exactly, round_g(clip(∇f) + σN) (MATH.md §10), then the step
+    taken from it. ``evaluation`` evaluates the weights along the way (:class:`Evaluation`).
+    ``sigma`` must be > 0: the noise-free run (``sigma=0``) needs ``unsafe_zero_noise=True``
+    and is not private.
     """
+    contributes, model = cap.contributes, cap.model
+    evaluate, eval_every = evaluation.evaluate, evaluation.every
     require(isinstance(lr, int | float) and lr > 0, f"lr must be > 0, got {lr!r}")
     require(isinstance(clip, int | float) and clip > 0, f"clip must be > 0, got {clip!r}")
     sigma, model, n = check_noise_std(sigma, unsafe_zero_noise), _model(model), _users(n)

@@ -448,7 +448,12 @@ class _CellTrainer:
         """The noise and the run (the walk is not returned)."""
         from dpdl.algorithms.randomness import numpy_secret_rng
         from dpdl.extensions.netdp import accounting as nd
-        from dpdl.extensions.netdp.algorithm import random_walk_sgd, sample_random_walk
+        from dpdl.extensions.netdp.algorithm import (
+            CapPolicy,
+            Evaluation,
+            random_walk_sgd,
+            sample_random_walk,
+        )
 
         cfg, data, alg = self.cfg, self.data, self.cfg.algorithm
         n, T = data["n"], alg.steps
@@ -467,9 +472,10 @@ class _CellTrainer:
         run = random_walk_sgd(
             self.gradient, np.zeros(data["dim"]), walk, lr=lr, sigma=noise["sigma"],
             clip=alg.clip, n=n,
-            contributes=mask if approach in ("local", "network") else None,
-            model="local" if approach == "local" else "network", radius=alg.radius,
-            seed=secret, evaluate=self.evaluators[split], eval_every=alg.eval_every,
+            cap=CapPolicy(contributes=mask if approach in ("local", "network") else None,
+                          model="local" if approach == "local" else "network"),
+            radius=alg.radius, seed=secret,
+            evaluation=Evaluation(self.evaluators[split], alg.eval_every),
             unsafe_zero_noise=approach == NON_PRIVATE)  # the non-private baseline
         return noise, run
 
