@@ -17,7 +17,6 @@ NOT_YET = {
     "extensions/fdp/experiment.py:random_walk_dp_sgd",
     "extensions/fdp/decor.py:run_decor",
     "extensions/netdp/algorithm.py:random_walk_sgd",
-    "engine/simulator.py:Simulator.__init__",
 }
 
 
