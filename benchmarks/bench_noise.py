@@ -28,7 +28,7 @@ from bench_floor import interleaved
 from dpdl.algorithms import noise
 from dpdl.algorithms.dyn_d2p import GAUSSIAN_RELEASE, make_node_generators
 from dpdl.audit.legacy_noise import LEGACY_MECHANISMS
-from dpdl.engine import NodeData, Simulator
+from dpdl.engine import NodeData, Simulator, StepOptions
 from dpdl.models import make_model
 from dpdl.topology import make_topology
 
@@ -54,7 +54,8 @@ def main() -> None:
     common = dict(lr=0.03, expected_batch_size=args.batch)
     old = LEGACY_MECHANISMS["legacy-box-muller"]
     sims = {"exact": Simulator(model, data, topology, **common),
-            "box-muller": Simulator(model, data, topology, noise_mechanism=old, **common)}
+            "box-muller": Simulator(model, data, topology,
+                                    options=StepOptions(mechanism=old), **common)}
     step = {"private": True, "clip": 1.0, "sigma": 0.5}
     sums = {"w": torch.randn(n, d)}
     out = {"w": torch.empty(n, d)}

@@ -69,7 +69,7 @@ def test_a_step_takes_step_arguments_or_the_same_keywords(h):
 
     _, data, _ = _inputs(h)
     sims = [Simulator(h.tiny_model(seed=2), data, h.ExpGraph(5), lr=0.3, seed=4,
-                      momentum=0.5) for _ in range(2)]  # fmt: skip
+                      transforms=sgd(momentum=0.5)) for _ in range(2)]  # fmt: skip
     given = StepArguments(private=True, clip=0.4, sigma=0.8, lr=0.2, mix=False)
     sims[0].step(given)
     sims[1].step(private=True, clip=0.4, sigma=0.8, lr=0.2, mix=False)
@@ -150,7 +150,8 @@ def test_a_checkpoint_of_the_older_layout_resumes_its_momentum(h):
 
     def fresh():
         return Simulator(h.tiny_model(seed=2), data, h.RandomColumnStochastic(5, seed=1),
-                         lr=0.3, seed=4, momentum=0.9, weight_decay=0.01)  # fmt: skip
+                         lr=0.3, seed=4,
+                         transforms=sgd(momentum=0.9, weight_decay=0.01))  # fmt: skip
 
     args = StepArguments(private=True, clip=0.4, sigma=0.8)
     full, cut = fresh(), fresh()
@@ -172,8 +173,8 @@ def test_a_checkpoint_of_the_older_layout_resumes_its_momentum(h):
 
 def test_the_engine_builds_the_sgd_chain_from_its_settings(h):
     _, data, _ = _inputs(h)
-    sim = Simulator(h.tiny_model(seed=2), data, h.ExpGraph(5), lr=0.3, momentum=0.5,
-                    weight_decay=0.1)  # fmt: skip
+    sim = Simulator(h.tiny_model(seed=2), data, h.ExpGraph(5), lr=0.3,
+                    transforms=sgd(momentum=0.5, weight_decay=0.1))  # fmt: skip
     assert sim.transforms == sgd(momentum=0.5, weight_decay=0.1)
     assert Simulator(h.tiny_model(seed=2), data, h.ExpGraph(5), lr=0.3).transforms == PLAIN
     assert Simulator(h.tiny_model(seed=2), data, h.ExpGraph(5), lr=0.3).momentum_buffer is None

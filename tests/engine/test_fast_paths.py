@@ -23,6 +23,7 @@ from dpdl.algorithms.dyn_d2p import (
     mean_batch_grads,
     sum_records,
 )
+from dpdl.algorithms.transforms import sgd
 from dpdl.engine import NodeData, Simulator, stack_params
 from dpdl.errors import DPDLError
 
@@ -184,7 +185,8 @@ def test_both_private_paths_refill_one_noise_buffer_across_steps(h, momentum):
     n = 4
     x, y, mask = h.tiny_data(n, [5] * n, seed=1)
     data = NodeData.from_arrays(x, y, mask)
-    sim = Simulator(h.tiny_model(), data, h.ExpGraph(n), lr=0.1, seed=0, momentum=momentum)
+    sim = Simulator(h.tiny_model(), data, h.ExpGraph(n), lr=0.1, seed=0,
+                    transforms=sgd(momentum=momentum))
     sim.step(private=False)
     assert sim._noise_buffer is None
     sim.step(private=True, clip=1.0, sigma=1.0)

@@ -10,6 +10,7 @@ import torch
 from tests.engine.noise_reference import assert_close_up_to_a_grid_step, reference_noisy_sum
 
 from dpdl.algorithms.dyn_d2p import apply_weight_decay, heavy_ball, make_node_generators
+from dpdl.algorithms.transforms import sgd
 from dpdl.engine import NodeData, Simulator, stack_params
 from dpdl.errors import DPDLError
 
@@ -68,8 +69,8 @@ def _reference(model, data, topology, mixes, *, lr, b, p, clip, sigma, private, 
 
 def _simulator(h, topology, data, *, momentum=0.0, weight_decay=0.0, b=2.0, lr=0.3):
     return Simulator(_linear(), NodeData.from_arrays(*data), topology, lr=lr,
-                     expected_batch_size=b, seed=11, momentum=momentum,
-                     weight_decay=weight_decay)  # fmt: skip
+                     expected_batch_size=b, seed=11,
+                     transforms=sgd(momentum=momentum, weight_decay=weight_decay))  # fmt: skip
 
 
 def _assert_equal_to(sim, ref_x, ref_w, n, steps: int = 3):
@@ -209,7 +210,7 @@ def test_the_engine_refuses_bad_optimiser_settings(h, option, value):
     data = h.tiny_data(3, [5] * 3)
     with pytest.raises(DPDLError, match=option):
         Simulator(_linear(), NodeData.from_arrays(*data), h.ExpGraph(3), lr=0.1,
-                  **{option: value})  # fmt: skip
+                  transforms=sgd(**{option: value}))  # fmt: skip
 
 
 # ---------------------------------------------------------------- the distributed runtime
@@ -242,7 +243,7 @@ def _five_nodes():
 
 def _optimised(engine, data, topology, **kw):
     return engine(_linear(), data, topology, lr=0.3, expected_batch_size=2.0, seed=11,
-                  momentum=0.9, weight_decay=0.05, **kw)  # fmt: skip
+                  transforms=sgd(momentum=0.9, weight_decay=0.05), **kw)  # fmt: skip
 
 
 def _distributed_worker(rank, world, port, out_dir):

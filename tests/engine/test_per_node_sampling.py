@@ -11,7 +11,7 @@ import torch
 
 from dpdl.algorithms.dyn_d2p import make_node_generators, node_sample_rates, poisson_sample
 from dpdl.algorithms.randomness import inclusion_threshold
-from dpdl.engine import NodeData, Simulator
+from dpdl.engine import NodeData, Sampling, Simulator
 from dpdl.errors import DPDLError
 
 from .conftest import ExpGraph, tiny_data, tiny_model
@@ -32,7 +32,7 @@ def test_each_node_draws_b_records_per_step_in_expectation():
     x, y, mask = tiny_data(len(COUNTS), COUNTS)
     data = NodeData.from_arrays(x, y, mask)
     sim = Simulator(tiny_model(), data, ExpGraph(len(COUNTS)), lr=0.1, expected_batch_size=B,
-                    seed=7, sampling="per-node")  # fmt: skip
+                    seed=7, sampling=Sampling("per-node"))  # fmt: skip
     assert sim.sample_rate == B / min(COUNTS) == float(sim.sample_rates.max())
     steps = 300
     drawn = torch.stack([sim.step(private=True, clip=1.0, sigma=1.0) for _ in range(steps)])

@@ -19,7 +19,7 @@ from dpdl.algorithms.per_sample import SENSITIVITY_MARGIN
 from dpdl.algorithms.randomness import SecretStream
 from dpdl.audit.implementation import _Game, lattice_guess, preimage_guess
 from dpdl.audit.legacy_noise import LEGACY_MECHANISMS
-from dpdl.engine.simulator import NodeData, Simulator
+from dpdl.engine.simulator import NodeData, Simulator, StepOptions
 from dpdl.models import make_model
 from dpdl.topology import make_topology
 
@@ -106,7 +106,7 @@ def _recover_batches(noise, trials, lr=0.1, clip=1.0, z=20.0, b=3.0):
     mechanism = LEGACY_MECHANISMS.get(noise)
     recovered = 0
     for _ in range(trials):
-        extra = {} if mechanism is None else {"noise_mechanism": mechanism}
+        extra = {} if mechanism is None else {"options": StepOptions(mechanism=mechanism)}
         sim = Simulator(model, NodeData.from_arrays(xs, ys, mask), make_topology("ring", 2),
                         lr=lr, expected_batch_size=b, **extra)  # fmt: skip
         assert sim.sample_rate == 0.5
@@ -147,7 +147,8 @@ def test_fp_lattice_cnn_at_table_2s_setting_finds_no_lattice():
     g = _clipped_records(model, records, labels, clip * SENSITIVITY_MARGIN)
     scores = {}
     for noise in ("exact", "legacy-box-muller"):
-        extra = {} if noise == "exact" else {"noise_mechanism": LEGACY_MECHANISMS[noise]}
+        extra = ({} if noise == "exact"
+                 else {"options": StepOptions(mechanism=LEGACY_MECHANISMS[noise])})
         sim = Simulator(model, NodeData.from_arrays(xs, ys, mask), make_topology("ring", 2),
                         lr=lr, expected_batch_size=b, **extra)  # fmt: skip
         replay = SecretStream()

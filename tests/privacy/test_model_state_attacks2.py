@@ -19,7 +19,7 @@ from torch import nn
 
 import dpdl
 from dpdl.algorithms.randomness import derive_key
-from dpdl.engine.simulator import NodeData, Simulator, evaluation_mode
+from dpdl.engine.simulator import NodeData, Simulator, StepOptions, evaluation_mode
 from dpdl.errors import DPDLError
 from dpdl.models import make_model
 from dpdl.models.validation import refuse_stateful
@@ -70,7 +70,7 @@ def two_worlds(model: nn.Module, node1_records: int, loss="cross_entropy") -> Si
     mask[1, :node1_records] = True
     return Simulator(model, NodeData.from_arrays(xs, ys, mask), make_topology("ring", 2),
                      lr=LR, expected_batch_size=B, seed=derive_key("root", 1),
-                     loss=loss)  # fmt: skip
+                     options=StepOptions(loss=loss))  # fmt: skip
 
 
 def node0_after_local_steps(make) -> list[torch.Tensor]:

@@ -48,7 +48,7 @@ from dpdl.algorithms.per_sample import SENSITIVITY_MARGIN
 from dpdl.algorithms.randomness import derive_key
 from dpdl.audit.stats import epsilon_lower_bound, threshold_bounds
 from dpdl.audit.trials import noise_mechanism
-from dpdl.engine.simulator import NodeData, Simulator, stack_params
+from dpdl.engine.simulator import NodeData, Simulator, StepOptions, stack_params
 from dpdl.errors import require
 
 __all__ = ["IMPLEMENTATION_TESTS", "ImplementationAudit", "TestResult", "audit_implementation"]
@@ -132,7 +132,7 @@ class _Game:
         self.games += 1
         sim = Simulator(self.model, NodeData.from_arrays(xs, ys, mask), make_topology("ring", 2),
                         lr=LR, expected_batch_size=self.b, seed=seed,
-                        noise_mechanism=self.mechanism)  # fmt: skip
+                        options=StepOptions(mechanism=self.mechanism))  # fmt: skip
         require(sim.sample_rate == 1.0, "the implementation game needs p = 1")
         sim.step(private=True, clip=CLIP, sigma=self.sigma, mix=False)
         return torch.cat([p[0].reshape(-1) for p in sim.params.values()]).double().numpy()

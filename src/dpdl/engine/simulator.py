@@ -48,7 +48,31 @@ from dpdl.engine.steps import EngineStepContext, copy_state, state_to_device
 from dpdl.errors import DPDLError, require
 from dpdl.models.validation import refuse_stateful
 
-__all__ = ["NodeData", "Simulator", "record_dtype", "stack_params", "resolve_device"]
+__all__ = ["NodeData", "Sampling", "Simulator", "StepOptions", "record_dtype", "stack_params",
+           "resolve_device"]
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """How the engine's local step computes: ``loss`` (a name of ``dyn_d2p.LOSSES`` or a
+    per-record callable), ``clip_method`` (``"auto"``, ``"book-keeping"``, ``"per-record"``;
+    :func:`dpdl.algorithms.dyn_d2p.clipped_record_sums`) and the noise ``mechanism``
+    (:data:`~dpdl.algorithms.dyn_d2p.GAUSSIAN_RELEASE`, the only certified one; others are
+    the audit's deliberately broken samplers).  Checked by :class:`Simulator`."""
+
+    loss: str | Callable = "cross_entropy"
+    clip_method: str = "auto"
+    mechanism: NoiseMechanism = GAUSSIAN_RELEASE
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How nodes draw their Poisson batches: ``kind`` ``"uniform"`` (every node at the
+    accounted rate) or ``"per-node"`` (node i at b / J_i); ``rate`` a given rate for every node
+    (uniform only; None: b / J_min from the nodes' sizes).  Checked by :class:`Simulator`."""
+
+    kind: str = "uniform"
+    rate: float | None = None
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -158,23 +182,25 @@ class Simulator:
     """n push-sum nodes training one model architecture with the Dyn-D2P family.
 
     ``sample_rate`` p = b / J_min is the rate the privacy schedule is accounted at, the largest
-    of ``sample_rates``, every node's own rate: with ``sampling="uniform"`` (the default) every
+    of ``sample_rates``, every node's own rate: with ``sampling="uniform"`` (the default; a
+    :class:`Sampling` or its ``kind``) every
     node samples at p, so a node with more than J_min records has a larger expected batch than
     b; with ``"per-node"`` node i samples at q_i = b / J_i, an expected batch of b everywhere.
-    Either way the noisy sum is divided by b (MATH.md §4 step 5).  A ``sample_rate`` given
-    (a hyper-parameter, privacy.neighboring = "add-remove") is every node's rate instead, and
-    no node's size is read or exchanged for it.  The per-node sampling and noise
-    streams are secret: ``seed=None`` (the default) keys them from OS entropy; a root key
-    (bytes, :func:`dpdl.algorithms.randomness.stream_root`) or an int derives them, with each
-    node's data fingerprint, reproducibly (a research choice, see
+    Either way the noisy sum is divided by b (MATH.md §4 step 5).  A rate given
+    (``Sampling(rate=...)``, a hyper-parameter, privacy.neighboring = "add-remove") is every
+    node's rate instead, and no node's size is read or exchanged for it.  The per-node
+    sampling and noise streams are secret: ``seed=None`` (the default) keys them from OS
+    entropy; a root key (bytes, :func:`dpdl.algorithms.randomness.stream_root`) or an int
+    derives them, with each node's data fingerprint, reproducibly (a research choice, see
     :mod:`dpdl.algorithms.randomness`).  Every private step's noise is released exactly
-    (:data:`~dpdl.algorithms.dyn_d2p.GAUSSIAN_RELEASE`, MATH.md §10); ``noise_mechanism``
+    (:data:`~dpdl.algorithms.dyn_d2p.GAUSSIAN_RELEASE`, MATH.md §10); ``options.mechanism``
     replaces it only for the audit's deliberately broken samplers.
     A model whose state (buffers, Python attributes and class data attributes of any
     submodule) or whose loss's state changes across a forward, or whose forward draws from a
     process-wide random generator (dropout), is refused
     (:func:`dpdl.models.validation.refuse_stateful`, on a copy, every way the engine runs it).
-    ``clip_method`` chooses how per-record clipped sums are computed (``"auto"``,
+    ``options.clip_method`` (a :class:`StepOptions`, with ``options.loss``) chooses how
+    per-record clipped sums are computed (``"auto"``,
     ``"book-keeping"``, ``"per-record"``; see :func:`dpdl.algorithms.dyn_d2p.
     clipped_record_sums`): the numbers agree to rounding.
 
@@ -196,19 +222,16 @@ class Simulator:
         expected_batch_size: float = 1.0,
         seed: int | bytes | None = None,
         device: str | torch.device = "cpu",
-        loss: str | Callable = "cross_entropy",
-        noise_mechanism: NoiseMechanism = GAUSSIAN_RELEASE,
-        clip_method: str = "auto",
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
-        sampling: str = "uniform",
-        sample_rate: float | None = None,
+        options: StepOptions | None = None,
+        transforms: Chain | None = None,
+        sampling: str | Sampling = "uniform",
         runtime: Runtime | None = None,
     ):
+        options = StepOptions() if options is None else options
+        loss, noise_mechanism, clip_method = options.loss, options.mechanism, options.clip_method
+        sampling = Sampling(sampling) if isinstance(sampling, str) else sampling
+        sampling, sample_rate = sampling.kind, sampling.rate
         require(lr > 0 and np.isfinite(lr), f"learning rate must be positive, got {lr}")
-        require(0 <= momentum < 1, f"momentum must lie in [0, 1), got {momentum}")
-        require(np.isfinite(weight_decay) and weight_decay >= 0,
-                f"weight_decay must be >= 0, got {weight_decay}")  # fmt: skip
         require(
             expected_batch_size > 0,
             f"expected batch size b must be positive, got {expected_batch_size}",
@@ -272,8 +295,7 @@ class Simulator:
         self.buffers = {name: b.to(self.device) for name, b in model.named_buffers()}
         self.params = stack_params(model, count, self.device)
         self.weights = torch.ones(count, dtype=torch.float64, device=self.device)
-        self.momentum, self.weight_decay = float(momentum), float(weight_decay)
-        self.use_transforms(sgd(momentum=self.momentum, weight_decay=self.weight_decay))
+        self.use_transforms(sgd() if transforms is None else transforms)
         self.noise_mechanism = noise_mechanism
         self._fingerprints: list[bytes] | None = None
         # Seeded streams are keyed with the node's data too: other data, other noise.
@@ -389,7 +411,7 @@ class Simulator:
 
     def use_transforms(self, transforms: Chain) -> None:
         """The update transforms of every later step (:mod:`dpdl.algorithms.transforms`;
-        built from ``momentum`` and ``weight_decay`` by the constructor), from their initial
+        the constructor's ``transforms``, default ``sgd()``), from their initial
         state: each hosted node's own rows (never sent: only x^{k+1/2} is), kept by the engine
         across steps and in its checkpoints whatever the transforms."""
         self.transforms = transforms

@@ -46,8 +46,9 @@ from dpdl.algorithms.builtin import ScheduleAlgorithm
 from dpdl.algorithms.dyn_d2p import GAUSSIAN_RELEASE
 from dpdl.algorithms.randomness import settings_digest
 from dpdl.algorithms.registry import algorithm_digest
+from dpdl.algorithms.transforms import sgd
 from dpdl.engine import checkpoint as checkpoints
-from dpdl.engine.simulator import NodeData, Simulator
+from dpdl.engine.simulator import NodeData, Sampling, Simulator, StepOptions
 from dpdl.errors import DPDLError, require
 from dpdl.training import inputs
 from dpdl.training.callbacks import (
@@ -435,14 +436,14 @@ class DecentralizedTrainer:
         # The sampling and noise streams are secret and the run's own (dpdl.algorithms.randomness).
         root = noise_root(self.entropy, self.seed, self.stream_settings())
         # a rate given as a hyper-parameter: the engine reads no node's size for it
-        given = ({} if self.training.sample_rate is None
-                 else {"sample_rate": self.training.sample_rate})  # fmt: skip
+        sampling = Sampling(self.training.sampling, self.training.sample_rate)
         sim = (self.execution.engine_factory or Simulator)(
             self.model, self.node_data, self.topology, lr=self.training.lr,
             expected_batch_size=self.training.batch_size, seed=root, device=self.device,
-            loss=self.loss, momentum=self.training.momentum,
-            weight_decay=self.training.weight_decay, sampling=self.training.sampling,
-            runtime=self.runtime, **given,
+            options=StepOptions(loss=self.loss),
+            transforms=sgd(momentum=self.training.momentum,
+                           weight_decay=self.training.weight_decay),
+            sampling=sampling, runtime=self.runtime,
         )  # fmt: skip
         del root  # the generators hold the secret now; nothing else should
         sim.use_algorithm(self.spec.algorithm, self.spec.algorithm_settings)
