@@ -12,6 +12,18 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 
 
 @pytest.fixture
+def one_thread():
+    """One torch thread for the test (a module asks with pytestmark): the per-step work of
+    tiny models is too fine-grained for intra-op threads (see dpdl run)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
 def rng():
     import numpy as np
 

@@ -26,12 +26,7 @@ VOCAB, WIDTH, CLASSES = 12, 5, 3
 MARGIN = 1 - 2.0**-12  # per_sample.SENSITIVITY_MARGIN: the bound every clip is applied at
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class BagOfEmbeddings(nn.Module):

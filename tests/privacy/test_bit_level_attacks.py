@@ -26,12 +26,7 @@ from dpdl.topology import make_topology
 LATTICE = 2.0**-17
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _play(game, guess, trials):

@@ -31,13 +31,7 @@ from dpdl.engine import checkpoint as checkpoints
 from dpdl.engine.simulator import Simulator, stack_params
 from dpdl.errors import DPDLError
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def nodes_data(n=3, j=10, d=4, classes=3, seed=0):

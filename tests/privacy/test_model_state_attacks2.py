@@ -26,13 +26,7 @@ from dpdl.models.validation import refuse_stateful
 from dpdl.topology import make_topology
 from dpdl.training.trainer import DecentralizedTrainer
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def one_line(excinfo) -> str:

@@ -31,13 +31,7 @@ import dpdl
 from dpdl.data import load_dataset
 from dpdl.models import make_model
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def worlds():

@@ -27,12 +27,7 @@ NODES = 5
 FEATURES, CLASSES = 6, 3
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def node_sets(sizes, seed=0, regression=False):

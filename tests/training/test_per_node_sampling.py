@@ -23,12 +23,7 @@ SIZES = [30, 60, 240, 60, 120, 30]  # unequal nodes, some of a size
 B, DELTA = 4, 1e-5
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

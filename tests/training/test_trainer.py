@@ -27,13 +27,7 @@ from dpdl.training.trainer import CSVLogger, Evaluation, TensorBoardLogger
 NODES = 12
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Per-step work of tiny models is too fine-grained for intra-op threads (see dpdl run).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
