@@ -4,6 +4,7 @@ noisy release per step, one push-sum round, the schedule family of the same name
 
 from __future__ import annotations
 
+from dpdl.accounting.schedules import ALGORITHMS as SCHEDULES
 from dpdl.algorithms.registry import Algorithm, register_algorithm
 
 __all__ = ["BUILTIN_ALGORITHMS", "ScheduleAlgorithm"]
@@ -16,11 +17,7 @@ class ScheduleAlgorithm(Algorithm):
         self.name, self.schedule, self.description = name, name, description
 
 
-BUILTIN_ALGORITHMS = tuple(register_algorithm(ScheduleAlgorithm(name, text)) for name, text in (
-    ("sgp", "stochastic gradient push, not private (no clipping, no noise)"),
-    ("const-d2p", "constant clip bound and noise multiplier"),
-    ("dyn-c-d2p", "decaying clip bound, constant multiplier"),
-    ("dyn-mu-d2p", "constant clip bound, decaying privacy budget per step"),
-    ("dyn-d2p", "decaying clip bound and per-step budget (the seed paper's Dyn-D2P)"),
-    ("general", "any clip and noise shapes (Corollary 1)"),
-))  # fmt: skip
+# Every schedule family registered by now (the built-in ones); a family registered later
+# becomes an algorithm on first use (registry.get_algorithm).
+BUILTIN_ALGORITHMS = tuple(register_algorithm(ScheduleAlgorithm(name, family.description))
+                           for name, family in SCHEDULES.items())  # fmt: skip

@@ -129,6 +129,15 @@ class Algorithm:
     def releases(self, settings: BaseModel) -> tuple[Release, ...]:
         return (Release("update"),)
 
+    def schedule_releases(self, settings: BaseModel) -> dict[str, float] | None:
+        """The releases as a schedule takes them ({name: noise factor},
+        :func:`dpdl.accounting.schedules.make_schedule`): None for Algorithm 1's one release
+        of factor 1."""
+        releases = self.releases(settings)
+        if len(releases) == 1 and releases[0].noise_factor == 1.0:
+            return None
+        return {r.name: r.noise_factor for r in releases}
+
     def rounds(self, settings: BaseModel) -> int:
         """Gossip rounds per (mixing) step."""
         return 1
@@ -137,7 +146,8 @@ class Algorithm:
         return View(rounds=self.rounds(settings))
 
     def init_state(self, context: StepContext) -> dict[str, Any]:
-        """Per-node tensors (rows = the hosted nodes) the step keeps across steps."""
+        """Per-node tensors (rows = the hosted nodes; nested dicts of tensors) the step keeps
+        across steps."""
         return {}
 
     def step(self, context: StepContext) -> Any:
@@ -300,8 +310,10 @@ def load_plugins() -> None:
     from importlib.metadata import entry_points
 
     _register_builtins()
-    for entry in entry_points(group=PLUGIN_ENTRY_POINTS):
-        _load_once(f"entry point {entry.name}", entry.load)
+    if "entry points" not in _loaded:  # the installed packages' metadata, read once
+        _loaded.add("entry points")
+        for entry in entry_points(group=PLUGIN_ENTRY_POINTS):
+            _load_once(f"entry point {entry.name}", entry.load)
     for item in filter(None, (s.strip() for s in os.environ.get(PLUGINS_VARIABLE, "").split(","))):
         _load_once(item, lambda item=item: _import(item))
 

@@ -46,6 +46,8 @@ State = dict[str, Any]
 __all__ = [
     "State",
     "UpdateTransform",
+    "map_tensors",
+    "tree_structure",
     "WeightDecay",
     "HeavyBall",
     "StepSize",
@@ -256,20 +258,21 @@ def _tensors(tree) -> list[torch.Tensor]:
     return []
 
 
-def _map(fn, tree):
+def map_tensors(fn, tree):
+    """``fn`` applied to every tensor of a state (nested mappings of tensors)."""
     if isinstance(tree, torch.Tensor):
         return fn(tree)
     if isinstance(tree, Mapping):
-        return {key: _map(fn, value) for key, value in tree.items()}
+        return {key: map_tensors(fn, value) for key, value in tree.items()}
     return tree
 
 
-def _shape(tree):
+def tree_structure(tree):
     """The structure of a state: its keys and every tensor's shape and dtype."""
     if isinstance(tree, torch.Tensor):
         return tuple(tree.shape), tree.dtype
     if isinstance(tree, Mapping):
-        return {key: _shape(value) for key, value in tree.items()}
+        return {key: tree_structure(value) for key, value in tree.items()}
     return tree
 
 
@@ -281,7 +284,7 @@ LEGACY_STATE_KEYS = {"momentum": "momentum"}
 def state_to_save(state: State) -> State:
     """The transforms' state for a checkpoint: a CPU copy of every transform's non-empty
     state (they change in place every step); {} when none keeps any."""
-    return {name: _map(lambda t: t.detach().to("cpu", copy=True), s)
+    return {name: map_tensors(lambda t: t.detach().to("cpu", copy=True), s)
             for name, s in state.items() if _tensors(s)}  # fmt: skip
 
 
@@ -297,8 +300,8 @@ def state_to_load(current: State, saved: State | None, device) -> State:
     for name in sorted(stateful):
         require(name in saved, f"checkpoint holds no state of the update transform {name!r} "
                 "that this run keeps (another optimiser setting)")  # fmt: skip
-        require(_shape(saved[name]) == _shape(current[name]),
+        require(tree_structure(saved[name]) == tree_structure(current[name]),
                 f"checkpoint's state of the update transform {name!r} does not match the "
                 "model")  # fmt: skip
-    return {name: _map(lambda t: t.to(device, copy=True), saved[name]) if name in stateful
+    return {name: map_tensors(lambda t: t.to(device, copy=True), saved[name]) if name in stateful
             else s for name, s in current.items()}  # fmt: skip

@@ -130,15 +130,18 @@ def algorithm_design(algorithm: str, design: AuditDesign) -> tuple[str, AuditDes
 
     plugin, settings = resolve(algorithm)
     releases = plugin.releases(settings)
-    require(len(releases) == 1 and releases[0].noise_factor == 1.0,
+    require(plugin.schedule_releases(settings) is None,
             f"{algorithm} releases {len(releases)} noisy messages per step "
             f"({', '.join(r.name for r in releases)}); the audit's trials play one: its "
             "accounting is checked by `dpdl account`, its observers by `dpdl gossip account`")
     view = plugin.view(settings)
-    rounds = 1 if view.fresh_noise_every_round else view.rounds
-    require(view.exact and (rounds == 1 or view.rounds == rounds),
-            f"{algorithm}: its view is not one linear Gaussian stream; nothing to audit")
-    return plugin.schedule, replace(design, rounds_per_step=rounds)
+    require(view.exact, f"{algorithm}: its view is not one linear Gaussian stream; nothing "
+            "to audit")  # fmt: skip
+    # the trials play one release then rounds without fresh noise (Muffliato's steps)
+    require(view.rounds == 1 or not view.fresh_noise_every_round,
+            f"{algorithm}: {view.rounds} rounds per step, each with fresh noise: the audit's "
+            "trials play one noisy round per step")  # fmt: skip
+    return plugin.schedule, replace(design, rounds_per_step=view.rounds)
 
 
 def _calibrated(algorithm, epsilon, delta, steps, sample_rate, calibrate, schedule_options):

@@ -124,10 +124,8 @@ def _validate(args: argparse.Namespace) -> None:
     from dpdl.algorithms.registry import resolve
 
     algorithm, settings = resolve(args.algorithm)  # one line naming an unknown one
-    releases = algorithm.releases(settings)
     args.family = algorithm.schedule
-    args.releases = (None if len(releases) == 1 and releases[0].noise_factor == 1.0 else
-                     {r.name: r.noise_factor for r in releases})
+    args.releases = algorithm.schedule_releases(settings)
     require(
         args.calibrate in ACCOUNTANTS,
         f"unknown accountant {args.calibrate!r} for --calibrate; expected one of "

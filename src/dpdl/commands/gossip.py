@@ -116,8 +116,8 @@ def _algorithm_view(args) -> dict | None:
     elif view.exact:
         args.rounds = steps * view.rounds
     else:
-        factors = [r.noise_factor for r in algorithm.releases(settings)]
         described["releases"] = {r.name: r.noise_factor for r in algorithm.releases(settings)}
+        factors = list(described["releases"].values())
         described["local_dp_mu"] = math.sqrt(steps * sum(1 / f**2 for f in factors)) * (
             args.sensitivity / args.sigma)
     return described

@@ -24,6 +24,7 @@ import torch
 
 from dpdl.algorithms.dyn_d2p import Params
 from dpdl.algorithms.step import StepArguments
+from dpdl.algorithms.transforms import map_tensors, tree_structure
 from dpdl.errors import require
 
 __all__ = ["EngineStepContext", "copy_state", "state_to_device"]
@@ -111,25 +112,13 @@ class EngineStepContext:
 
 
 def copy_state(state: Any, device: str | torch.device = "cpu") -> Any:
-    """A copy of an algorithm's (nested dict / list of tensors) state on ``device``."""
-    if isinstance(state, torch.Tensor):
-        return state.detach().to(device, copy=True)
-    if isinstance(state, dict):
-        return {k: copy_state(v, device) for k, v in state.items()}
-    if isinstance(state, list | tuple):
-        return type(state)(copy_state(v, device) for v in state)
-    return state
+    """A copy of an algorithm's state (nested dicts of tensors) on ``device``."""
+    return map_tensors(lambda t: t.detach().to(device, copy=True), state)
 
 
 def state_to_device(saved: Any, like: Any, device) -> Any:
-    """``saved`` checked against the freshly initialised ``like`` (same keys and shapes),
-    copied onto ``device``: a checkpoint of another algorithm or setting is refused."""
-    if isinstance(like, torch.Tensor):
-        require(isinstance(saved, torch.Tensor) and saved.shape == like.shape,
-                "the checkpoint's algorithm state does not match this algorithm's")  # fmt: skip
-        return saved.to(device, copy=True)
-    if isinstance(like, dict):
-        require(isinstance(saved, dict) and set(saved) == set(like),
-                "the checkpoint's algorithm state does not match this algorithm's")  # fmt: skip
-        return {k: state_to_device(saved[k], like[k], device) for k in like}
-    return copy_state(saved, device)
+    """``saved`` checked against the freshly initialised ``like`` (same keys, shapes and
+    dtypes), copied onto ``device``: a checkpoint of another algorithm or setting is refused."""
+    require(tree_structure(saved) == tree_structure(like),
+            "the checkpoint's algorithm state does not match this algorithm's")  # fmt: skip
+    return map_tensors(lambda t: t.to(device, copy=True), saved)

@@ -90,7 +90,6 @@ def build_schedule(
     the calibration's progress (``dpdl.accounting.calibration``)."""
     calibrate = spec.calibrate or privacy.calibrate
     algorithm = spec.algorithm
-    releases = algorithm.releases(spec.algorithm_settings)
     return make_schedule(
         algorithm.schedule,
         epsilon=epsilon if algorithm.private else None,
@@ -103,8 +102,7 @@ def build_schedule(
         blocks=privacy.calibration_blocks if get_accountant(calibrate).calibration_blocks else None,
         on_iteration=on_iteration,
         neighboring=privacy.neighboring,
-        releases=None if len(releases) == 1 and releases[0].noise_factor == 1.0 else
-        {r.name: r.noise_factor for r in releases},
+        releases=algorithm.schedule_releases(spec.algorithm_settings),
     )
 
 
