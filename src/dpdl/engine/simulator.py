@@ -33,7 +33,14 @@ from dpdl.algorithms.dyn_d2p import (
     node_sample_rates,
     noisy_update,
 )
+from dpdl.algorithms.correlated import (
+    INDEPENDENT,
+    CorrelatedStep,
+    NoiseCorrelation,
+    undirected_neighbours,
+)
 from dpdl.algorithms.noise import NoiseDraw
+from dpdl.algorithms.pairwise import HostedKeys
 from dpdl.algorithms.step import LocalStep, NodeRecords, StepArguments, StepBuffers
 from dpdl.algorithms.transforms import (
     LEGACY_STATE_KEYS,
@@ -58,11 +65,14 @@ class StepOptions:
     per-record callable), ``clip_method`` (``"auto"``, ``"book-keeping"``, ``"per-record"``;
     :func:`dpdl.algorithms.dyn_d2p.clipped_record_sums`) and the noise ``mechanism``
     (:data:`~dpdl.algorithms.dyn_d2p.GAUSSIAN_RELEASE`, the only certified one; others are
-    the audit's deliberately broken samplers).  Checked by :class:`Simulator`."""
+    the audit's deliberately broken samplers), and how the nodes' noise is ``correlation``
+    (:mod:`dpdl.algorithms.correlated`: independent, the default, or DECOR's pairwise-
+    cancelling secrets).  Checked by :class:`Simulator`."""
 
     loss: str | Callable = "cross_entropy"
     clip_method: str = "auto"
     mechanism: NoiseMechanism = GAUSSIAN_RELEASE
+    correlation: NoiseCorrelation = INDEPENDENT
 
 
 @dataclass(frozen=True)
@@ -297,17 +307,48 @@ class Simulator:
         self.weights = torch.ones(count, dtype=torch.float64, device=self.device)
         self.use_transforms(sgd() if transforms is None else transforms)
         self.noise_mechanism = noise_mechanism
+        self.correlation = options.correlation
+        require(not self.correlation.pairwise_keys or noise_mechanism is GAUSSIAN_RELEASE,
+                f"noise correlation {self.correlation.name!r} releases with the exact "
+                f"Gaussian release only, not {getattr(noise_mechanism, 'name', noise_mechanism)!r}")
         self._fingerprints: list[bytes] | None = None
         # Seeded streams are keyed with the node's data too: other data, other noise.
         self.generators = make_node_generators(
             self.n, seed, first_node=first, count=count,
             salts=None if seed is None else self.data_fingerprints,
         )  # fmt: skip
+        # Pairwise secrets (DECOR): each hosted node's X25519 key pair, drawn here (OS keys,
+        # or derived from the same root as its stream); only public keys are exchanged.
+        self.pairwise: HostedKeys | None = None
+        if self.correlation.pairwise_keys:
+            self.pairwise = HostedKeys(first, count, root=seed,
+                                       salts=None if seed is None else self.data_fingerprints)
+            self._exchange_public_keys()
         self.iteration = 0
         self.mixer = self.runtime.mixer(topology, self._block, self.device)
         self._noise_buffer: NoiseDraw | None = None  # the noise's buffers, refilled each step
         self._work: Params | None = None  # the step's update, then x^{k+1/2}; never exposed
         self.use_algorithm(None, None)  # Algorithm 1's step, until a registered one is given
+
+    def _exchange_public_keys(self) -> None:
+        """Every node's X25519 public key, gathered over the runtime (a collective in the
+        distributed runtime: every rank calls it at the same point); private keys stay."""
+        own = torch.tensor([list(key) for key in self.pairwise.own_publics], dtype=torch.uint8,
+                           device=self.device).reshape(-1, 32)  # fmt: skip
+        every = self._gather_nodes(own).cpu()
+        self.pairwise.learn_publics([bytes(row.tolist()) for row in every])
+
+    def _step_mechanism(self, k: int, mixing_round: int | None):
+        """The noise mechanism of step ``k``: the engine's, as the correlation makes it for
+        that step (its pairs: the undirected graph of the step's gossip round)."""
+        if self.pairwise is None:
+            return self.correlation.at_step(self.noise_mechanism, None)
+        round_k = k if mixing_round is None else mixing_round
+        first, count = self.node_block
+        neighbours = undirected_neighbours(self.topology.mixing_matrix(round_k),
+                                           range(first, first + count))  # fmt: skip
+        return self.correlation.at_step(self.noise_mechanism, CorrelatedStep(
+            k, round_k, first, neighbours, self.pairwise))
 
     @property
     def node_block(self) -> tuple[int, int]:
@@ -370,7 +411,7 @@ class Simulator:
             self._noise_buffer = NoiseDraw.empty(len(self.generators), d, self.device)
         if self._work is None:
             self._work = {name: torch.empty_like(p) for name, p in self.params.items()}
-        spec = self._local_step()
+        spec = self._local_step(self._step_mechanism(k, args.mixing_round))
         records = NodeRecords(self.data.inputs, self.data.targets, self.data.mask,
                               self.generators, self.hosted_sample_rates,
                               first_node=self.node_block[0])  # fmt: skip
@@ -395,16 +436,22 @@ class Simulator:
             self._work = {name: torch.empty_like(p) for name, p in self.params.items()}
         return self._work
 
-    def _local_step(self) -> LocalStep:
+    def _local_step(self, mechanism: NoiseMechanism | None = None) -> LocalStep:
         return LocalStep(self.model, loss=self.loss, buffers=self.buffers,
                          expected_batch_size=self.expected_batch_size,
-                         clip_method=self.clip_method, mechanism=self.noise_mechanism,
+                         clip_method=self.clip_method,
+                         mechanism=self.noise_mechanism if mechanism is None else mechanism,
                          transforms=self.transforms)  # fmt: skip
 
     def use_algorithm(self, algorithm, settings) -> None:
         """Take every later step with a registered algorithm's own step
         (:mod:`dpdl.algorithms.registry`; None: Algorithm 1's), from its initial state."""
         self.algorithm = None if algorithm is None or algorithm.builtin_step else algorithm
+        # A registered step may release several messages per step: one edge stream per
+        # (step, round) would then be read twice.  Not supported yet.
+        require(self.algorithm is None or not self.correlation.pairwise_keys,
+                f"noise correlation {self.correlation.name!r} runs with Algorithm 1's step, "
+                f"not {getattr(algorithm, 'name', algorithm)!r}'s own")  # fmt: skip
         self.algorithm_settings = settings
         self.algorithm_state = ({} if self.algorithm is None else
                                 self.algorithm.init_state(EngineStepContext(self, None)))
@@ -473,7 +520,16 @@ class Simulator:
             "generators": [g.get_state() for g in self.generators],
             "data_fingerprints": [f.hex() for f in self.data_fingerprints],
         } | self._transforms_checkpoint() | (
-            {"algorithm_state": copy_state(self.algorithm_state)} if self.algorithm_state else {})
+            {"algorithm_state": copy_state(self.algorithm_state)} if self.algorithm_state else {}
+        ) | self._pairwise_checkpoint()
+
+    def _pairwise_checkpoint(self) -> dict:
+        """``{"pairwise_keys": [...]}``: the hosted nodes' X25519 private keys (uint8), so a
+        resume replays the same pairwise secrets; no entry without pairwise keys."""
+        if self.pairwise is None:
+            return {}
+        return {"pairwise_keys": [torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone()
+                                  for raw in self.pairwise.state()]}  # fmt: skip
 
     def _transforms_checkpoint(self) -> dict:
         """``{"transforms": {name: state}}``, a copy of each transform's non-empty state (it
@@ -499,6 +555,9 @@ class Simulator:
                 f"hosts {first}..{first + count - 1}: resume with the same number of processes"
             )
         check_fingerprints(state.get("data_fingerprints"), self.data_fingerprints, first)
+        require(self.pairwise is None or "pairwise_keys" in state,
+                "the checkpoint holds no pairwise keys: it was not saved by a run with noise "
+                f"correlation {self.correlation.name!r}")  # fmt: skip
         # checked before anything is replaced; copies (updated in place every step)
         transform_state = state_to_load(self.transform_state, _saved_transforms(state),
                                         self.device)  # fmt: skip
@@ -509,6 +568,10 @@ class Simulator:
         self.weights = state["weights"].to(self.device)
         for g, s in zip(self.generators, state["generators"], strict=True):
             g.set_state(s.clone())  # set_state needs a tensor that owns its storage
+        if self.pairwise is not None:
+            self.pairwise.load_state([bytes(t.to(torch.uint8).cpu().numpy().tobytes())
+                                      for t in state["pairwise_keys"]])  # fmt: skip
+            self._exchange_public_keys()
         self.iteration = int(state["iteration"])
         self.transform_state = transform_state
         self.algorithm_state = algorithm_state

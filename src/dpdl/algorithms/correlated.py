@@ -1,0 +1,229 @@
+"""How the nodes' noise is correlated: a component of the private step (issue 41).
+
+A private step releases node i's noisy sum as round_g(centre_i + σ X_i) (MATH.md §10); what a
+correlation changes is the centre.  :data:`CORRELATIONS` names them (``privacy.correlation``):
+
+* ``"independent"`` (the default): centre_i = S_i, the clipped sum; every node's noise its
+  own.  The step's mechanism is the engine's own, untouched (a run is the run it was).
+* ``"decor"`` (DECOR, Allouah et al. 2024): centre_i = S_i + Σ_{j ∈ N_k(i)} s_ij with
+  pairwise secrets s_ij = -s_ji = σ_pair·η_e, one per edge e = {i, j} of the undirected
+  version of step k's gossip graph and step: η_e is a standard Gaussian drawn from edge e's
+  stream (:mod:`dpdl.algorithms.pairwise`: X25519, HKDF, ChaCha20) by the same exact sampler
+  at its grid (:func:`~dpdl.algorithms.noise.draw` and :func:`~dpdl.algorithms.noise.release`
+  at centre 0), so both endpoints compute the very same grid value and add it with opposite
+  signs (the lower index +, the higher -): over the network the pairwise parts cancel, up to
+  the float64 rounding of each node's own sum.  σ_pair = ``pair_noise``·σ_k.  The centre is
+  summed in float64 and released by the exact float64 release: no float32 intermediate.
+
+Whom it protects (``trust_model``): the ledger accounts σ_k, the independent part, alone,
+which is what protects a record against a *curious neighbour* who knows the secrets it
+shares ("curious-neighbour"); DECOR's stronger guarantee against a party who knows no honest
+pair's secret (Sec-LDP, seed 003) is not claimed here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from dpdl.algorithms.noise import draw, release
+from dpdl.algorithms.pairwise import HostedKeys
+from dpdl.errors import require
+
+__all__ = [
+    "CORRELATIONS",
+    "INDEPENDENT",
+    "CorrelatedStep",
+    "DecorNoise",
+    "DecorRelease",
+    "IndependentNoise",
+    "NoiseCorrelation",
+    "correlation_names",
+    "make_correlation",
+    "pair_secret",
+    "undirected_neighbours",
+]
+
+Params = dict  # {name: (m, *shape) tensor}: stacked parameters of the hosted nodes
+
+#: The trust model under which the ledger's ε holds for every correlation here: record-level,
+#: against a curious neighbour who knows the pairwise secrets it shares.
+CURIOUS_NEIGHBOUR = "curious-neighbour"
+
+
+@dataclass(frozen=True)
+class CorrelatedStep:
+    """What a correlation needs of step ``step`` (gossip round ``round``): the hosted nodes
+    (``first_node`` and the count of ``neighbours``), each one's neighbours in the undirected
+    graph of the round (ascending, itself excluded) and the hosted nodes' pairwise keys."""
+
+    step: int
+    round: int
+    first_node: int
+    neighbours: tuple[tuple[int, ...], ...]
+    keys: HostedKeys | None = None
+
+
+class NoiseCorrelation(Protocol):
+    """A registered correlation: ``at_step`` turns the engine's mechanism into the mechanism
+    of one step (``NoiseMechanism``: start / noisy_sums / noisy_step)."""
+
+    name: str
+    pair_noise: float | None  # σ_pair / σ_k (None: no pairwise part)
+    pairwise_keys: bool  # whether the engine must give the hosted nodes pairwise keys
+    trust_model: str  # whom the ledger's ε protects against
+
+    def at_step(self, mechanism, step: CorrelatedStep): ...
+
+    def describe(self) -> dict: ...
+
+
+class IndependentNoise:
+    """Every node's noise its own: the engine's mechanism, unchanged."""
+
+    name, pair_noise, pairwise_keys, trust_model = "independent", None, False, CURIOUS_NEIGHBOUR
+
+    def at_step(self, mechanism, step: CorrelatedStep):
+        return mechanism
+
+    def describe(self) -> dict:
+        return {"name": self.name}
+
+
+class DecorNoise:
+    """DECOR's pairwise-cancelling noise of scale ``pair_noise``·σ_k (the module doc)."""
+
+    name, pairwise_keys, trust_model = "decor", True, CURIOUS_NEIGHBOUR
+
+    def __init__(self, pair_noise: float | None):
+        ok = isinstance(pair_noise, int | float) and not isinstance(pair_noise, bool)
+        require(ok and math.isfinite(pair_noise) and pair_noise > 0,
+                f"decor needs privacy.pair_noise (σ_pair / σ) finite and > 0, got "
+                f"{pair_noise!r}")  # fmt: skip
+        self.pair_noise = float(pair_noise)
+
+    def at_step(self, mechanism, step: CorrelatedStep):
+        return DecorRelease(step, self.pair_noise)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "pair_noise": self.pair_noise}
+
+
+def _independent(pair_noise: float | None) -> IndependentNoise:
+    require(pair_noise is None, f"privacy.pair_noise ({pair_noise!r}) is DECOR's: "
+            "independent noise has no pairwise part")  # fmt: skip
+    return INDEPENDENT
+
+
+INDEPENDENT = IndependentNoise()
+#: name -> the correlation of that name with a given pair_noise (checked)
+CORRELATIONS: dict[str, Callable[[float | None], NoiseCorrelation]] = {
+    "independent": _independent,
+    "decor": DecorNoise,
+}
+
+
+def correlation_names() -> tuple[str, ...]:
+    return tuple(CORRELATIONS)
+
+
+def make_correlation(name: str, pair_noise: float | None = None) -> NoiseCorrelation:
+    """The correlation ``name`` (of :data:`CORRELATIONS`) with ``pair_noise``, checked."""
+    require(name in CORRELATIONS, f"unknown noise correlation {name!r}; choose one of "
+            f"{', '.join(CORRELATIONS)}")  # fmt: skip
+    return CORRELATIONS[name](pair_noise)
+
+
+def undirected_neighbours(mixing: np.ndarray, nodes: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+    """For each of ``nodes``, its neighbours in the undirected version of the graph of
+    ``mixing`` (P[i, j] > 0 or P[j, i] > 0, j != i), ascending."""
+    adjacency = (np.asarray(mixing) != 0)
+    adjacency = adjacency | adjacency.T
+    np.fill_diagonal(adjacency, False)
+    return tuple(tuple(int(j) for j in np.flatnonzero(adjacency[i])) for i in nodes)
+
+
+@dataclass
+class DecorDraw:
+    """A DECOR step's data-free half: the independent noise's draw (``independent``) and each
+    hosted node's sum of pairwise secrets (``pairs``, (m, d) float64)."""
+
+    independent: object
+    pairs: torch.Tensor
+
+
+class DecorRelease:
+    """The mechanism of one DECOR step: node i releases round_g(S_i + Σ_j s_ij + σ X_i),
+    exactly in law for the centre S_i + Σ_j s_ij (float64), X_i from its own stream."""
+
+    name = "exact-gaussian-grid"
+    certified = True
+
+    def __init__(self, step: CorrelatedStep, pair_noise: float):
+        require(step.keys is not None, "DECOR needs the hosted nodes' pairwise keys")
+        self.step, self.pair_noise = step, float(pair_noise)
+
+    def start(self, generators, d: int, sigma: float, *, device=None, reuse=None) -> DecorDraw:
+        require(len(generators) == len(self.step.neighbours),
+                f"{len(generators)} streams for {len(self.step.neighbours)} hosted nodes")
+        independent = draw(generators, d, sigma, "gaussian", device=device, reuse=reuse)
+        return DecorDraw(independent, self.pair_sums(d, sigma * self.pair_noise, device))
+
+    def pair_sums(self, d: int, pair_sigma: float, device=None) -> torch.Tensor:
+        """Σ_{j ∈ N(i)} s_ij for every hosted node i, (m, d) float64: each s_ij drawn by node
+        i itself from edge {i, j}'s stream of this step (neighbours in ascending order)."""
+        step, zero = self.step, torch.zeros((1, d), dtype=torch.float64, device=device)
+        sums = torch.zeros((len(step.neighbours), d), dtype=torch.float64, device=device)
+        for row, peers in enumerate(step.neighbours):
+            node = step.first_node + row
+            for peer in peers:
+                value = pair_secret(step.keys, node, peer, step, pair_sigma, zero)
+                sums[row].add_(value[0])
+        return sums
+
+    def _cells(self, noise: DecorDraw, sums: Params) -> torch.Tensor:
+        """j (float64, integer-valued) with j·g the release of S + pair sums + σX."""
+        m = noise.pairs.shape[0]
+        centre = torch.cat([s.reshape(m, -1).to(torch.float64) for s in sums.values()], dim=1)
+        return release(noise.independent, centre.add_(noise.pairs))
+
+    def noisy_sums(self, noise: DecorDraw, sums: Params) -> Params:
+        cells, grid = self._cells(noise, sums), noise.independent.grid
+        for (lo, hi), tensor in zip(_columns(sums), sums.values(), strict=True):
+            flat = tensor.view(tensor.shape[0], -1)
+            flat.copy_(cells[:, lo:hi].mul(grid))  # exact: g = 2^e; rounded to the sums' dtype
+        return sums
+
+    def noisy_step(self, noise: DecorDraw, x: Params, sums: Params, step_size: float,
+                   out: Params) -> Params:  # fmt: skip
+        """out = x - step_size·G, computed from the released G alone (``out`` may be sums)."""
+        cells, grid = self._cells(noise, sums), noise.independent.grid
+        for (lo, hi), name in zip(_columns(sums), sums, strict=True):
+            flat = out[name].view(out[name].shape[0], -1)
+            torch.add(x[name].reshape(flat.shape), cells[:, lo:hi].to(flat.dtype),
+                      alpha=-step_size * grid, out=flat)  # fmt: skip
+        return out
+
+
+def pair_secret(keys: HostedKeys, node: int, peer: int, step: CorrelatedStep, pair_sigma: float,
+                zero: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """s_{node, peer} (1, d) float64: + σ_pair η_e at the lower index, - at the higher, η_e
+    released on its grid from edge e's stream of the step (both ends read the same words)."""
+    pair = draw([keys.stream(node, peer, step.step, step.round)], zero.shape[1], pair_sigma,
+                "gaussian", device=zero.device)  # fmt: skip
+    value = release(pair, zero).mul_(pair.grid)  # exact: integers times a power of two
+    return value if node < peer else value.neg_()
+
+
+def _columns(sums: Params):
+    """(lo, hi) of each parameter's columns in the flat (m, d) order of ``sums``."""
+    lo = 0
+    for tensor in sums.values():
+        hi = lo + tensor[0].numel()
+        yield lo, hi
+        lo = hi

@@ -1,0 +1,176 @@
+"""DECOR's pairwise-cancelling noise as a component of the private step (issue 41).
+
+References: exact arithmetic (a pair's two contributions are bitwise negations; a release
+moves its centre by at most one grid step), and the laws' closed forms (variance σ² + deg
+σ_pair² per coordinate, checked at several standard errors)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from dpdl.algorithms.correlated import (
+    INDEPENDENT,
+    CorrelatedStep,
+    DecorNoise,
+    make_correlation,
+    pair_secret,
+    undirected_neighbours,
+)
+from dpdl.algorithms.dyn_d2p import GAUSSIAN_RELEASE, make_node_generators
+from dpdl.algorithms.pairwise import HostedKeys
+from dpdl.engine.simulator import NodeData, Simulator, StepOptions
+from dpdl.errors import DPDLError
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+D = 20_000  # coordinates: the variance checks' relative standard error is sqrt(2 / D) = 1 %
+
+
+def _keys(n: int, blocks=((0, 2), (2, 3)), root=None) -> list[HostedKeys]:
+    """Pairwise keys of n nodes hosted in blocks; only public keys exchanged."""
+    hosted = [HostedKeys(first, count, root=root) for first, count in blocks]
+    publics = [key for keys in hosted for key in keys.own_publics]
+    assert len(publics) == n
+    for keys in hosted:
+        keys.learn_publics(publics)
+    return hosted
+
+
+def test_the_two_ends_of_an_edge_add_bitwise_negated_grid_gaussians():
+    left, right = _keys(5)
+    step = CorrelatedStep(3, 1, 0, ((1, 2),), left)
+    zero = torch.zeros((1, D), dtype=torch.float64)
+    s_12 = pair_secret(left, 1, 2, step, 2.5, zero)
+    s_21 = pair_secret(right, 2, 1, step, 2.5, zero)
+    assert torch.equal(s_12.neg(), s_21)  # the same bits but the sign
+    assert bool(((s_12 + s_21) == 0).all())
+    grid = 2.0 ** (math.frexp(2.5)[1] - 1 - 10)
+    assert torch.equal(torch.round(s_12 / grid) * grid, s_12)  # on the release's grid
+    # a standard Gaussian times 2.5 (std within 5 standard errors of 1 %)
+    assert abs(float(s_12.mean())) < 5 * 2.5 / math.sqrt(D)
+    assert abs(float(s_12.std()) / 2.5 - 1) < 5 * math.sqrt(1 / (2 * D))
+    # another edge, another step or round: other values
+    for other in (pair_secret(left, 1, 3, step, 2.5, zero),
+                  pair_secret(left, 1, 2, CorrelatedStep(4, 1, 0, ((2,),), left), 2.5, zero),
+                  pair_secret(left, 1, 2, CorrelatedStep(3, 2, 0, ((2,),), left), 2.5, zero)):
+        assert float((other == s_12).double().mean()) < 0.01
+
+
+def test_undirected_neighbours_of_a_directed_graph():
+    P = np.eye(4) * 0.5
+    P[1, 0] = P[2, 1] = P[3, 2] = P[0, 3] = 0.5  # the directed ring 0 -> 1 -> 2 -> 3 -> 0
+    assert undirected_neighbours(P, range(4)) == ((1, 3), (0, 2), (1, 3), (0, 2))
+    assert undirected_neighbours(P, [2]) == ((1, 3),)
+
+
+def _release(mechanism, generators, sums, sigma):
+    noise = mechanism.start(generators, sums.shape[1], sigma)
+    return mechanism.noisy_sums(noise, {"w": sums.clone()})["w"].double()
+
+
+def test_decor_cancels_in_the_network_sum_and_adds_deg_pair_variance_per_node(h):
+    n, sigma, factor = 5, 1.0, 3.0
+    graph = h.RandomColumnStochastic(n, seed=1)
+    neighbours = undirected_neighbours(graph.mixing_matrix(0), range(n))
+    assert len({len(peers) for peers in neighbours}) > 1  # degrees differ
+    keys = HostedKeys(0, n, root=b"k" * 32)
+    keys.learn_publics(keys.own_publics)
+    decor = DecorNoise(factor).at_step(GAUSSIAN_RELEASE, CorrelatedStep(0, 0, 0, neighbours, keys))
+    sums = torch.randn(n, D, generator=torch.Generator().manual_seed(0)) * 4  # any S_i
+    plain = _release(GAUSSIAN_RELEASE, make_node_generators(n, 7), sums, sigma)
+    correlated = _release(decor, make_node_generators(n, 7), sums, sigma)
+    pairs = decor.pair_sums(D, sigma * factor)
+    grid = 2.0 ** -11  # the grid of sigma = 1
+    # same X_i (the same streams): the releases differ by the pairwise sums, to one grid step
+    assert float((correlated - plain - pairs).abs().max()) <= grid * (1 + 1e-9)
+    # the pairwise parts cancel over the network up to float64 rounding of each node's sum
+    scale = float(pairs.abs().max())
+    assert float(pairs.sum(dim=0).abs().max()) <= 8 * 2.0**-52 * scale
+    # the network sums of the releases differ by the rounding to the grid alone
+    assert float((correlated.sum(0) - plain.sum(0)).abs().max()) <= n * grid * (1 + 1e-9)
+    # each node's message variance is sigma^2 + deg sigma_pair^2 (5 standard errors)
+    for i, peers in enumerate(neighbours):
+        want = sigma**2 + len(peers) * (sigma * factor) ** 2
+        got = float((correlated[i] - sums[i].double()).var())
+        assert abs(got / want - 1) < 5 * math.sqrt(2 / D), (i, got, want)
+
+
+def _sim(h, correlation=INDEPENDENT, seed: int | None = 4, n: int = 6):
+    data = NodeData.from_arrays(*h.tiny_data(n, [9, 7, 8, 9, 6, 7]))
+    return Simulator(h.tiny_model(seed=2), data, h.ExpGraph(n), lr=0.3,
+                     expected_batch_size=3.0, seed=seed,
+                     options=StepOptions(correlation=correlation))
+
+
+STEP = {"private": True, "clip": 1.0, "sigma": 0.5}
+
+
+def _run(sim, steps: int = 3):
+    for _ in range(steps):
+        sim.step(**STEP)
+    return {k: v.clone() for k, v in sim.params.items()}
+
+
+def test_a_seeded_decor_run_is_reproducible_and_differs_from_independent(h):
+    independent = _run(_sim(h))
+    assert all(torch.equal(a, b) for a, b in zip(independent.values(), _run(_sim(h)).values()))
+    decor = _run(_sim(h, DecorNoise(2.0)))
+    again = _run(_sim(h, DecorNoise(2.0)))
+    assert all(torch.equal(a, b) for a, b in zip(decor.values(), again.values()))
+    other = _run(_sim(h, DecorNoise(3.0)))
+    one_decor, one_independent = _run(_sim(h, DecorNoise(2.0)), 1), _run(_sim(h), 1)
+    for name in decor:
+        assert not torch.equal(decor[name], other[name])
+        # after one step (same batches, same X_i): each node's model moved by the pairwise
+        # part, (γ/b) σ_pair sqrt(deg) ≈ 0.14 a coordinate, while the network sums (which
+        # the mixing keeps) agree to the releases' grid rounding and float32 arithmetic
+        gap = (one_decor[name] - one_independent[name]).abs().max()
+        assert float(gap) > 0.05
+        total = (one_decor[name].double().sum(0) - one_independent[name].double().sum(0))
+        assert float(total.abs().max()) < 2e-5
+
+
+def test_the_independent_path_is_the_engines_mechanism_untouched(h):
+    sim = _sim(h)
+    assert sim.pairwise is None and "pairwise_keys" not in sim.state_dict()
+    assert sim._step_mechanism(0, None) is GAUSSIAN_RELEASE
+
+
+def test_a_resume_keeps_the_pairwise_keys_in_the_processs_own_checkpoint(h):
+    first = _sim(h, DecorNoise(2.0), seed=None)  # OS keys: nothing to rebuild them from
+    _run(first, 1)
+    saved = first.state_dict()
+    assert len(saved["pairwise_keys"]) == 6
+    assert saved["pairwise_keys"][0].dtype == torch.uint8
+    second = _sim(h, DecorNoise(2.0), seed=None)
+    second.load_state_dict(saved)
+    assert all(torch.equal(a, b) for a, b in zip(_run(first, 2).values(),
+                                                 _run(second, 2).values()))
+    refused = _sim(h, DecorNoise(2.0))
+    with pytest.raises(DPDLError, match="holds no pairwise keys"):
+        refused.load_state_dict(_sim(h).state_dict())
+
+
+def test_bad_correlations_are_refused_in_one_line(h):
+    with pytest.raises(DPDLError, match="pair_noise .* finite and > 0, got 0"):
+        make_correlation("decor", 0)
+    with pytest.raises(DPDLError, match="got None"):
+        make_correlation("decor")
+    with pytest.raises(DPDLError, match=r"pair_noise \(2.0\) is DECOR's"):
+        make_correlation("independent", 2.0)
+    with pytest.raises(DPDLError, match="unknown noise correlation 'zip'"):
+        make_correlation("zip")
+    assert make_correlation("independent") is INDEPENDENT
+
+
+    class Another:  # any mechanism but the exact release (the audit's broken samplers)
+        name, certified = "another", False
+
+    data = NodeData.from_arrays(*h.tiny_data(6, [9, 7, 8, 9, 6, 7]))
+    with pytest.raises(DPDLError, match="exact Gaussian release only, not 'another'"):
+        Simulator(h.tiny_model(seed=2), data, h.ExpGraph(6), lr=0.3,
+                  options=StepOptions(mechanism=Another(), correlation=DecorNoise(1.0)))
