@@ -47,7 +47,11 @@ class RunRecord:
     certified epsilon of the steps spent at its own rate (the largest is the run's epsilon, of
     the node at the schedule's rate; None for a non-private run), ``epsilon_per_node_method``
     how.  ``noise_mechanism`` names the noise of the private steps (the exact release of
-    MATH.md §10); None for a non-private run.
+    MATH.md §10); None for a non-private run.  ``noise_correlation`` how the nodes' noise is
+    correlated (``{"name": "independent"}``, or ``{"name": "decor", "pair_noise": f}``) and
+    ``trust_model`` whom the ledger's ε protects against ("curious-neighbour": record-level
+    against a neighbour who knows the pairwise secrets it shares, so only the independent
+    noise counts); None for a non-private run or a record written before they existed.
     """
 
     algorithm: str
@@ -79,6 +83,8 @@ class RunRecord:
     sample_rates: list[float] | None = None
     epsilon_per_node: list[float] | None = None
     epsilon_per_node_method: str | None = None
+    noise_correlation: dict[str, Any] | None = None
+    trust_model: str | None = None
     rows: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self, rows: bool = True) -> dict[str, Any]:

@@ -40,6 +40,7 @@ __all__ = [
     "ConfigSection",
     "Epsilons",
     "NoiseEntropy",
+    "LATER_PRIVACY_DEFAULTS",
     "LATER_SETTING_DEFAULTS",
     "PrivacySection",
     "REPORTING_PRIVACY",
@@ -297,6 +298,41 @@ class PrivacySection(_Section):
     # Blocks of a blocked PLD/RDP calibration and ledger; None (default): the accountant's own
     # choice, i.e. exact or, for many distinct multipliers, the binned PLD bound.
     calibration_blocks: int | None = Field(None, ge=1)
+    # How the nodes' noise is correlated (dpdl.algorithms.correlated.CORRELATIONS, issue 41):
+    # "independent" (every node's own noise) or "decor" (DECOR's pairwise secrets
+    # s_ij = -s_ji of std pair_noise·σ_k on every edge of the step's graph, cancelling in the
+    # network's sum, on top of the independent σ_k).  The ledger accounts σ_k alone: the
+    # guarantee against a curious neighbour who knows the secrets it shares.
+    correlation: str = Field("independent", json_schema_extra=_marked(_LATER))
+    # σ_pair / σ_k: DECOR's only (required there).
+    pair_noise: float | None = Field(None, gt=0, json_schema_extra=_marked(_LATER))
+
+    @field_validator("correlation")
+    @classmethod
+    def _correlation_name(cls, value: str) -> str:
+        from dpdl.algorithms.correlated import CORRELATIONS
+
+        if value not in CORRELATIONS:
+            raise ValueError(f"unknown noise correlation {value!r}; choose one of "
+                             f"{', '.join(CORRELATIONS)}")  # fmt: skip
+        return value
+
+    @model_validator(mode="after")
+    def _correlation(self) -> PrivacySection:
+        from dpdl.algorithms.correlated import make_correlation
+
+        try:
+            make_correlation(self.correlation, self.pair_noise)
+        except DPDLError as err:
+            raise ValueError(str(err)) from None
+        return self
+
+    @property
+    def noise_correlation(self):
+        """The correlation these settings name (:mod:`dpdl.algorithms.correlated`)."""
+        from dpdl.algorithms.correlated import make_correlation
+
+        return make_correlation(self.correlation, self.pair_noise)
 
     @field_validator("calibrate")
     @classmethod
@@ -342,13 +378,18 @@ LATER_SETTING_DEFAULTS: dict[str, Any] = {
     name: TrainingSection.model_fields[name].default
     for name in _fields_marked(TrainingSection, _LATER)
 }
+LATER_PRIVACY_DEFAULTS: dict[str, Any] = {
+    name: PrivacySection.model_fields[name].default
+    for name in _fields_marked(PrivacySection, _LATER)
+}
 
 
-def without_later_defaults(training: dict[str, Any]) -> dict[str, Any]:
-    """A [training] table (a dict) without the settings added since the first runs (the
-    optimiser's, per-node evaluation) that are at their default."""
-    return {k: v for k, v in training.items()
-            if k not in LATER_SETTING_DEFAULTS or v != LATER_SETTING_DEFAULTS[k]}  # fmt: skip
+def without_later_defaults(table: dict[str, Any],
+                           later: dict[str, Any] = LATER_SETTING_DEFAULTS) -> dict[str, Any]:
+    """A [training] table (a dict; or another table with its ``later`` defaults, e.g. the
+    [privacy] table with LATER_PRIVACY_DEFAULTS) without the settings added since the first
+    runs (the optimiser's, per-node evaluation, the noise correlation) at their default."""
+    return {k: v for k, v in table.items() if k not in later or v != later[k]}
 
 
 # Keys that once existed: a config that still sets one is told what became of it.

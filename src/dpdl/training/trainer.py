@@ -86,6 +86,7 @@ from dpdl.training.plan import (
 )
 from dpdl.training.results import RunRecord
 from dpdl.training.settings import (
+    LATER_PRIVACY_DEFAULTS,
     REPORTING_PRIVACY,
     SHAPING_TRAINING,
     AlgorithmSpec,
@@ -334,6 +335,10 @@ class DecentralizedTrainer:
             "training settings",
         )  # fmt: skip
         check_neighboring(self.privacy, self.training)
+        correlation = self.privacy.noise_correlation
+        require(not correlation.pairwise_keys or (private and self.spec.algorithm.builtin_step),
+                f"privacy.correlation = {correlation.name!r} correlates the noise of Algorithm "
+                f"1's private step, not {self.spec.label!r}'s")  # fmt: skip
         self.epsilon = float(epsilon) if private else None
 
     def _options(self) -> None:
@@ -440,7 +445,7 @@ class DecentralizedTrainer:
         sim = (self.execution.engine_factory or Simulator)(
             self.model, self.node_data, self.topology, lr=self.training.lr,
             expected_batch_size=self.training.batch_size, seed=root, device=self.device,
-            options=StepOptions(loss=self.loss),
+            options=StepOptions(loss=self.loss, correlation=self.privacy.noise_correlation),
             transforms=sgd(momentum=self.training.momentum,
                            weight_decay=self.training.weight_decay),
             sampling=sampling, runtime=self.runtime,
@@ -510,7 +515,9 @@ class DecentralizedTrainer:
         return {
             "algorithm": self.spec.label,
             "epsilon": self.epsilon,
-            "privacy": self.privacy.model_dump(mode="json", exclude={"epsilon"}),
+            # the noise correlation appears only when set: a default run is as before
+            "privacy": without_later_defaults(self.privacy.model_dump(
+                mode="json", exclude={"epsilon"}), LATER_PRIVACY_DEFAULTS),
             # settings added since the first runs appear only when set: a default run's
             # trainer.json is as before (a resume compares it as text)
             "training": without_later_defaults(self.training.model_dump(mode="json")),
@@ -699,6 +706,8 @@ class DecentralizedTrainer:
             calibrated_with=schedule.calibrated_with, neighboring=self.privacy.neighboring,
             noise_entropy=self.entropy,
             noise_mechanism=GAUSSIAN_RELEASE.name if private else None, private=private,
+            noise_correlation=self.privacy.noise_correlation.describe() if private else None,
+            trust_model=self.privacy.noise_correlation.trust_model if private else None,
             status=status,
             message=message, steps=self.steps, steps_done=state.engine.iteration,
             sample_rate=self.sample_rate, train_seconds=seconds,

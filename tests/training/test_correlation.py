@@ -1,0 +1,83 @@
+"""privacy.correlation through the trainer and a run folder (issue 41): validated, digested
+into the seeded noise key and the checkpoint digest, recorded in results.json; a default run
+describes itself as before the setting existed."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import dpdl
+from dpdl.errors import DPDLError
+from dpdl.training.settings import PrivacySection, validate_config
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+NODES, FEATURES, CLASSES = 5, 6, 3
+
+
+def node_sets(seed=0):
+    rng = np.random.default_rng(seed)
+    return [(rng.normal(size=(12, FEATURES)).astype(np.float32),
+             rng.integers(0, CLASSES, size=12)) for _ in range(NODES)]  # fmt: skip
+
+
+def trainer(**options):
+    torch.manual_seed(0)
+    settings = dict(topology="exp", algorithm="const-d2p", epsilon=4.0, steps=4, batch_size=3,
+                    lr=0.3, eval_every=4, entropy="seed", seed=1)  # fmt: skip
+    return dpdl.DecentralizedTrainer(nn.Linear(FEATURES, CLASSES), node_sets(),
+                                     **(settings | options))  # fmt: skip
+
+
+def one_line(excinfo) -> str:
+    assert "\n" not in str(excinfo.value)
+    return str(excinfo.value)
+
+
+def test_bad_correlation_settings_are_refused_naming_the_value():
+    with pytest.raises(DPDLError) as err:
+        validate_config(PrivacySection, {"correlation": "decor"})
+    assert "pair_noise" in one_line(err) and "None" in one_line(err)
+    with pytest.raises(DPDLError, match="unknown noise correlation 'zip'"):
+        validate_config(PrivacySection, {"correlation": "zip"})
+    with pytest.raises(DPDLError, match=r"pair_noise \(2.0\) is DECOR's"):
+        validate_config(PrivacySection, {"pair_noise": 2.0})
+    with pytest.raises(DPDLError, match=r"pair_noise: .*\(got -1.0\)"):
+        validate_config(PrivacySection, {"correlation": "decor", "pair_noise": -1.0})
+    with pytest.raises(DPDLError) as err:
+        trainer(algorithm="sgp", epsilon=None, correlation="decor", pair_noise=1.0)
+    assert "not 'sgp''s" in one_line(err)
+
+
+def test_the_setting_enters_the_noise_key_and_digest_only_when_set():
+    plain, decor = trainer(), trainer(correlation="decor", pair_noise=2.0)
+    assert "correlation" not in plain.describe()["privacy"]  # as before the setting existed
+    assert "pair_noise" not in plain.stream_settings()["privacy"]
+    shown = decor.stream_settings()["privacy"]
+    assert (shown["correlation"], shown["pair_noise"]) == ("decor", 2.0)
+    other = trainer(correlation="decor", pair_noise=3.0)
+    assert len({plain.run_digest(), decor.run_digest(), other.run_digest()}) == 3
+    # the ledger accounts the independent part alone: the same schedule and sigma
+    assert np.array_equal(plain.schedule.sigma, decor.schedule.sigma)
+
+
+def test_a_seeded_decor_run_is_reproducible_differs_and_says_what_it_is(tmp_path):
+    plain = trainer().fit()
+    one = trainer(correlation="decor", pair_noise=2.0, output_dir=tmp_path).fit()
+    two = trainer(correlation="decor", pair_noise=2.0).fit()
+    for a, b, c in zip(one.model.parameters(), two.model.parameters(),
+                       plain.model.parameters()):  # fmt: skip
+        assert torch.equal(a, b) and not torch.equal(a, c)
+    assert one.epsilon == plain.epsilon  # the ledger: σ_k alone, as for independent noise
+    record = json.loads((one.run_dir / "results.json").read_text())["cells"][0]
+    assert record["noise_correlation"] == {"name": "decor", "pair_noise": 2.0}
+    assert record["trust_model"] == "curious-neighbour"
+    assert plain.record.noise_correlation == {"name": "independent"}
+    trainer_json = json.loads((one.run_dir / "trainer.json").read_text())
+    assert trainer_json["privacy"]["correlation"] == "decor"
+    assert not any("pairwise" in p.name for p in one.run_dir.rglob("*"))
