@@ -117,10 +117,12 @@ def _run(sim, steps: int = 3):
 
 def test_a_seeded_decor_run_is_reproducible_and_differs_from_independent(h):
     independent = _run(_sim(h))
-    assert all(torch.equal(a, b) for a, b in zip(independent.values(), _run(_sim(h)).values()))
+    repeated = _run(_sim(h))
+    assert all(torch.equal(a, b) for a, b in zip(independent.values(), repeated.values(),
+                                                 strict=True))
     decor = _run(_sim(h, DecorNoise(2.0)))
     again = _run(_sim(h, DecorNoise(2.0)))
-    assert all(torch.equal(a, b) for a, b in zip(decor.values(), again.values()))
+    assert all(torch.equal(a, b) for a, b in zip(decor.values(), again.values(), strict=True))
     other = _run(_sim(h, DecorNoise(3.0)))
     one_decor, one_independent = _run(_sim(h, DecorNoise(2.0)), 1), _run(_sim(h), 1)
     for name in decor:
@@ -149,7 +151,7 @@ def test_a_resume_keeps_the_pairwise_keys_in_the_processs_own_checkpoint(h):
     second = _sim(h, DecorNoise(2.0), seed=None)
     second.load_state_dict(saved)
     assert all(torch.equal(a, b) for a, b in zip(_run(first, 2).values(),
-                                                 _run(second, 2).values()))
+                                                 _run(second, 2).values(), strict=True))
     refused = _sim(h, DecorNoise(2.0))
     with pytest.raises(DPDLError, match="holds no pairwise keys"):
         refused.load_state_dict(_sim(h).state_dict())

@@ -71,7 +71,7 @@ def test_a_seeded_decor_run_is_reproducible_differs_and_says_what_it_is(tmp_path
     one = trainer(correlation="decor", pair_noise=2.0, output_dir=tmp_path).fit()
     two = trainer(correlation="decor", pair_noise=2.0).fit()
     for a, b, c in zip(one.model.parameters(), two.model.parameters(),
-                       plain.model.parameters()):  # fmt: skip
+                       plain.model.parameters(), strict=True):  # fmt: skip
         assert torch.equal(a, b) and not torch.equal(a, c)
     assert one.epsilon == plain.epsilon  # the ledger: σ_k alone, as for independent noise
     record = json.loads((one.run_dir / "results.json").read_text())["cells"][0]

@@ -21,6 +21,12 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
+from dpdl.algorithms.correlated import (
+    INDEPENDENT,
+    CorrelatedStep,
+    NoiseCorrelation,
+    undirected_neighbours,
+)
 from dpdl.algorithms.dyn_d2p import (
     CLIP_METHODS,
     GAUSSIAN_RELEASE,
@@ -32,12 +38,6 @@ from dpdl.algorithms.dyn_d2p import (
     make_node_generators,
     node_sample_rates,
     noisy_update,
-)
-from dpdl.algorithms.correlated import (
-    INDEPENDENT,
-    CorrelatedStep,
-    NoiseCorrelation,
-    undirected_neighbours,
 )
 from dpdl.algorithms.noise import NoiseDraw
 from dpdl.algorithms.pairwise import HostedKeys
