@@ -67,6 +67,22 @@ def test_undirected_neighbours_of_a_directed_graph():
     assert undirected_neighbours(P, [2]) == ((1, 3),)
 
 
+def test_the_pairwise_sums_do_not_depend_on_which_process_hosts_a_node(h):
+    """Two processes (nodes 0-1, 2-4) compute what one process hosting all five does."""
+    neighbours = undirected_neighbours(h.RandomColumnStochastic(5, seed=1).mixing_matrix(0),
+                                       range(5))  # fmt: skip
+    whole = _keys(5, blocks=((0, 5),), root=b"r" * 32)[0]
+    parts = _keys(5, root=b"r" * 32)
+    together = DecorNoise(2.0).at_step(GAUSSIAN_RELEASE,
+                                       CorrelatedStep(3, 3, 0, neighbours, whole))
+    apart = [DecorNoise(2.0).at_step(GAUSSIAN_RELEASE, CorrelatedStep(
+        3, 3, keys.first, neighbours[keys.first:keys.first + len(keys.pairs)], keys))
+        for keys in parts]  # fmt: skip
+    want = together.pair_sums(64, 1.5)
+    assert torch.equal(torch.cat([part.pair_sums(64, 1.5) for part in apart]), want)
+    assert float(want.abs().min()) > 0
+
+
 def _release(mechanism, generators, sums, sigma):
     noise = mechanism.start(generators, sums.shape[1], sigma)
     return mechanism.noisy_sums(noise, {"w": sums.clone()})["w"].double()

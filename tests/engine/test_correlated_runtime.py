@@ -1,0 +1,35 @@
+"""DECOR in the distributed runtime (issue 41): two processes, each holding its own nodes'
+X25519 private keys, exchange only public keys at start-up and release the same messages as
+the simulator (seeded), which differ from independent noise's."""
+
+import subprocess
+import sys
+import tomllib
+
+import numpy as np
+import pytest
+from tests.engine.test_runtime import CONFIG, _assert_same, _env, _metrics
+
+from dpdl.experiments.runner import run_experiment
+
+pytestmark = pytest.mark.xdist_group("multi-process")
+
+DECOR = CONFIG + 'correlation = "decor"\npair_noise = 2.0\n'
+
+
+@pytest.mark.slow  # 90 s; test_correlated's blocks test covers the block-independence fast
+def test_distributed_decor_equals_the_simulator_and_differs_from_independent(tmp_path):
+    run_experiment(tomllib.loads(DECOR), tmp_path / "sim", progress=False)
+    run_experiment(tomllib.loads(CONFIG), tmp_path / "independent", progress=False)
+    simulator, independent = _metrics(tmp_path / "sim"), _metrics(tmp_path / "independent")
+    config = tmp_path / "decor.toml"
+    config.write_text(DECOR)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "dpdl", "run", str(config), "--output", str(out),
+           "--no-progress", "--runtime", "distributed", "--procs", "2"]  # fmt: skip
+    result = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    _assert_same(_metrics(out), simulator)
+    losses = [[float(row["test_loss"]) for row in rows] for rows in (simulator, independent)]
+    assert not np.allclose(*losses, rtol=1e-3)
+    assert not any("pairwise" in p.name for p in out.rglob("*"))
