@@ -81,3 +81,4 @@ def test_a_seeded_decor_run_is_reproducible_differs_and_says_what_it_is(tmp_path
     trainer_json = json.loads((one.run_dir / "trainer.json").read_text())
     assert trainer_json["privacy"]["correlation"] == "decor"
     assert not any("pairwise" in p.name for p in one.run_dir.rglob("*"))
+

@@ -107,6 +107,11 @@ def _from_config(args) -> dict:
         f"{args.config}: dpdl audit takes a 'decentralized' run config, not {raw.get('kind')!r}",
     )
     config = parse_config(raw)
+    correlation = config.privacy.noise_correlation
+    # the audit's trials draw every node's noise on its own: auditing them would say nothing
+    # of the correlated mechanism the config trains
+    require(not correlation.pairwise_keys, f"{args.config}: dpdl audit plays independent "
+            f"noise only, not privacy.correlation = {correlation.name!r}")  # fmt: skip
     specs = [AlgorithmSpec.parse(a) for a in config.experiment.algorithms]
     private = [s for s in specs if s.private]
     require(private, f"{args.config}: no private algorithm to audit")
