@@ -29,7 +29,8 @@ def node_sets(seed=0):
 def trainer(**options):
     torch.manual_seed(0)
     settings = dict(topology="exp", algorithm="const-d2p", epsilon=4.0, steps=4, batch_size=3,
-                    lr=0.3, eval_every=4, entropy="seed", seed=1)  # fmt: skip
+                    lr=0.3, eval_every=4, entropy="seed", seed=1, calibrate="clt",
+                    certified_accountant="rdp")  # fmt: skip
     return dpdl.DecentralizedTrainer(nn.Linear(FEATURES, CLASSES), node_sets(),
                                      **(settings | options))  # fmt: skip
 
