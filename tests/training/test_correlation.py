@@ -52,7 +52,7 @@ def test_bad_correlation_settings_are_refused_naming_the_value():
         validate_config(PrivacySection, {"correlation": "decor", "pair_noise": -1.0})
     with pytest.raises(DPDLError) as err:
         trainer(algorithm="sgp", epsilon=None, correlation="decor", pair_noise=1.0)
-    assert "not 'sgp''s" in one_line(err)
+    assert "'sgp' is not private" in one_line(err)
 
 
 def test_the_setting_enters_the_noise_key_and_digest_only_when_set():
@@ -83,3 +83,21 @@ def test_a_seeded_decor_run_is_reproducible_differs_and_says_what_it_is(tmp_path
     assert trainer_json["privacy"]["correlation"] == "decor"
     assert not any("pairwise" in p.name for p in one.run_dir.rglob("*"))
 
+
+
+def test_decor_then_r_gossip_rounds_with_the_muffliato_plugin(monkeypatch):
+    """Noise once (DECOR's release), then R rounds without fresh noise: a registered step's
+    first release is correlated; the run is reproducible and not independent noise's."""
+    from pathlib import Path
+
+    from dpdl.algorithms import registry
+
+    plugin = Path(__file__).resolve().parents[2] / "examples" / "plugins" / "muffliato.py"
+    monkeypatch.setenv(registry.PLUGINS_VARIABLE, str(plugin))
+    registry.load_plugins()
+    runs = [trainer(algorithm="muffliato(rounds=3)", **options).fit()
+            for options in ({"correlation": "decor", "pair_noise": 2.0},
+                            {"correlation": "decor", "pair_noise": 2.0}, {})]  # fmt: skip
+    for a, b, c in zip(*(run.model.parameters() for run in runs), strict=True):
+        assert torch.equal(a, b) and not torch.equal(a, c)
+    assert runs[0].record.noise_correlation == {"name": "decor", "pair_noise": 2.0}

@@ -423,7 +423,9 @@ class Simulator:
 
     def noisy_update(self, k: int, args: StepArguments) -> Params:
         """A further release of step ``k`` (an algorithm's second message): u_i on a fresh
-        Poisson sample of the hosted nodes (:func:`~dpdl.algorithms.dyn_d2p.noisy_update`)."""
+        Poisson sample of the hosted nodes (:func:`~dpdl.algorithms.dyn_d2p.noisy_update`),
+        with the engine's own mechanism: a correlation (DECOR) shapes the step's first
+        release alone, which reads each edge's stream of the step once."""
         records = NodeRecords(self.data.inputs, self.data.targets, self.data.mask,
                               self.generators, self.hosted_sample_rates,
                               first_node=self.node_block[0])  # fmt: skip
@@ -447,11 +449,6 @@ class Simulator:
         """Take every later step with a registered algorithm's own step
         (:mod:`dpdl.algorithms.registry`; None: Algorithm 1's), from its initial state."""
         self.algorithm = None if algorithm is None or algorithm.builtin_step else algorithm
-        # A registered step may release several messages per step: one edge stream per
-        # (step, round) would then be read twice.  Not supported yet.
-        require(self.algorithm is None or not self.correlation.pairwise_keys,
-                f"noise correlation {self.correlation.name!r} runs with Algorithm 1's step, "
-                f"not {getattr(algorithm, 'name', algorithm)!r}'s own")  # fmt: skip
         self.algorithm_settings = settings
         self.algorithm_state = ({} if self.algorithm is None else
                                 self.algorithm.init_state(EngineStepContext(self, None)))

@@ -336,9 +336,9 @@ class DecentralizedTrainer:
         )  # fmt: skip
         check_neighboring(self.privacy, self.training)
         correlation = self.privacy.noise_correlation
-        require(not correlation.pairwise_keys or (private and self.spec.algorithm.builtin_step),
-                f"privacy.correlation = {correlation.name!r} correlates the noise of Algorithm "
-                f"1's private step, not {self.spec.label!r}'s")  # fmt: skip
+        require(not correlation.pairwise_keys or private,
+                f"privacy.correlation = {correlation.name!r} correlates the noise of private "
+                f"steps, and {self.spec.label!r} is not private")  # fmt: skip
         self.epsilon = float(epsilon) if private else None
 
     def _options(self) -> None:
