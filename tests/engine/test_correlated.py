@@ -78,8 +78,12 @@ def test_the_pairwise_sums_do_not_depend_on_which_process_hosts_a_node(h):
     apart = [DecorNoise(2.0).at_step(GAUSSIAN_RELEASE, CorrelatedStep(
         3, 3, keys.first, neighbours[keys.first:keys.first + len(keys.pairs)], keys))
         for keys in parts]  # fmt: skip
-    want = together.pair_sums(64, 1.5)
+    want = together.pair_sums(64, 1.5)  # an edge with both ends here drawn once
     assert torch.equal(torch.cat([part.pair_sums(64, 1.5) for part in apart]), want)
+    alone = _keys(5, blocks=tuple((i, 1) for i in range(5)), root=b"r" * 32)  # every end draws
+    singles = [DecorNoise(2.0).at_step(GAUSSIAN_RELEASE, CorrelatedStep(
+        3, 3, i, neighbours[i:i + 1], keys)).pair_sums(64, 1.5) for i, keys in enumerate(alone)]
+    assert torch.equal(torch.cat(singles), want)
     assert float(want.abs().min()) > 0
 
 

@@ -175,15 +175,26 @@ class DecorRelease:
         return DecorDraw(independent, self.pair_sums(d, sigma * self.pair_noise, device))
 
     def pair_sums(self, d: int, pair_sigma: float, device=None) -> torch.Tensor:
-        """Σ_{j ∈ N(i)} s_ij for every hosted node i, (m, d) float64: each s_ij drawn by node
-        i itself from edge {i, j}'s stream of this step (neighbours in ascending order)."""
+        """Σ_{j ∈ N(i)} s_ij for every hosted node i, (m, d) float64, neighbours in ascending
+        order: s_ij drawn by node i from edge {i, j}'s stream of this step.  An edge whose two
+        ends this process hosts is drawn once: the other end's value is its negation, the very
+        bits that end would draw (same key, same words; the tests compare the two)."""
         step, zero = self.step, torch.zeros((1, d), dtype=torch.float64, device=device)
         sums = torch.zeros((len(step.neighbours), d), dtype=torch.float64, device=device)
+        hosted = range(step.first_node, step.first_node + len(step.neighbours))
+        drawn: dict[tuple[int, int], torch.Tensor] = {}  # edges both of whose ends are hosted
         for row, peers in enumerate(step.neighbours):
             node = step.first_node + row
             for peer in peers:
+                edge = (min(node, peer), max(node, peer))
+                value = drawn.pop(edge, None)
+                if value is not None:
+                    sums[row].sub_(value[0])  # the other end added it: s_ij = -s_ji
+                    continue
                 value = pair_secret(step.keys, node, peer, step, pair_sigma, zero)
                 sums[row].add_(value[0])
+                if peer in hosted:
+                    drawn[edge] = value
         return sums
 
     def _cells(self, noise: DecorDraw, sums: Params) -> torch.Tensor:
