@@ -196,3 +196,18 @@ def test_bad_correlations_are_refused_in_one_line(h):
     with pytest.raises(DPDLError, match="exact Gaussian release only, not 'another'"):
         Simulator(h.tiny_model(seed=2), data, h.ExpGraph(6), lr=0.3,
                   options=StepOptions(mechanism=Another(), correlation=DecorNoise(1.0)))
+
+
+def test_a_registered_correlation_is_a_setting_of_its_own(monkeypatch):
+    from dpdl.algorithms import correlated
+    from dpdl.training.settings import PrivacySection, validate_config
+
+    class Halved(correlated.IndependentNoise):  # any object with the protocol's fields
+        name = "halved"
+
+    monkeypatch.setattr(correlated, "CORRELATIONS", dict(correlated.CORRELATIONS))
+    correlated.register_correlation("halved", lambda pair_noise: Halved())
+    privacy = validate_config(PrivacySection, {"correlation": "halved"})
+    assert privacy.noise_correlation.describe() == {"name": "halved"}
+    with pytest.raises(DPDLError, match="'halved' is registered already"):
+        correlated.register_correlation("halved", lambda pair_noise: Halved())

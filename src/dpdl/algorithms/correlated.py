@@ -46,6 +46,7 @@ __all__ = [
     "correlation_names",
     "make_correlation",
     "pair_secret",
+    "register_correlation",
     "undirected_neighbours",
 ]
 
@@ -130,6 +131,17 @@ CORRELATIONS: dict[str, Callable[[float | None], NoiseCorrelation]] = {
 
 def correlation_names() -> tuple[str, ...]:
     return tuple(CORRELATIONS)
+
+
+def register_correlation(name: str, factory: Callable[[float | None], NoiseCorrelation], *,
+                         replace: bool = False) -> None:  # fmt: skip
+    """Make ``privacy.correlation = name`` mean ``factory(privacy.pair_noise)`` (which checks
+    its argument and returns a :class:`NoiseCorrelation`); a name taken needs ``replace``."""
+    require(isinstance(name, str) and name and callable(factory),
+            f"a correlation needs a name and a factory, got {name!r}, {factory!r}")
+    require(replace or name not in CORRELATIONS,
+            f"noise correlation {name!r} is registered already (replace=True to replace it)")
+    CORRELATIONS[name] = factory
 
 
 def make_correlation(name: str, pair_noise: float | None = None) -> NoiseCorrelation:
