@@ -129,5 +129,7 @@ def test_bad_exchanges_and_edges_are_refused_in_one_line():
         keys.edge_key(5, 0)
     with pytest.raises(DPDLError, match="two different nodes"):
         keys.edge_key(1, 1)
+    with pytest.raises(DPDLError, match="node 9's public key is not a valid X25519 key"):
+        keys.pairs[0].edge_key(9, bytes(32))  # the zero point: its shared secret is zero
     with pytest.raises(DPDLError, match="2 pairwise keys, this process hosts 3"):
         HostedKeys(0, 3).load_state(keys.state())

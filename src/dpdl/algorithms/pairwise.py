@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF, HKDFExpand
 
 from dpdl.algorithms.randomness import KEY_BYTES, SecretStream, derive_key
-from dpdl.errors import require
+from dpdl.errors import DPDLError, require
 
 __all__ = [
     "DECOR_PURPOSE",
@@ -103,7 +103,11 @@ class NodeKeyPair:
         peer computes the same key from its private key and this node's public one."""
         require(len(peer_public) == KEY_BYTES,
                 f"node {peer}'s public key has {len(peer_public)} bytes, not {KEY_BYTES}")
-        shared = self._private.exchange(X25519PublicKey.from_public_bytes(bytes(peer_public)))
+        try:
+            shared = self._private.exchange(X25519PublicKey.from_public_bytes(bytes(peer_public)))
+        except ValueError:  # OpenSSL refuses a low-order point (an all-zero shared secret)
+            raise DPDLError(f"node {peer}'s public key is not a valid X25519 key (a low-order "
+                            "point): refusing a pairwise secret anyone could compute") from None
         return HKDF(hashes.SHA256(), KEY_BYTES, salt=None,
                     info=edge_info(self.node, peer, purpose)).derive(shared)  # fmt: skip
 
