@@ -101,3 +101,26 @@ def test_decor_then_r_gossip_rounds_with_the_muffliato_plugin(monkeypatch):
     for a, b, c in zip(*(run.model.parameters() for run in runs), strict=True):
         assert torch.equal(a, b) and not torch.equal(a, c)
     assert runs[0].record.noise_correlation == {"name": "decor", "pair_noise": 2.0}
+
+
+def test_an_os_entropy_decor_run_resumes_with_its_checkpointed_pairwise_keys(tmp_path):
+    """Crash after step 4's evaluation; the resume starts from step 2's checkpoint and replays
+    steps 2-3: its row at 4 is the first run's only if the same pairwise secrets come back
+    (fresh OS keys would give other ones)."""
+    import csv
+
+    settings = dict(entropy="os", correlation="decor", pair_noise=3.0, steps=6,
+                    eval_every=2, checkpoint_every=2, output_dir=tmp_path, run_name="r",
+                    eval_data=node_sets(seed=5)[0])  # fmt: skip
+
+    def crash_at_4(evaluation):
+        if evaluation.iteration == 4:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        trainer(callbacks=[crash_at_4], **settings).fit()
+    first = list(csv.DictReader((tmp_path / "r" / "metrics.csv").open()))
+    resumed = trainer(resume=True, **settings).fit()
+    assert [row["iteration"] for row in resumed.history] == [0, 2, 4, 6]
+    assert float(first[2]["test_loss"]) == resumed.history[2]["test_loss"]  # step 4 replayed
+    assert not (tmp_path / "r" / "checkpoints" / "run.pt").exists()  # the keys do not outlive it
