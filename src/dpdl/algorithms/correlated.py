@@ -166,7 +166,7 @@ class DecorDraw:
     hosted node's sum of pairwise secrets (``pairs``, (m, d) float64)."""
 
     independent: object
-    pairs: torch.Tensor
+    pairs: torch.Tensor | None
 
 
 class DecorRelease:
@@ -210,10 +210,14 @@ class DecorRelease:
         return sums
 
     def _cells(self, noise: DecorDraw, sums: Params) -> torch.Tensor:
-        """j (float64, integer-valued) with j·g the release of S + pair sums + σX."""
-        m = noise.pairs.shape[0]
-        centre = torch.cat([s.reshape(m, -1).to(torch.float64) for s in sums.values()], dim=1)
-        return release(noise.independent, centre.add_(noise.pairs))
+        """j (float64, integer-valued) with j·g the release of S + pair sums + σX.  The centre
+        is formed in the draw's pair sums (no second (m, d) float64 buffer): a draw is
+        released once."""
+        centre, m = noise.pairs, noise.pairs.shape[0]
+        for (lo, hi), s in zip(_columns(sums), sums.values(), strict=True):
+            centre[:, lo:hi].add_(s.reshape(m, -1))  # float32 widened exactly, one rounding
+        noise.pairs = None  # consumed
+        return release(noise.independent, centre)
 
     def noisy_sums(self, noise: DecorDraw, sums: Params) -> Params:
         cells, grid = self._cells(noise, sums), noise.independent.grid
