@@ -135,3 +135,31 @@ def test_bad_models_are_refused_in_one_line():
         make_noise_model("decorr", 1.0)
     with pytest.raises(DPDLError, match="factor must be a finite number > 0, got -1"):
         make_noise_model("pairwise", -1)
+
+
+@pytest.mark.parametrize("topology,n,factor,curious", [("ring", 6, 2.0, ()),
+                                                        ("complete", 5, 0.5, (3,)),
+                                                        ("exp", 8, 3.0, ())])
+def test_the_sec_ldp_factor_is_decors_own_accountant_per_step(topology, n, factor, curious):
+    """seed 003's ρ = 2C² max_i [(σ² I + σ_cor² L_H)⁻¹]_ii (replace-one: 2C) as dpdl's fdp
+    extension computes it, against 1/√q from the correlated view's module; and one step of the
+    eavesdropper's exact view on the same graph."""
+    from dpdl.accounting.correlated import sec_ldp_noise_factor
+    from dpdl.extensions.fdp.decor_accounting import decor_rho
+
+    P = make_topology(topology, n)
+    sigma, clip = 1.7, 0.9
+    rounds = 3 if topology == "exp" else 1
+    factor_of = sec_ldp_noise_factor(P.mixing_matrix, rounds=rounds, factor=factor,
+                                     curious=curious)
+    worst = 0.0
+    for t in range(rounds):
+        W = P.mixing_matrix(t)
+        worst = max(worst, decor_rho(W + W.T, sigma=sigma, sigma_cor=factor * sigma, clip=clip,
+                                     curious=curious))  # fmt: skip
+    q = worst * sigma**2 / (2 * clip**2)
+    assert factor_of == pytest.approx(1 / math.sqrt(q), rel=1e-9)
+    if not curious and topology != "exp":  # regular graph: every node alike, one round
+        mu = correlated_view_mu(P.mixing_matrix(0), rounds=1, target=0, observers=(),
+                                sigma=sigma, sensitivity=clip, model=PairwiseNoise(factor))
+        assert mu == pytest.approx(clip / sigma / factor_of, rel=1e-9)

@@ -59,6 +59,7 @@ __all__ = [
     "correlated_view_mu",
     "correlated_view_norms",
     "eavesdropper_view",
+    "sec_ldp_noise_factor",
     "make_noise_model",
     "undirected_edges",
 ]
@@ -202,6 +203,39 @@ def correlated_view_norms(view: View, mixing, targets: Sequence[int], model,
     residual = np.linalg.norm(B @ w - C, axis=0)
     scale = np.maximum(np.linalg.norm(C, axis=0), 1e-300)
     return np.where(residual <= RESIDUAL_RTOL * scale, np.linalg.norm(w, axis=0), math.inf)
+
+
+def sec_ldp_noise_factor(mixing, *, rounds: int, factor: float,
+                         curious: Sequence[int] = ()) -> float:
+    """How much more noise one step of DECOR hides a node under against Sec-LDP's adversary
+    than its independent part alone: 1/√q, q = max over rounds t < ``rounds`` and honest i of
+    [(I + f² L_t)⁻¹]_ii, L_t the Laplacian of round t's undirected graph induced on the honest
+    nodes (``curious`` know their secrets and are removed; MATH.md §9.4).
+
+    One step's shares, given every earlier message, are the honest nodes' clipped sums plus
+    noise of covariance σ²(I + f² L_t) per coordinate, so moving u's sum by v (‖v‖ ≤ C) is a
+    Gaussian mechanism of μ = (C/σ)·√[(I + f² L_t)⁻¹]_uu: the ledger's subsampled Gaussian of
+    multiplier z·(this factor) (Poisson sampling of u's records mixes the same two shifted
+    Gaussians along the whitened direction), composed adaptively over the steps."""
+    P_of, n = _mixing_of(mixing)
+    require(isinstance(factor, int | float) and math.isfinite(factor) and factor >= 0,
+            f"the pairwise noise factor must be a finite number >= 0, got {factor!r}")
+    honest = np.setdiff1d(np.arange(n), [int(c) for c in curious])
+    require(honest.size >= 1, "at least one node must be honest")
+    worst, seen = 0.0, set()
+    for t in range(rounds):
+        edges = tuple(undirected_edges(P_of(t)))
+        if edges in seen:  # a periodic schedule repeats its graphs
+            continue
+        seen.add(edges)
+        A = np.zeros((n, n))
+        for i, j in edges:
+            A[i, j] = A[j, i] = 1.0
+        A = A[np.ix_(honest, honest)]
+        L = np.diag(A.sum(axis=1)) - A
+        inverse = np.linalg.inv(np.eye(honest.size) + factor**2 * L)
+        worst = max(worst, float(np.max(np.diag(inverse))))
+    return 1.0 / math.sqrt(worst)
 
 
 def eavesdropper_view(mixing, *, rounds: int) -> View:
