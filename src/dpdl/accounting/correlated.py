@@ -60,6 +60,7 @@ __all__ = [
     "correlated_view_norms",
     "eavesdropper_view",
     "sec_ldp_noise_factor",
+    "unknown_noise_columns",
     "make_noise_model",
     "undirected_edges",
 ]
@@ -177,6 +178,23 @@ def make_noise_model(name: str, factor: float = 0.0):
     return NOISE_MODELS[name](float(factor))
 
 
+def unknown_noise_columns(view: View, mixing, model, scales: Sequence[float] | None = None,
+                          period: int = 1, noise_once: bool = False) -> np.ndarray:
+    """B: the view's map of the sources its coalition does not know, every ``period``-th round
+    (round 0 only with ``noise_once``), round t's columns scaled by ``scales[t // period]``
+    (the step's σ; 1 when None)."""
+    P_of, n = _mixing_of(mixing)
+    R = _check_period(period)
+    fresh = list(range(0, view.rounds, R))[: 1 if noise_once else None]
+    blocks = []
+    for t in fresh:
+        S = model.sources(P_of(t))
+        scale = 1.0 if scales is None else float(scales[t // R])
+        blocks.append(scale * (view.matrix[:, t * n : (t + 1) * n] @ S.matrix
+                               @ S.unknown_basis(view.observers)))  # fmt: skip
+    return np.hstack(blocks) if blocks else np.zeros((view.matrix.shape[0], 0))
+
+
 def correlated_view_norms(view: View, mixing, targets: Sequence[int], model,
                           contribution: str = "every-round", period: int = 1,
                           noise_once: bool = False) -> np.ndarray:  # fmt: skip
@@ -185,15 +203,8 @@ def correlated_view_norms(view: View, mixing, targets: Sequence[int], model,
     and sources enter every R-th round only; ``noise_once``: sources at round 0 only."""
     require(contribution in CONTRIBUTIONS,
             f"contribution must be one of {CONTRIBUTIONS}, got {contribution!r}")  # fmt: skip
-    P_of, n = _mixing_of(mixing)
-    R = _check_period(period)
-    fresh = [t for t in range(0, view.rounds, R)][: 1 if noise_once else None]
-    blocks = []
-    for t in fresh:
-        S = model.sources(P_of(t))
-        blocks.append(view.matrix[:, t * n : (t + 1) * n] @ S.matrix
-                      @ S.unknown_basis(view.observers))  # fmt: skip
-    B = np.hstack(blocks) if blocks else np.zeros((view.matrix.shape[0], 0))
+    n, R = view.n, _check_period(period)
+    B = unknown_noise_columns(view, mixing, model, None, R, noise_once)
     times = range(0, view.rounds, R) if contribution == "every-round" else (0,)
     C = np.stack([sum(view.column(_check_target(u, n), t) for t in times) for u in targets],
                  axis=1)  # fmt: skip
