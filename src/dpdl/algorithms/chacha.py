@@ -21,6 +21,9 @@ __all__ = ["blocks", "key_words", "keystream"]
 _MASK = 0xFFFFFFFF
 _SIGMA = (0x61707865, 0x3320646E, 0x79622D32, 0x6B206574)  # "expand 32-byte k"
 _BLOCK = 64
+# A double round's quarter-rounds: the four columns, then the four diagonals of the 4x4 state.
+_ROUNDS = ((0, 4, 8, 12), (1, 5, 9, 13), (2, 6, 10, 14), (3, 7, 11, 15),
+           (0, 5, 10, 15), (1, 6, 11, 12), (2, 7, 8, 13), (3, 4, 9, 14))  # fmt: skip
 # The lanes processed together: small enough that the ~1000 temporaries of the rounds stay in
 # the CPU's cache, large enough that a GPU kernel launch is amortised.
 _CPU_LANES = 1 << 15
@@ -61,8 +64,7 @@ def _block_function(keys: torch.Tensor, counters: list[torch.Tensor]) -> torch.T
     start = constant + [keys[:, i] for i in range(8)] + counters
     x = [w.clone() for w in start]
     for _ in range(10):  # twenty rounds: a column round and a diagonal round, ten times
-        for a, b, c, d in ((0, 4, 8, 12), (1, 5, 9, 13), (2, 6, 10, 14), (3, 7, 11, 15),
-                           (0, 5, 10, 15), (1, 6, 11, 12), (2, 7, 8, 13), (3, 4, 9, 14)):  # fmt: skip
+        for a, b, c, d in _ROUNDS:
             _quarter(x, a, b, c, d)
     return torch.stack([(w + s) & _MASK for w, s in zip(x, start, strict=True)], dim=1)
 

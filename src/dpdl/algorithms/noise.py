@@ -189,11 +189,12 @@ class NoiseDraw:
     """The data-free half of a release: every coordinate's word and its noise in grid units,
     split for a float32 second half, and what the fast path may certify.
 
-    ``words`` (m, d) int64 on the draw's device (the raw 64-bit words' bit patterns); with s = X̂·scale/g the noise
-    in grid units (X̂ the fast path's quantile), ``whole`` (m, d) float32 = round(s) and
-    ``frac`` (m, d) float32 = s - round(s) rounded to float32; ``scratch``, ``scratch2`` (m, d)
-    float32 for the second half.  The fast path certifies a coordinate when the fractional
-    distance t of centre/g + s to its nearest integer is at most ``bulk_limit`` (grid units);
+    ``words`` (m, d) int64 on the draw's device (the raw 64-bit words' bit patterns); with
+    s = X̂·scale/g the noise in grid units (X̂ the fast path's quantile), ``whole`` (m, d)
+    float32 = round(s) and ``frac`` (m, d) float32 = s - round(s) rounded to float32;
+    ``scratch``, ``scratch2`` (m, d) float32 for the second half.  The fast path certifies a
+    coordinate when the fractional distance t of centre/g + s to its nearest integer is at
+    most ``bulk_limit`` (grid units);
     the tail coordinates (min(P, 1 - P) < 2^-8, about 0.8 %: their X̂ comes from ``ndtri``)
     have their own limits ``tail_limit`` at the flat indices ``tail_index`` (-1: only the
     exact path decides).  ``scale``, ``grid``, the law; ``sources``: row i's bit source (the
