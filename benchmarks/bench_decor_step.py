@@ -46,7 +46,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     sims = {"independent": _simulator(make_correlation("independent")),
-            "decor": _simulator(make_correlation("decor", args.pair_noise))}  # fmt: skip
+            "decor": _simulator(make_correlation("pairwise", args.correlation_factor))}  # fmt: skip
     times = {name: [] for name in sims}
     for sim in sims.values():
         sim.step(**STEP)  # warm-up

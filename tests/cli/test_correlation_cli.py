@@ -14,4 +14,4 @@ def test_dpdl_audit_refuses_a_decor_config_instead_of_auditing_independent_noise
     error = capsys.readouterr().err.strip()
     assert "\n" not in error
     assert error.endswith("dpdl audit plays independent noise only, not privacy.correlation = "
-                          "'decor'")
+                          "'pairwise'")

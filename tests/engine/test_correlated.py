@@ -178,11 +178,11 @@ def test_a_resume_keeps_the_pairwise_keys_in_the_processs_own_checkpoint(h):
 
 
 def test_bad_correlations_are_refused_in_one_line(h):
-    with pytest.raises(DPDLError, match="pair_noise .* finite and > 0, got 0"):
-        make_correlation("decor", 0)
+    with pytest.raises(DPDLError, match="correlation_factor .* finite and > 0, got 0"):
+        make_correlation("pairwise", 0)
     with pytest.raises(DPDLError, match="got None"):
-        make_correlation("decor")
-    with pytest.raises(DPDLError, match=r"pair_noise \(2.0\) is DECOR's"):
+        make_correlation("pairwise")
+    with pytest.raises(DPDLError, match=r"correlation_factor \(2.0\) scales correlated noise"):
         make_correlation("independent", 2.0)
     with pytest.raises(DPDLError, match="unknown noise correlation 'zip'"):
         make_correlation("zip")
@@ -206,8 +206,8 @@ def test_a_registered_correlation_is_a_setting_of_its_own(monkeypatch):
         name = "halved"
 
     monkeypatch.setattr(correlated, "CORRELATIONS", dict(correlated.CORRELATIONS))
-    correlated.register_correlation("halved", lambda pair_noise: Halved())
+    correlated.register_correlation("halved", lambda correlation_factor: Halved())
     privacy = validate_config(PrivacySection, {"correlation": "halved"})
     assert privacy.noise_correlation.describe() == {"name": "halved"}
     with pytest.raises(DPDLError, match="'halved' is registered already"):
-        correlated.register_correlation("halved", lambda pair_noise: Halved())
+        correlated.register_correlation("halved", lambda correlation_factor: Halved())

@@ -14,7 +14,7 @@ from dpdl.experiments.runner import run_experiment
 
 pytestmark = pytest.mark.xdist_group("multi-process")
 
-DECOR = CONFIG + 'correlation = "decor"\npair_noise = 2.0\n'
+DECOR = CONFIG + 'correlation = "pairwise"\ncorrelation_factor = 2.0\n'
 
 
 @pytest.mark.slow  # 90 s; test_correlated's blocks test covers the block-independence fast

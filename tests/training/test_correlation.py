@@ -42,26 +42,26 @@ def one_line(excinfo) -> str:
 
 def test_bad_correlation_settings_are_refused_naming_the_value():
     with pytest.raises(DPDLError) as err:
-        validate_config(PrivacySection, {"correlation": "decor"})
-    assert "pair_noise" in one_line(err) and "None" in one_line(err)
+        validate_config(PrivacySection, {"correlation": "pairwise"})
+    assert "correlation_factor" in one_line(err) and "None" in one_line(err)
     with pytest.raises(DPDLError, match="unknown noise correlation 'zip'"):
         validate_config(PrivacySection, {"correlation": "zip"})
-    with pytest.raises(DPDLError, match=r"pair_noise \(2.0\) is DECOR's"):
-        validate_config(PrivacySection, {"pair_noise": 2.0})
-    with pytest.raises(DPDLError, match=r"pair_noise: .*\(got -1.0\)"):
-        validate_config(PrivacySection, {"correlation": "decor", "pair_noise": -1.0})
+    with pytest.raises(DPDLError, match=r"correlation_factor \(2.0\) scales correlated noise"):
+        validate_config(PrivacySection, {"correlation_factor": 2.0})
+    with pytest.raises(DPDLError, match=r"correlation_factor: .*\(got -1.0\)"):
+        validate_config(PrivacySection, {"correlation": "pairwise", "correlation_factor": -1.0})
     with pytest.raises(DPDLError) as err:
-        trainer(algorithm="sgp", epsilon=None, correlation="decor", pair_noise=1.0)
+        trainer(algorithm="sgp", epsilon=None, correlation="pairwise", correlation_factor=1.0)
     assert "'sgp' is not private" in one_line(err)
 
 
 def test_the_setting_enters_the_noise_key_and_digest_only_when_set():
-    plain, decor = trainer(), trainer(correlation="decor", pair_noise=2.0)
+    plain, decor = trainer(), trainer(correlation="pairwise", correlation_factor=2.0)
     assert "correlation" not in plain.describe()["privacy"]  # as before the setting existed
-    assert "pair_noise" not in plain.stream_settings()["privacy"]
+    assert "correlation_factor" not in plain.stream_settings()["privacy"]
     shown = decor.stream_settings()["privacy"]
-    assert (shown["correlation"], shown["pair_noise"]) == ("decor", 2.0)
-    other = trainer(correlation="decor", pair_noise=3.0)
+    assert (shown["correlation"], shown["correlation_factor"]) == ("pairwise", 2.0)
+    other = trainer(correlation="pairwise", correlation_factor=3.0)
     assert len({plain.run_digest(), decor.run_digest(), other.run_digest()}) == 3
     # the ledger accounts the independent part alone: the same schedule and sigma
     assert np.array_equal(plain.schedule.sigma, decor.schedule.sigma)
@@ -69,18 +69,18 @@ def test_the_setting_enters_the_noise_key_and_digest_only_when_set():
 
 def test_a_seeded_decor_run_is_reproducible_differs_and_says_what_it_is(tmp_path):
     plain = trainer().fit()
-    one = trainer(correlation="decor", pair_noise=2.0, output_dir=tmp_path).fit()
-    two = trainer(correlation="decor", pair_noise=2.0).fit()
+    one = trainer(correlation="pairwise", correlation_factor=2.0, output_dir=tmp_path).fit()
+    two = trainer(correlation="pairwise", correlation_factor=2.0).fit()
     for a, b, c in zip(one.model.parameters(), two.model.parameters(),
                        plain.model.parameters(), strict=True):  # fmt: skip
         assert torch.equal(a, b) and not torch.equal(a, c)
     assert one.epsilon == plain.epsilon  # the ledger: σ_k alone, as for independent noise
     record = json.loads((one.run_dir / "results.json").read_text())["cells"][0]
-    assert record["noise_correlation"] == {"name": "decor", "pair_noise": 2.0}
-    assert record["trust_model"] == "curious-neighbour"
+    assert record["noise_correlation"] == {"name": "pairwise", "correlation_factor": 2.0}
+    assert record["trust_model"] == "curious-neighbours"
     assert plain.record.noise_correlation == {"name": "independent"}
     trainer_json = json.loads((one.run_dir / "trainer.json").read_text())
-    assert trainer_json["privacy"]["correlation"] == "decor"
+    assert trainer_json["privacy"]["correlation"] == "pairwise"
     assert not any("pairwise" in p.name for p in one.run_dir.rglob("*"))
 
 
@@ -95,12 +95,12 @@ def test_decor_then_r_gossip_rounds_with_the_muffliato_plugin(monkeypatch):
     plugin = Path(__file__).resolve().parents[2] / "examples" / "plugins" / "muffliato.py"
     monkeypatch.setenv(registry.PLUGINS_VARIABLE, str(plugin))
     registry.load_plugins()
+    pairwise = {"correlation": "pairwise", "correlation_factor": 2.0}
     runs = [trainer(algorithm="muffliato(rounds=3)", **options).fit()
-            for options in ({"correlation": "decor", "pair_noise": 2.0},
-                            {"correlation": "decor", "pair_noise": 2.0}, {})]  # fmt: skip
+            for options in (pairwise, pairwise, {})]
     for a, b, c in zip(*(run.model.parameters() for run in runs), strict=True):
         assert torch.equal(a, b) and not torch.equal(a, c)
-    assert runs[0].record.noise_correlation == {"name": "decor", "pair_noise": 2.0}
+    assert runs[0].record.noise_correlation == {"name": "pairwise", "correlation_factor": 2.0}
 
 
 def test_an_os_entropy_decor_run_resumes_with_its_checkpointed_pairwise_keys(tmp_path):
@@ -109,7 +109,7 @@ def test_an_os_entropy_decor_run_resumes_with_its_checkpointed_pairwise_keys(tmp
     (fresh OS keys would give other ones)."""
     import csv
 
-    settings = dict(entropy="os", correlation="decor", pair_noise=3.0, steps=6,
+    settings = dict(entropy="os", correlation="pairwise", correlation_factor=3.0, steps=6,
                     eval_every=2, checkpoint_every=2, output_dir=tmp_path, run_name="r",
                     eval_data=node_sets(seed=5)[0])  # fmt: skip
 

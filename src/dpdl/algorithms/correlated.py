@@ -5,19 +5,20 @@ correlation changes is the centre.  :data:`CORRELATIONS` names them (``privacy.c
 
 * ``"independent"`` (the default): centre_i = S_i, the clipped sum; every node's noise its
   own.  The step's mechanism is the engine's own, untouched (a run is the run it was).
-* ``"decor"`` (DECOR, Allouah et al. 2024): centre_i = S_i + Σ_{j ∈ N_k(i)} s_ij with
+* ``"pairwise"`` (DECOR, Allouah et al. 2024): centre_i = S_i + Σ_{j ∈ N_k(i)} s_ij with
   pairwise secrets s_ij = -s_ji = σ_pair·η_e, one per edge e = {i, j} of the undirected
   version of step k's gossip graph and step: η_e is a standard Gaussian drawn from edge e's
   stream (:mod:`dpdl.algorithms.pairwise`: X25519, HKDF, ChaCha20) by the same exact sampler
   at its grid (:func:`~dpdl.algorithms.noise.draw` and :func:`~dpdl.algorithms.noise.release`
   at centre 0), so both endpoints compute the very same grid value and add it with opposite
   signs (the lower index +, the higher -): over the network the pairwise parts cancel, up to
-  the float64 rounding of each node's own sum.  σ_pair = ``pair_noise``·σ_k.  The centre is
-  summed in float64 and released by the exact float64 release: no float32 intermediate.
+  the float64 rounding of each node's own sum.  σ_pair = f·σ_k, f = ``correlation_factor``.
+  The centre is summed in float64 and released by the exact float64 release: no float32
+  intermediate.  (``dpdl.accounting.correlated`` calls the same noise model "pairwise".)
 
 Whom it protects (``trust_model``): the ledger accounts σ_k, the independent part, alone,
 which is what protects a record against a *curious neighbour* who knows the secrets it
-shares ("curious-neighbour"); DECOR's stronger guarantee against a party who knows no honest
+shares ("curious-neighbours"); DECOR's stronger guarantee against a party who knows no honest
 pair's secret (Sec-LDP, seed 003) is not claimed here.
 """
 
@@ -54,7 +55,7 @@ Params = dict  # {name: (m, *shape) tensor}: stacked parameters of the hosted no
 
 #: The trust model under which the ledger's ε holds for every correlation here: record-level,
 #: against a curious neighbour who knows the pairwise secrets it shares.
-CURIOUS_NEIGHBOUR = "curious-neighbour"
+CURIOUS_NEIGHBOUR = "curious-neighbours"
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ class NoiseCorrelation(Protocol):
     of one step (``NoiseMechanism``: start / noisy_sums / noisy_step)."""
 
     name: str
-    pair_noise: float | None  # σ_pair / σ_k (None: no pairwise part)
+    correlation_factor: float | None  # σ_pair / σ_k (None: no pairwise part)
     pairwise_keys: bool  # whether the engine must give the hosted nodes pairwise keys
     trust_model: str  # whom the ledger's ε protects against
 
@@ -87,7 +88,8 @@ class NoiseCorrelation(Protocol):
 class IndependentNoise:
     """Every node's noise its own: the engine's mechanism, unchanged."""
 
-    name, pair_noise, pairwise_keys, trust_model = "independent", None, False, CURIOUS_NEIGHBOUR
+    name, pairwise_keys, trust_model = "independent", False, CURIOUS_NEIGHBOUR
+    correlation_factor = None
 
     def at_step(self, mechanism, step: CorrelatedStep):
         return mechanism
@@ -97,35 +99,35 @@ class IndependentNoise:
 
 
 class DecorNoise:
-    """DECOR's pairwise-cancelling noise of scale ``pair_noise``·σ_k (the module doc)."""
+    """DECOR's pairwise-cancelling noise of scale ``correlation_factor``·σ_k (the module doc)."""
 
-    name, pairwise_keys, trust_model = "decor", True, CURIOUS_NEIGHBOUR
+    name, pairwise_keys, trust_model = "pairwise", True, CURIOUS_NEIGHBOUR
 
-    def __init__(self, pair_noise: float | None):
-        ok = isinstance(pair_noise, int | float) and not isinstance(pair_noise, bool)
-        require(ok and math.isfinite(pair_noise) and pair_noise > 0,
-                f"decor needs privacy.pair_noise (σ_pair / σ) finite and > 0, got "
-                f"{pair_noise!r}")  # fmt: skip
-        self.pair_noise = float(pair_noise)
+    def __init__(self, factor: float | None):
+        ok = isinstance(factor, int | float) and not isinstance(factor, bool)
+        require(ok and math.isfinite(factor) and factor > 0,
+                f"pairwise noise needs privacy.correlation_factor (σ_pair / σ) finite and > 0, "
+                f"got {factor!r}")  # fmt: skip
+        self.correlation_factor = float(factor)
 
     def at_step(self, mechanism, step: CorrelatedStep):
-        return DecorRelease(step, self.pair_noise)
+        return DecorRelease(step, self.correlation_factor)
 
     def describe(self) -> dict:
-        return {"name": self.name, "pair_noise": self.pair_noise}
+        return {"name": self.name, "correlation_factor": self.correlation_factor}
 
 
-def _independent(pair_noise: float | None) -> IndependentNoise:
-    require(pair_noise is None, f"privacy.pair_noise ({pair_noise!r}) is DECOR's: "
-            "independent noise has no pairwise part")  # fmt: skip
+def _independent(factor: float | None) -> IndependentNoise:
+    require(factor is None, f"privacy.correlation_factor ({factor!r}) scales correlated noise: "
+            "independent noise has none")  # fmt: skip
     return INDEPENDENT
 
 
 INDEPENDENT = IndependentNoise()
-#: name -> the correlation of that name with a given pair_noise (checked)
+#: name -> the correlation of that name with a given correlation_factor (checked)
 CORRELATIONS: dict[str, Callable[[float | None], NoiseCorrelation]] = {
     "independent": _independent,
-    "decor": DecorNoise,
+    "pairwise": DecorNoise,
 }
 
 
@@ -135,8 +137,9 @@ def correlation_names() -> tuple[str, ...]:
 
 def register_correlation(name: str, factory: Callable[[float | None], NoiseCorrelation], *,
                          replace: bool = False) -> None:  # fmt: skip
-    """Make ``privacy.correlation = name`` mean ``factory(privacy.pair_noise)`` (which checks
-    its argument and returns a :class:`NoiseCorrelation`); a name taken needs ``replace``."""
+    """Make ``privacy.correlation = name`` mean ``factory(privacy.correlation_factor)`` (which
+    checks its argument and returns a :class:`NoiseCorrelation`); a name taken needs
+    ``replace``."""
     require(isinstance(name, str) and name and callable(factory),
             f"a correlation needs a name and a factory, got {name!r}, {factory!r}")
     require(replace or name not in CORRELATIONS,
@@ -144,11 +147,12 @@ def register_correlation(name: str, factory: Callable[[float | None], NoiseCorre
     CORRELATIONS[name] = factory
 
 
-def make_correlation(name: str, pair_noise: float | None = None) -> NoiseCorrelation:
-    """The correlation ``name`` (of :data:`CORRELATIONS`) with ``pair_noise``, checked."""
+def make_correlation(name: str, factor: float | None = None) -> NoiseCorrelation:
+    """The correlation ``name`` (of :data:`CORRELATIONS`) with ``factor`` (the setting
+    ``privacy.correlation_factor``), checked."""
     require(name in CORRELATIONS, f"unknown noise correlation {name!r}; choose one of "
             f"{', '.join(CORRELATIONS)}")  # fmt: skip
-    return CORRELATIONS[name](pair_noise)
+    return CORRELATIONS[name](factor)
 
 
 def undirected_neighbours(mixing: np.ndarray, nodes: Sequence[int]) -> tuple[tuple[int, ...], ...]:
@@ -176,15 +180,15 @@ class DecorRelease:
     name = "exact-gaussian-grid"
     certified = True
 
-    def __init__(self, step: CorrelatedStep, pair_noise: float):
+    def __init__(self, step: CorrelatedStep, correlation_factor: float):
         require(step.keys is not None, "DECOR needs the hosted nodes' pairwise keys")
-        self.step, self.pair_noise = step, float(pair_noise)
+        self.step, self.correlation_factor = step, float(correlation_factor)
 
     def start(self, generators, d: int, sigma: float, *, device=None, reuse=None) -> DecorDraw:
         require(len(generators) == len(self.step.neighbours),
                 f"{len(generators)} streams for {len(self.step.neighbours)} hosted nodes")
         independent = draw(generators, d, sigma, "gaussian", device=device, reuse=reuse)
-        return DecorDraw(independent, self.pair_sums(d, sigma * self.pair_noise, device))
+        return DecorDraw(independent, self.pair_sums(d, sigma * self.correlation_factor, device))
 
     def pair_sums(self, d: int, pair_sigma: float, device=None) -> torch.Tensor:
         """Σ_{j ∈ N(i)} s_ij for every hosted node i, (m, d) float64, neighbours in ascending

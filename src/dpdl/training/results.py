@@ -48,10 +48,11 @@ class RunRecord:
     the node at the schedule's rate; None for a non-private run), ``epsilon_per_node_method``
     how.  ``noise_mechanism`` names the noise of the private steps (the exact release of
     MATH.md §10); None for a non-private run.  ``noise_correlation`` how the nodes' noise is
-    correlated (``{"name": "independent"}``, or ``{"name": "decor", "pair_noise": f}``) and
-    ``trust_model`` whom the ledger's ε protects against ("curious-neighbour": record-level
-    against a neighbour who knows the pairwise secrets it shares, so only the independent
-    noise counts); None for a non-private run or a record written before they existed.
+    correlated (``{"name": "independent"}``, or ``{"name": "pairwise", "correlation_factor":
+    f}``) and ``trust_model`` whom the ledger's ε protects against ("curious-neighbours":
+    record-level against neighbours who know the pairwise secrets they share, so only the
+    independent noise counts; ``dpdl.accounting.correlated.TRUST_MODELS``); None for a
+    non-private run or a record written before they existed.
     """
 
     algorithm: str

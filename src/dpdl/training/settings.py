@@ -299,13 +299,14 @@ class PrivacySection(_Section):
     # choice, i.e. exact or, for many distinct multipliers, the binned PLD bound.
     calibration_blocks: int | None = Field(None, ge=1)
     # How the nodes' noise is correlated (dpdl.algorithms.correlated.CORRELATIONS, issue 41):
-    # "independent" (every node's own noise) or "decor" (DECOR's pairwise secrets
-    # s_ij = -s_ji of std pair_noise·σ_k on every edge of the step's graph, cancelling in the
-    # network's sum, on top of the independent σ_k).  The ledger accounts σ_k alone: the
-    # guarantee against a curious neighbour who knows the secrets it shares.
+    # "independent" (every node's own noise) or "pairwise" (DECOR's pairwise secrets
+    # s_ij = -s_ji of std correlation_factor·σ_k on every edge of the step's graph,
+    # cancelling in the network's sum, on top of the independent σ_k; the noise model of the
+    # same name in dpdl.accounting.correlated).  The ledger accounts σ_k alone: the guarantee
+    # against curious neighbours who know the secrets they share.
     correlation: str = Field("independent", json_schema_extra=_marked(_LATER))
-    # σ_pair / σ_k: DECOR's only (required there).
-    pair_noise: float | None = Field(None, gt=0, json_schema_extra=_marked(_LATER))
+    # f = σ_pair / σ_k: correlated noise's only (required there).
+    correlation_factor: float | None = Field(None, gt=0, json_schema_extra=_marked(_LATER))
 
     @field_validator("correlation")
     @classmethod
@@ -322,7 +323,7 @@ class PrivacySection(_Section):
         from dpdl.algorithms.correlated import make_correlation
 
         try:
-            make_correlation(self.correlation, self.pair_noise)
+            make_correlation(self.correlation, self.correlation_factor)
         except DPDLError as err:
             raise ValueError(str(err)) from None
         return self
@@ -332,7 +333,7 @@ class PrivacySection(_Section):
         """The correlation these settings name (:mod:`dpdl.algorithms.correlated`)."""
         from dpdl.algorithms.correlated import make_correlation
 
-        return make_correlation(self.correlation, self.pair_noise)
+        return make_correlation(self.correlation, self.correlation_factor)
 
     @field_validator("calibrate")
     @classmethod
