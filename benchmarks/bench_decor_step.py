@@ -7,7 +7,8 @@ release at centre 0) on the noise worker thread, then releases the float64 centr
 Prints ms/step of each, the mean of ``--steps`` steps after one warm-up, in interleaved
 rounds::
 
-    .venv/bin/python benchmarks/bench_decor_step.py [--rounds 3] [--steps 5] [--pair-noise 2]
+    .venv/bin/python benchmarks/bench_decor_step.py [--rounds 3] [--steps 5]
+        [--correlation-factor 2]
 """
 
 from __future__ import annotations
@@ -42,11 +43,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--pair-noise", type=float, default=2.0)
+    parser.add_argument("--correlation-factor", type=float, default=2.0)
     args = parser.parse_args()
     torch.set_num_threads(1)
     sims = {"independent": _simulator(make_correlation("independent")),
-            "decor": _simulator(make_correlation("pairwise", args.correlation_factor))}  # fmt: skip
+            "pairwise": _simulator(make_correlation("pairwise",
+                                                    args.correlation_factor))}  # fmt: skip
     times = {name: [] for name in sims}
     for sim in sims.values():
         sim.step(**STEP)  # warm-up
