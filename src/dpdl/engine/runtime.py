@@ -160,6 +160,8 @@ class LocalRuntime:
 RUNTIMES: dict[str, str] = {
     "simulator": "dpdl.engine.runtime:LocalRuntime",
     "distributed": "dpdl.engine.distributed:TorchDistributedRuntime",
+    # one party of a consortium (started by `dpdl run --consortium FILE --party NAME`)
+    "consortium": "dpdl.engine.consortium.runtime:ConsortiumRuntime",
 }
 
 

@@ -60,7 +60,8 @@ class ExperimentSection(_Section):
     # Where the secret randomness (sampling, noise) comes from: "os" (secret, default) or
     # "seed" (reproducible noise: an explicit research choice, recorded in every result).
     entropy: Literal["os", "seed"] = "os"
-    runtime: Literal["simulator", "distributed"] = "simulator"
+    # "consortium": set by `dpdl run --consortium FILE --party NAME` (one party of several)
+    runtime: Literal["simulator", "distributed", "consortium"] = "simulator"
     device: str = "cpu"
 
     @field_validator("algorithms")
