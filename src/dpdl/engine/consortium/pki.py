@@ -49,7 +49,7 @@ def _key_pem(key) -> bytes:
 
 
 def _builder(subject: str, issuer: x509.Name, public_key, days: int) -> x509.CertificateBuilder:
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     return (x509.CertificateBuilder()
             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
             .issuer_name(issuer).public_key(public_key)

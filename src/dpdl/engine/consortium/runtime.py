@@ -38,7 +38,8 @@ __all__ = ["ConsortiumMixer", "ConsortiumRuntime", "party_links"]
 Params = dict[str, torch.Tensor]
 
 
-def party_links(consortium: Consortium, topology, rounds: Iterable[int]) -> dict[str, frozenset]:
+def party_links(consortium: Consortium, topology,
+                rounds: Iterable[int]) -> dict[str, frozenset]:  # fmt: skip
     """Each party's neighbour parties: those hosting a node that shares an edge of some
     round's graph with one of its nodes (over every round of the run)."""
     owner = np.empty(consortium.n_nodes, dtype=np.int64)
@@ -48,7 +49,8 @@ def party_links(consortium: Consortium, topology, rounds: Iterable[int]) -> dict
     for k in rounds:
         P = np.asarray(topology.mixing_matrix(k))
         rows, cols = np.nonzero(P)
-        pairs |= {(int(a), int(b)) for a, b in zip(owner[rows], owner[cols]) if a != b}
+        pairs |= {(int(a), int(b)) for a, b in zip(owner[rows], owner[cols], strict=True)
+                  if a != b}
     names = [p.name for p in consortium.parties]
     return {name: frozenset(names[b] for a, b in pairs if a == i) | frozenset(
         names[a] for a, b in pairs if b == i) for i, name in enumerate(names)}  # fmt: skip

@@ -118,8 +118,8 @@ def load_consortium(path: str | Path) -> Consortium:
         raw = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as err:
         raise DPDLError(f"consortium file {path}: not TOML: {err}") from None
-    require(set(raw) <= {"consortium", "party"},
-            f"consortium file {path}: unknown table(s) {sorted(set(raw) - {'consortium', 'party'})}")
+    unknown = sorted(set(raw) - {"consortium", "party"})
+    require(not unknown, f"consortium file {path}: unknown table(s) {unknown}")
     base = path.resolve().parent
     table = dict(raw.get("consortium", {}))
     table["parties"] = raw.get("party", [])
