@@ -308,3 +308,29 @@ def test_the_bytes_on_the_wire_are_tls_and_show_no_tensor(consortium, p0_server)
     for start in range(0, len(raw) - 16 + 1, 8):  # ... and no 16-byte piece of it does
         assert raw[start:start + 16] not in wire
     assert b'"tag"' not in wire and b"m0.k0" not in wire  # nor the request
+
+
+def test_a_stopped_neighbour_tells_why_to_whoever_waits_for_it(consortium, p0_server):
+    address, handler, _ = p0_server
+    outbox = handler.outbox
+    telling = threading.Thread(target=outbox.fail, args=("party p0 stopped: disk full",
+                                                         ["p1"], 10))  # fmt: skip
+    telling.start()
+    link = Link("p1", "p0", address, _credentials(consortium, "p1"))
+    with pytest.raises(DPDLError, match=r"^party p1: party p0 \(127.0.0.1:\d+\) stopped: "
+                                        r"party p0 stopped: disk full$"):  # fmt: skip
+        link.fetch("m9.k9", timeout_s=10)
+    telling.join(timeout=10)
+    assert not telling.is_alive()  # it returned once p1 had been told, not after 10 s
+    link.close()
+
+
+def test_a_waiting_neighbour_names_whom_it_waits_for(consortium, p0_server):
+    address, handler, _ = p0_server
+    handler.outbox.waiting = "party p2 (127.0.0.1:9) for m1.k1"
+    link = Link("p1", "p0", address, _credentials(consortium, "p1"))
+    with pytest.raises(DPDLError, match=r"sent nothing for m9.k9 within 1.5 s: it is down or "
+                                        r"unreachable \(NOT_FOUND: m9.k9 not produced yet: it "
+                                        r"waits for party p2 \(127.0.0.1:9\) for m1.k1\)"):
+        link.fetch("m9.k9", timeout_s=1.5)
+    link.close()

@@ -67,8 +67,9 @@ def run_party(args, load, overrides: dict, print_summary) -> int:
         results = experiment_module(config.get("kind")).run_experiment(
             config, Path(args.output), progress=not args.no_progress)
         runtime.close()
-    except BaseException:
-        runtime.abort()
+    except BaseException as err:
+        runtime.abort(f"party {args.party} stopped: {err}" if isinstance(err, DPDLError)
+                      and not str(err).startswith("party ") else str(err) or repr(err))
         raise
     print_summary(results)
     print(f"party {args.party}: {len(runtime.ledger.entries)} messages over "

@@ -108,7 +108,10 @@ class ConsortiumRuntime:
                        for q in self.neighbours}  # fmt: skip
 
     def fetch(self, party: str, tag: str) -> Message:
-        message = decode(self._links[party].fetch(tag, self.timeout_s))
+        link = self._links[party]
+        self.outbox.waiting = f"party {party} ({link.address}) for {tag}"
+        message = decode(link.fetch(tag, self.timeout_s))
+        self.outbox.waiting = None
         require(message.party == party and message.tag == tag,
                 f"party {self.me.name}: party {party} answered {tag} with "
                 f"{message.party}'s {message.tag}")  # fmt: skip
@@ -137,8 +140,13 @@ class ConsortiumRuntime:
         finally:
             self.abort()
 
-    def abort(self) -> None:
+    def abort(self, reason: str | None = None) -> None:
+        """Stop; with ``reason`` (an error), first tell each neighbour that asks why (for a
+        few seconds at most), so that the first cause is named, not a chain of timeouts."""
         if self._server is not None:
+            if reason:
+                self.outbox.fail(f"{reason.splitlines()[0][:300]}", self.neighbours,
+                                 min(self.timeout_s, 10.0))  # fmt: skip
             self._server.stop(grace=0.5).wait()
             for link in self._links.values():
                 link.close()

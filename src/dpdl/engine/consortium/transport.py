@@ -62,6 +62,9 @@ class Outbox:
         self._items: dict[tuple[str, str], bytes] = {}
         self._served: set[tuple[str, str]] = set()
         self._cond = threading.Condition()
+        self.failure: str | None = None  # why this party stopped, told to whoever asks
+        self.waiting: str | None = None  # whom this party waits for (told to whoever waits)
+        self._told: set[str] = set()
 
     def put(self, tag: str, party: str, data: bytes) -> None:
         with self._cond:
@@ -70,12 +73,24 @@ class Outbox:
 
     def take(self, tag: str, party: str, wait_s: float) -> bytes | None:
         with self._cond:
-            self._cond.wait_for(lambda: (tag, party) in self._items, timeout=wait_s)
+            self._cond.wait_for(lambda: (tag, party) in self._items or self.failure,
+                                timeout=wait_s)  # fmt: skip
             data = self._items.get((tag, party))
+            if data is None and self.failure:
+                self._told.add(party)
+                self._cond.notify_all()
             if data is not None:
                 self._served.add((tag, party))
                 self._cond.notify_all()
             return data
+
+    def fail(self, reason: str, parties, timeout_s: float) -> None:
+        """From now on answer what is not produced with ``reason``; wait (up to
+        ``timeout_s``) until each of ``parties`` asked once and was told."""
+        with self._cond:
+            self.failure = reason
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: set(parties) <= self._told, timeout=timeout_s)
 
     def wait_served(self, tag: str, parties, timeout_s: float) -> bool:
         with self._cond:
@@ -104,8 +119,12 @@ class _Handler:
             context.abort(grpc.StatusCode.PERMISSION_DENIED,
                           f"certificate {peer!r} is not the neighbour {claimed!r}")
         data = self.outbox.take(tag, peer, _WAIT_S)
+        if data is None and self.outbox.failure:
+            context.abort(grpc.StatusCode.ABORTED, self.outbox.failure)
         if data is None:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"{tag} not produced yet")
+            waiting = self.outbox.waiting
+            context.abort(grpc.StatusCode.NOT_FOUND, f"{tag} not produced yet" + (
+                f": it waits for {waiting}" if waiting else ""))  # fmt: skip
         return data
 
 
@@ -153,12 +172,17 @@ class Link:
             if left <= 0:
                 raise DPDLError(
                     f"party {self.me}: party {self.party} ({self.address}) sent nothing for "
-                    f"{tag} within {timeout_s:g} s: it is down or unreachable ({last[:160]})")
+                    f"{tag} within {timeout_s:g} s: it is down or unreachable ({last[:240]})")
             try:
                 return self._fetch(request, timeout=min(left, _WAIT_S + 2.0))
             except grpc.RpcError as err:
                 code, detail = err.code(), (err.details() or "").splitlines()[0:1]
-                last = f"{code.name}: {detail[0] if detail else ''}"
+                if code != grpc.StatusCode.DEADLINE_EXCEEDED or last == "no answer":
+                    # (a deadline of the last try says less than the server's last answer)
+                    last = f"{code.name}: {detail[0] if detail else ''}"
+                if code == grpc.StatusCode.ABORTED:  # it stopped, and says why
+                    raise DPDLError(f"party {self.me}: party {self.party} ({self.address}) "
+                                    f"stopped: {detail[0] if detail else ''}") from None
                 if code not in _RETRYABLE:
                     raise DPDLError(f"party {self.me}: party {self.party} ({self.address}) "
                                     f"refused {tag}: {last[:160]}") from None  # fmt: skip
