@@ -15,11 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+from tests.engine.consortium_helpers import write_consortium
 
 from dpdl.engine.consortium.pki import provision
 from dpdl.engine.consortium.settings import load_consortium
 from dpdl.experiments.runner import run_experiment
-from tests.engine.consortium_helpers import write_consortium
 
 # Multi-process runs share one pytest-xdist worker: never two of them at once on 2 cores.
 pytestmark = pytest.mark.xdist_group("multi-process")
@@ -66,12 +67,22 @@ def _rows(folder: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def simulator_rows(tmp_path_factory):
+def simulator(tmp_path_factory):
     import tomllib
 
     out = tmp_path_factory.mktemp("simulator")
     run_experiment(tomllib.loads(CONFIG.format(entropy="seed")), out, progress=False)
-    return _rows(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def simulator_rows(simulator):
+    return _rows(simulator)
+
+
+def _models(folder: Path) -> tuple[dict, dict]:
+    (path,) = folder.rglob("models/*.pt")
+    return torch.load(path, weights_only=True), json.loads(path.with_suffix(".json").read_text())
 
 
 def _consortium(tmp_path: Path, entropy: str, timeout_s: float) -> tuple[Path, Path]:
@@ -141,7 +152,7 @@ def _ledger(tmp_path, party: str) -> list[dict]:
     pytest.param("p1:0", marks=pytest.mark.slow),  # before anything was sent
 ])  # fmt: skip
 def test_a_party_killed_mid_run_and_restarted_finishes_the_uninterrupted_run(
-        tmp_path, simulator_rows, fault):  # fmt: skip
+        tmp_path, simulator, simulator_rows, fault):  # fmt: skip
     statuses = _killed_and_restarted(tmp_path, fault, "seed", timeout_s=60)
     assert statuses == dict.fromkeys(statuses, 0), [_log(tmp_path, p)[-1500:] for p in statuses]
     # every party trained over mTLS to the simulator's numbers, the restarted one included
@@ -153,8 +164,21 @@ def test_a_party_killed_mid_run_and_restarted_finishes_the_uninterrupted_run(
     log = _log(tmp_path, victim)
     resent = step + ("after-ledger" in fault)
     assert f"({resent} re-sent identically after a restart)" in log
-    (results,) = (tmp_path / victim).rglob("results.json")
-    assert json.loads(results.read_text())  # the finished run's own results
+    # each party wrote the trained models: the network average and its own nodes, with the
+    # config and the ε beside them (the simulator's, which holds every node)
+    want, want_about = _models(simulator)
+    for i in range(4):
+        got, about = _models(tmp_path / f"p{i}")
+        assert sorted(got["nodes"]) == [str(2 * i), str(2 * i + 1)] == [str(n) for n in
+                                                                        about["nodes"]]
+        for name, tensor in want["average"].items():
+            torch.testing.assert_close(got["average"][name], tensor, rtol=1e-5, atol=1e-6)
+        for node, state in got["nodes"].items():
+            for name, tensor in state.items():
+                torch.testing.assert_close(tensor, want["nodes"][node][name], rtol=1e-5,
+                                           atol=1e-6)  # fmt: skip
+        assert about["epsilon_certified"] == pytest.approx(want_about["epsilon_certified"])
+        assert about["config"]["experiment"]["runtime"] == "consortium"
 
 
 # slow: the refusal is tests/engine/test_consortium.py's ledger test, the telling of why and
