@@ -334,3 +334,131 @@ def test_a_waiting_neighbour_names_whom_it_waits_for(consortium, p0_server):
                                         r"waits for party p2 \(127.0.0.1:9\) for m1.k1\)"):
         link.fetch("m9.k9", timeout_s=1.5)
     link.close()
+
+
+# ------------------------------------------------------------------ the runtime, in threads
+def test_party_links_follow_the_graph_over_every_round(tmp_path):
+    from dpdl.engine.consortium.runtime import party_links
+    from dpdl.topology import make_topology
+
+    consortium = load_consortium(write_consortium(tmp_path, parties=4, nodes_each=2))
+    ring = make_topology("ring", 8, seed=0)  # i hears i-1: parties next to each other
+    assert party_links(consortium, ring, range(1)) == {
+        "p0": {"p1", "p3"}, "p1": {"p0", "p2"}, "p2": {"p1", "p3"}, "p3": {"p2", "p0"}}
+    # the exponential graph's round k joins i and i - 2^k: round 2 joins p0 and p2 as well
+    exp = make_topology("exp", 8, seed=0)
+    assert party_links(consortium, exp, range(2))["p0"] == {"p1", "p3"}
+    assert party_links(consortium, exp, range(3))["p0"] == {"p1", "p2", "p3"}
+
+
+def _parties_in_threads(tmp_path, topology, work):
+    """Four ConsortiumRuntimes (2 nodes each) in threads, each with its own server; each runs
+    ``work(runtime)``; their results by party (an exception is re-raised)."""
+    from dpdl.engine.consortium.runtime import ConsortiumRuntime, party_links
+
+    path = write_consortium(tmp_path, parties=4, nodes_each=2, timeout_s=20)
+    provision(load_consortium(path), tmp_path / "pki")
+    consortium = load_consortium(path)
+    links = party_links(consortium, topology, range(topology.period))
+    results, errors = {}, []
+
+    def party(name):
+        runtime = ConsortiumRuntime(consortium, name, links, tmp_path / f"{name}.jsonl")
+        runtime.start()
+        try:
+            results[name] = work(runtime)
+            runtime.close()
+        except BaseException as err:  # noqa: BLE001 -- handed to the test below
+            errors.append(err)
+            runtime.abort(str(err))
+
+    threads = [threading.Thread(target=party, args=(f"p{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    if errors:
+        raise errors[0]
+    return results
+
+
+def test_the_parties_mix_as_the_in_memory_mixer_and_agree_on_the_collectives(tmp_path):
+    from dpdl.engine.mixing import InMemoryMixer
+    from dpdl.topology import make_topology
+
+    topology = make_topology("exp", 8, seed=0)
+    g = torch.Generator().manual_seed(1)
+    params = {"a": torch.randn(8, 3, 2, generator=g), "b": torch.randn(8, 5, generator=g)}
+    weights = torch.rand(8, generator=g, dtype=torch.float64) + 0.5
+    want = [InMemoryMixer(topology, torch.device("cpu")).mix(params, weights, k) for k in (0, 1)]
+
+    def work(runtime):
+        lo, m = runtime.hosted_block(8, torch.device("cpu"))
+        mixer = runtime.mixer(topology, (lo, m), torch.device("cpu"))
+        mine = {k: v[lo:lo + m] for k, v in params.items()}
+        mixed = [mixer.mix(mine, weights[lo:lo + m], k) for k in (0, 1)]
+        return lo, m, mixed, runtime.all_node_counts([lo, lo + 1], 8), \
+            runtime.reduce_sum(mine["b"].sum(0)), runtime.gather_nodes(mine["a"], 8)
+
+    for lo, m, mixed, counts, total, every in _parties_in_threads(tmp_path, topology,
+                                                                  work).values():
+        for (got_p, got_w), (want_p, want_w) in zip(mixed, want, strict=True):
+            for name in params:
+                torch.testing.assert_close(got_p[name], want_p[name][lo:lo + m])
+            torch.testing.assert_close(got_w, want_w[lo:lo + m])
+        assert counts == list(range(8))
+        torch.testing.assert_close(total, params["b"].sum(0))
+        assert torch.equal(every, params["a"])
+    # every message left only after its line in the party's ledger
+    ledger = SentLedger(tmp_path / "p0.jsonl", "p0")
+    fed = [sorted({f"p{i // 2}" for i in np.flatnonzero(topology.mixing_matrix(k)[:, :2].any(1))
+                   if i >= 2}) for k in (0, 1)]  # the other parties nodes 0 and 1 feed
+    assert fed == [["p1"], ["p1"]]  # round k: node i -> i + 2^k
+    assert [(e["step"], sorted(e["sha256"])) for e in ledger.entries] == [(0, fed[0]),
+                                                                          (1, fed[1])]
+
+
+def test_a_party_that_refuses_stops_every_party_naming_it(tmp_path):
+    from dpdl.topology import make_topology
+
+    def work(runtime):
+        def check():
+            if runtime.me.name == "p2":
+                raise DPDLError("node 5's file is missing")
+        try:
+            runtime.agree(check)
+        except DPDLError as err:
+            return str(err)
+        return "agreed"
+
+    said = _parties_in_threads(tmp_path, make_topology("exp", 8, seed=0), work)
+    assert said["p2"] == "node 5's file is missing"
+    assert {said[p] for p in ("p0", "p1", "p3")} == {
+        "party p2 refused its nodes' data or the model (its own message is on its output)"}
+
+
+def test_the_runtime_needs_the_consortium_command():
+    from dpdl.engine.runtime import make_runtime
+
+    with pytest.raises(DPDLError, match=r"started by `dpdl run CONFIG --consortium FILE "
+                                        r"--party NAME`"):  # fmt: skip
+        make_runtime("consortium")
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--party", "p1"], "--consortium FILE and --party NAME go together"),
+    (["--consortium", "{file}", "--party", "p9"], "party 'p9' is not in consortium 'test'"),
+    (["--consortium", "{file}", "--party", "p1", "--procs", "2"], "--procs does not apply"),
+    (["--consortium", "{file}", "--party", "p1", "--runtime", "distributed"],
+     "not --runtime distributed"),
+])  # fmt: skip
+def test_a_party_command_is_refused_in_one_line_before_anything_runs(tmp_path, capsys, flags,
+                                                                      said):
+    from dpdl.cli import main
+
+    path = write_consortium(tmp_path, parties=2)
+    argv = ["run", "--output", str(tmp_path / "out")] + [f.format(file=path) for f in flags]
+    assert main(argv) != 0
+    err = capsys.readouterr().err
+    assert said in err and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()

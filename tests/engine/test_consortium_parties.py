@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -161,6 +162,9 @@ def test_a_party_killed_mid_run_and_restarted_finishes_the_uninterrupted_run(
     # its ledger holds every step it sent, once: the ε it reports (the simulator's, above)
     # counts them all, as the restart re-sent the same bytes
     assert sorted({e["step"] for e in _ledger(tmp_path, victim)}) == list(range(6))
+    for party in statuses:  # clean ends: no traceback, no C++ log line (gRPC's E1203 ...)
+        assert "Traceback" not in _log(tmp_path, party)
+        assert not re.search(r"^[EWF]\d{4} ", _log(tmp_path, party), re.MULTILINE)
     log = _log(tmp_path, victim)
     resent = step + ("after-ledger" in fault)
     assert f"({resent} re-sent identically after a restart)" in log

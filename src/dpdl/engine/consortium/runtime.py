@@ -17,6 +17,7 @@ yet sent: a crash drill.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import signal
@@ -275,31 +276,9 @@ class ConsortiumMixer:
         flat = torch.cat([params[name].reshape(hi - lo, -1) for name in names], dim=1)
         local = torch.as_tensor(P[lo:hi, lo:hi], device=flat.device)
         mixed, mixed_w = local.to(flat.dtype) @ flat, local @ weights
-        items = {}
-        for party in rt.consortium.parties:
-            rows = self._rows_into(P, party)
-            if party is rt.me or not rows.size:
-                continue
-            require(party.name in rt.links[rt.me.name],
-                    f"step {step}: the graph links party {rt.me.name} to {party.name}, not a "
-                    "neighbour over the rounds the run was planned for")  # fmt: skip
-            coeff = torch.as_tensor(P[np.ix_(rows, np.arange(lo, hi))], device=flat.device)
-            items[party.name] = encode(Message(rt.me.name, f"m{n}.k{k}", step, k, {
-                "x": coeff.to(flat.dtype) @ flat, "w": coeff @ weights,
-                "rows": torch.as_tensor(rows)}))  # fmt: skip
-        rt.send(n, step, k, items)
-        for party in rt.consortium.parties:
-            rows = np.flatnonzero((P[lo:hi, party.nodes[0]:party.nodes[-1] + 1] != 0).any(1))
-            if party is rt.me or not rows.size:
-                continue
-            message = rt.fetch(party.name, f"m{n}.k{k}")
-            require((message.step, message.round) == (step, k)
-                    and np.array_equal(message.tensors["rows"].numpy(), lo + rows),
-                    f"party {rt.me.name}: party {party.name}'s message for step {step} does "
-                    "not match the graph")  # fmt: skip
-            index = torch.as_tensor(rows, device=flat.device)
-            mixed.index_add_(0, index, message.tensors["x"].to(flat.device, flat.dtype))
-            mixed_w.index_add_(0, index, message.tensors["w"].to(weights.device, weights.dtype))
+        rt.send(n, step, k, self._outgoing(P, flat, weights, Message(rt.me.name,
+                                                                     f"m{n}.k{k}", step, k)))
+        self._add_incoming(P, f"m{n}.k{k}", (step, k), mixed, mixed_w)
         out_params, start = {}, 0
         for name in names:
             shape = params[name].shape
@@ -308,7 +287,43 @@ class ConsortiumMixer:
             start += width
         return out_params, mixed_w
 
-    def _rows_into(self, P: np.ndarray, party) -> np.ndarray:
-        """Global rows of ``party``'s nodes that some node of this party feeds at P."""
-        first, last = party.nodes[0], party.nodes[-1] + 1
-        return first + np.flatnonzero((P[first:last, self.lo:self.hi] != 0).any(axis=1))
+    def _others(self, P: np.ndarray, into_mine: bool):
+        """(party, rows) for each other party that this step's graph connects: into its nodes
+        from this party's (global rows), or into this party's from its (local rows)."""
+        rt = self.runtime
+        for party in rt.consortium.parties:
+            first, last = party.nodes[0], party.nodes[-1] + 1
+            block = P[self.lo:self.hi, first:last] if into_mine else P[first:last, self.lo:self.hi]
+            rows = np.flatnonzero((block != 0).any(axis=1))
+            if party.name == rt.me.name or not rows.size:
+                continue
+            require(party.name in rt.links[rt.me.name],
+                    f"the graph links party {rt.me.name} to {party.name}, not a neighbour "
+                    "over the rounds the run was planned for")  # fmt: skip
+            yield party, rows if into_mine else first + rows
+
+    def _outgoing(self, P, flat: torch.Tensor, weights: torch.Tensor,
+                  header: Message) -> dict[str, bytes]:  # fmt: skip
+        """Each party's message: (P x, P w) of its rows fed by this party's nodes, row ids."""
+        items = {}
+        for party, rows in self._others(P, into_mine=False):
+            coeff = torch.as_tensor(P[np.ix_(rows, np.arange(self.lo, self.hi))],
+                                    device=flat.device)  # fmt: skip
+            items[party.name] = encode(dataclasses.replace(header, tensors={
+                "x": coeff.to(flat.dtype) @ flat, "w": coeff @ weights,
+                "rows": torch.as_tensor(rows)}))  # fmt: skip
+        return items
+
+    def _add_incoming(self, P, tag: str, step_round: tuple[int, int], mixed: torch.Tensor,
+                      mixed_w: torch.Tensor) -> None:  # fmt: skip
+        """Add each neighbour's message into this party's rows (checked against the graph)."""
+        rt = self.runtime
+        for party, rows in self._others(P, into_mine=True):
+            message = rt.fetch(party.name, tag)
+            require((message.step, message.round) == step_round
+                    and np.array_equal(message.tensors["rows"].numpy(), self.lo + rows),
+                    f"party {rt.me.name}: party {party.name}'s message {tag} does not match "
+                    "the graph")  # fmt: skip
+            index = torch.as_tensor(rows, device=mixed.device)
+            mixed.index_add_(0, index, message.tensors["x"].to(mixed.device, mixed.dtype))
+            mixed_w.index_add_(0, index, message.tensors["w"].to(mixed_w.device, mixed_w.dtype))
