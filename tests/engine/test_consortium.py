@@ -462,3 +462,19 @@ def test_a_party_command_is_refused_in_one_line_before_anything_runs(tmp_path, c
     err = capsys.readouterr().err
     assert said in err and err.count("\n") == 1, err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_run_with_another_config_beside_an_unfinished_one_is_refused(tmp_path):
+    from dpdl.engine.consortium.sent_ledger import check_no_unfinished_run
+
+    first = tmp_path / f"p1-{'a' * 16}.sent.jsonl"
+    second = tmp_path / f"p1-{'b' * 16}.sent.jsonl"
+    SentLedger(first, "p1").record(0, 0, 0, {"p0": "aa"})
+    SentLedger(tmp_path / f"p1-x-{'c' * 16}.sent.jsonl", "p1-x").record(0, 0, 0, {"p0": "aa"})
+    check_no_unfinished_run(tmp_path, "p1", first)  # its own restart: the ledger checks it
+    with pytest.raises(DPDLError, match=r"party p1: an unfinished run already sent 1 messages "
+                                        r"\(1 steps\) from this folder"):  # fmt: skip
+        check_no_unfinished_run(tmp_path, "p1", second)
+    SentLedger(first, "p1").finish()
+    assert SentLedger(first, "p1").finished and len(SentLedger(first, "p1").entries) == 1
+    check_no_unfinished_run(tmp_path, "p1", second)  # p1-x's ledger is another party's

@@ -141,9 +141,11 @@ def _check_equal(tmp_path, simulator_rows, parties) -> None:
                                            atol=1e-6, err_msg=f"{party} {key}")  # fmt: skip
 
 
-def _ledger(tmp_path, party: str) -> list[dict]:
+def _ledger(tmp_path, party: str, *, finished: bool = False) -> list[dict]:
     (path,) = (tmp_path / party / "consortium").glob("*.sent.jsonl")
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert (lines[-1] == {"finished": True}) == finished  # a clean end is marked
+    return [line for line in lines if "step" in line]
 
 
 @pytest.mark.parametrize("fault", [
@@ -161,7 +163,8 @@ def test_a_party_killed_mid_run_and_restarted_finishes_the_uninterrupted_run(
     victim, step = fault.split(":")[0], int(fault.split(":")[1])
     # its ledger holds every step it sent, once: the ε it reports (the simulator's, above)
     # counts them all, as the restart re-sent the same bytes
-    assert sorted({e["step"] for e in _ledger(tmp_path, victim)}) == list(range(6))
+    assert sorted({e["step"] for e in _ledger(tmp_path, victim, finished=True)}) == list(
+        range(6))
     for party in statuses:  # clean ends: no traceback, no C++ log line (gRPC's E1203 ...)
         assert "Traceback" not in _log(tmp_path, party)
         assert not re.search(r"^[EWF]\d{4} ", _log(tmp_path, party), re.MULTILINE)

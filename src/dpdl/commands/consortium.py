@@ -41,6 +41,7 @@ def run_party(args, load, overrides: dict, print_summary) -> int:
     consortium file and the config's topology, whatever order the parties start in."""
     from dpdl.commands.run import apply_command_overrides, warn_if_reproducible
     from dpdl.engine.consortium.runtime import ConsortiumRuntime
+    from dpdl.engine.consortium.sent_ledger import check_no_unfinished_run
     from dpdl.engine.consortium.settings import load_consortium
     from dpdl.engine.runtime import register_runtime
     from dpdl.experiments.registry import experiment_module, kind_of
@@ -60,6 +61,7 @@ def run_party(args, load, overrides: dict, print_summary) -> int:
     warn_if_reproducible(config)
     links, digest = _links_and_digest(config, consortium)
     ledger = Path(args.output) / "consortium" / f"{args.party}-{digest}.sent.jsonl"
+    check_no_unfinished_run(ledger.parent, args.party, ledger)
     runtime = ConsortiumRuntime(consortium, args.party, links, ledger)
     register_runtime("consortium", lambda: runtime)  # the runner's runtime is this party
     runtime.start()
@@ -67,6 +69,7 @@ def run_party(args, load, overrides: dict, print_summary) -> int:
         results = experiment_module(config.get("kind")).run_experiment(
             config, Path(args.output), progress=not args.no_progress)
         runtime.close()
+        runtime.ledger.finish()
     except BaseException as err:
         runtime.abort(f"party {args.party} stopped: {err}" if isinstance(err, DPDLError)
                       and not str(err).startswith("party ") else str(err) or repr(err))

@@ -13,11 +13,27 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 from dpdl.errors import DPDLError, require
 
-__all__ = ["SentLedger"]
+__all__ = ["SentLedger", "check_no_unfinished_run"]
+
+
+def check_no_unfinished_run(folder: Path, party: str, path: Path) -> None:
+    """Refuse to start a run (``path``, its ledger) beside an unfinished one of this party:
+    a restart with another config would otherwise draw fresh noise over the records whose
+    messages the unfinished run already sent."""
+    own = re.compile(rf"{re.escape(party)}-[0-9a-f]{{16}}\.sent\.jsonl")
+    for other in sorted(Path(folder).glob(f"{party}-*.sent.jsonl")):
+        if other != path and own.fullmatch(other.name):
+            ledger = SentLedger(other, party)
+            require(ledger.finished or not ledger.entries,
+                    f"party {party}: an unfinished run already sent {len(ledger.entries)} "
+                    f"messages ({ledger.steps_sent} steps) from this folder ({other}); "
+                    "restart it with its own config, or start a new run in another output "
+                    "folder (which spends privacy of its own)")  # fmt: skip
 
 
 class SentLedger:
@@ -26,6 +42,7 @@ class SentLedger:
     def __init__(self, path: str | Path, party: str):
         self.path, self.party = Path(path), party
         self.entries: list[dict] = []
+        self.finished = False  # the run ended cleanly (its last line says so)
         if self.path.is_file():
             self._load()
         self.replayed = 0
@@ -35,7 +52,7 @@ class SentLedger:
         lines = text.splitlines()
         for number, line in enumerate(lines):
             try:
-                self.entries.append(json.loads(line))
+                entry = json.loads(line)
             except json.JSONDecodeError:
                 # a line torn by a crash while it was written: its fsync never returned, so
                 # its message never left; it must be the last line, and is dropped
@@ -43,6 +60,10 @@ class SentLedger:
                         f"sent ledger {self.path} is corrupt at line {number + 1}")
                 self.path.write_text(text[: text.rindex(line)])
                 return
+            if entry.get("finished"):
+                self.finished = True
+            else:
+                self.entries.append(entry)
         if text and not text.endswith("\n"):  # whole but unterminated: counted as sent
             with open(self.path, "a") as fh:
                 fh.write("\n")
@@ -66,7 +87,14 @@ class SentLedger:
             self.replayed += 1
             return
         require(n == len(self.entries), f"party {self.party}: message {n} out of order")
-        entry = {"n": n, "step": step, "round": round_, "sha256": digests}
+        self._append({"n": n, "step": step, "round": round_, "sha256": digests})
+
+    def finish(self) -> None:
+        """Mark the run as ended cleanly (another run may then start from this folder)."""
+        self._append({"finished": True})
+        self.finished = True
+
+    def _append(self, entry: dict) -> None:
         new = not self.path.exists()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a") as fh:
@@ -79,4 +107,5 @@ class SentLedger:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        self.entries.append(entry)
+        if "n" in entry:
+            self.entries.append(entry)
