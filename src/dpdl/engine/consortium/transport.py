@@ -56,7 +56,9 @@ class Credentials:
 
 
 class Outbox:
-    """What this party produced, by (tag, receiving party); waited on by the server."""
+    """What this party produced, by (tag, receiving party); waited on by the server.  Every
+    item is kept for the whole run, since a restarted neighbour asks again from the start:
+    memory grows with steps x model size x neighbours (a known limit for large models)."""
 
     def __init__(self):
         self._items: dict[tuple[str, str], bytes] = {}
