@@ -478,3 +478,26 @@ def test_a_run_with_another_config_beside_an_unfinished_one_is_refused(tmp_path)
     SentLedger(first, "p1").finish()
     assert SentLedger(first, "p1").finished and len(SentLedger(first, "p1").entries) == 1
     check_no_unfinished_run(tmp_path, "p1", second)  # p1-x's ledger is another party's
+
+
+def test_secret_stream_roots_are_kept_on_the_partys_disk_for_its_restart(tmp_path):
+    from dpdl.algorithms.randomness import stream_root
+    from dpdl.engine.consortium.runtime import ConsortiumRuntime
+
+    consortium = load_consortium(write_consortium(tmp_path, parties=2, nodes_each=1))
+    links = {"p0": frozenset({"p1"}), "p1": frozenset({"p0"})}
+    ledger = tmp_path / "out" / "p0-0123456789abcdef.sent.jsonl"
+    first = ConsortiumRuntime(consortium, "p0", links, ledger)
+    key = first.stream_root("os", 3, {"lr": 0.1})
+    (path,) = ledger.with_suffix(".keys").iterdir()
+    assert len(key) == 32 and path.read_bytes() == key
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    restarted = ConsortiumRuntime(consortium, "p0", links, ledger)  # a new process's
+    assert restarted.stream_root("os", 3, {"lr": 0.1}) == key  # the noise it already sent
+    other = restarted.stream_root("os", 3, {"lr": 0.2})
+    assert other != key and len(list(ledger.with_suffix(".keys").iterdir())) == 2
+    seeded = restarted.stream_root("seed", 3, {"lr": 0.1})
+    assert seeded == stream_root("seed", 3, {"lr": 0.1})  # research mode: derived, not kept
+    path.write_bytes(key[:5])
+    with pytest.raises(DPDLError, match="is damaged: refusing to draw other noise"):
+        restarted.stream_root("os", 3, {"lr": 0.1})

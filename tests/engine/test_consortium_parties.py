@@ -188,11 +188,30 @@ def test_a_party_killed_mid_run_and_restarted_finishes_the_uninterrupted_run(
         assert about["config"]["experiment"]["runtime"] == "consortium"
 
 
-# slow: the refusal is tests/engine/test_consortium.py's ledger test, the telling of why and
-# of whom a party waits for its link tests; here all of it across four processes
+# slow: the seeded kill above covers the replay, test_consortium.py's tests the kept stream
+# roots, the ledger's refusal and the telling of why; here all of it with secret noise
 @pytest.mark.slow
-def test_with_secret_noise_a_restart_is_refused_and_its_neighbours_name_it(tmp_path):
-    statuses = _killed_and_restarted(tmp_path, "p2:3", "os", timeout_s=8)
+def test_with_secret_noise_a_restarted_party_draws_the_noise_it_sent_and_finishes(tmp_path):
+    statuses = _killed_and_restarted(tmp_path, "p2:3", "os", timeout_s=60)
+    assert statuses == dict.fromkeys(statuses, 0), [_log(tmp_path, p)[-1500:] for p in statuses]
+    assert "(3 re-sent identically after a restart)" in _log(tmp_path, "p2")
+    assert sorted({e["step"] for e in _ledger(tmp_path, "p2", finished=True)}) == list(range(6))
+    assert not list((tmp_path / "p2" / "consortium").glob("*.keys"))  # removed at the end
+    finals = {p: _rows(tmp_path / p)[-1] for p in statuses}  # one network, one average model
+    assert len({(r["test_loss"], r["epsilon_certified"]) for r in finals.values()}) == 1
+
+
+@pytest.mark.slow
+def test_with_its_stream_keys_lost_a_restart_is_refused_and_the_others_name_it(tmp_path):
+    consortium, config = _consortium(tmp_path, "os", timeout_s=8)
+    procs = {f"p{i}": _start(tmp_path, consortium, config, f"p{i}",
+                             DPDL_CONSORTIUM_FAULT="p2:3") for i in range(4)}  # fmt: skip
+    assert procs["p2"].wait(timeout=180) == -9
+    (keys,) = (tmp_path / "p2" / "consortium").glob("*.keys")
+    for key in keys.iterdir():  # a disk lost: a restart would draw fresh noise
+        key.unlink()
+    procs["p2"] = _start(tmp_path, consortium, config, "p2")
+    statuses = _wait(procs)
     log = _log(tmp_path, "p2")
     refusal = [line for line in log.splitlines() if "already sent message 0" in line]
     assert statuses["p2"] != 0 and len(refusal) == 1, log[-2000:]

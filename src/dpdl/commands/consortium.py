@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 from dpdl.errors import DPDLError, require
@@ -70,6 +71,8 @@ def run_party(args, load, overrides: dict, print_summary) -> int:
             config, Path(args.output), progress=not args.no_progress)
         runtime.close()
         runtime.ledger.finish()
+        # secrets at rest no longer needed: a finished run is never re-sent
+        shutil.rmtree(ledger.with_suffix(".keys"), ignore_errors=True)
     except BaseException as err:
         runtime.abort(f"party {args.party} stopped: {err}" if isinstance(err, DPDLError)
                       and not str(err).startswith("party ") else str(err) or repr(err))

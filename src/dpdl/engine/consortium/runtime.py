@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dpdl.algorithms.randomness import KEY_BYTES, settings_digest, stream_root
 from dpdl.engine.consortium.sent_ledger import SentLedger
 from dpdl.engine.consortium.settings import Consortium
 from dpdl.engine.consortium.transport import Credentials, Link, Outbox, serve
@@ -97,6 +98,29 @@ class ConsortiumRuntime:
     @property
     def rank(self) -> int:
         return self.consortium.parties.index(self.me)
+
+    def stream_root(self, entropy: str, seed: int, settings: Any) -> bytes | None:
+        """The root of a cell's secret streams.  With secret noise (``"os"``) 32 bytes of OS
+        entropy, written (0600, fsync) beside the sent ledger before anything is sent and
+        read back by a restart of the party, which so draws the very noise it already sent
+        (the ledger checks every byte); seeded, :func:`stream_root`'s derivation."""
+        if entropy != "os":
+            return stream_root(entropy, seed, settings)
+        folder = self.ledger.path.with_suffix(".keys")
+        path = folder / f"{settings_digest([seed, settings])[:32]}.key"
+        if path.is_file():
+            key = path.read_bytes()
+            require(len(key) == KEY_BYTES, f"party {self.me.name}: stream key {path} is "
+                                           "damaged: refusing to draw other noise")
+            return key
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        key = os.urandom(KEY_BYTES)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(key)
+            fh.flush()
+            os.fsync(fh.fileno())
+        return key
 
     # ------------------------------------------------------------------ links
     def start(self) -> None:
