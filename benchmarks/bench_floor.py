@@ -70,7 +70,8 @@ class OpacusGhostLoop(OpacusLoop):
         warnings.filterwarnings("ignore", message="Full backward hook is firing")
         self.data, self.topology, self.n = data, topology, data.n_nodes
         self.sample_rate = b / int(data.counts.min())
-        self.generators = [torch.Generator().manual_seed(seed * 100_003 + i)
+        # on the data's device: Opacus draws its noise where the parameters are
+        self.generators = [torch.Generator(data.inputs.device).manual_seed(seed * 100_003 + i)
                            for i in range(self.n)]  # fmt: skip
         self.modules, self.optimizers, self.losses = [], [], []
         for g in self.generators:

@@ -67,7 +67,8 @@ class OpacusLoop:
         self.data, self.topology, self.n = data, topology, data.n_nodes
         self.sample_rate = b / int(data.counts.min())
         # Opacus draws its noise from a torch.Generator (not a secret stream): benchmark only.
-        self.generators = [torch.Generator().manual_seed(seed * 100_003 + i)
+        # on the data's device: Opacus draws its noise where the parameters are
+        self.generators = [torch.Generator(data.inputs.device).manual_seed(seed * 100_003 + i)
                            for i in range(self.n)]  # fmt: skip
         self.modules, self.optimizers = [], []
         for g in self.generators:
@@ -87,7 +88,8 @@ class OpacusLoop:
     def step(self) -> None:
         counts = self.data.counts.tolist()
         for i, (g, opt) in enumerate(zip(self.generators, self.optimizers, strict=True)):
-            chosen = torch.nonzero(torch.rand(counts[i], generator=g) < self.sample_rate)
+            draw = torch.rand(counts[i], generator=g, device=g.device)
+            chosen = torch.nonzero(draw < self.sample_rate)
             chosen = chosen.flatten()
             self.backward(i, self.data.inputs[i, chosen], self.data.targets[i, chosen])
             opt.step()

@@ -47,3 +47,28 @@ def test_bad_input_is_one_line(args, fragment, capsys):
     assert main(["gossip", "account", "-t", "ring", "-n", "6", *args]) == 2
     err = capsys.readouterr().err
     assert fragment in err and err.count("\n") == 1
+
+
+def test_correlated_noise_under_each_named_trust_model(capsys):
+    """DECOR on the complete graph: Sec-LDP's eavesdropper gets the closed form
+    T (Δ/σ)² (1/n + (1 − 1/n)/(1 + f² n)); the curious neighbours (every other node) hold
+    every secret of the target, so only the independent part protects (today's view)."""
+    import math
+
+    from dpdl.accounting.gossip import view_mu
+    from dpdl.topology import make_topology
+
+    base = ["gossip", "account", "-t", "complete", "-n", "5", "--rounds", "3", "--sigma", "2",
+            "-u", "1", "--correlation", "pairwise", "--correlation-factor", "3", "--json"]
+    assert main([*base, "--trust", "sec-ldp"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["trust"] == "sec-ldp" and out["observers"] == []
+    assert out["mu"] == pytest.approx(math.sqrt(3 / 4 * (1 / 5 + (4 / 5) / (1 + 9 * 5))))
+    assert main([*base, "--trust", "curious-neighbours"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["observers"] == [0, 2, 3, 4]
+    P = make_topology("complete", 5).mixing_matrix(0)
+    assert out["mu"] == pytest.approx(view_mu(P, rounds=3, target=1, observers=[0, 2, 3, 4],
+                                              sigma=2.0), rel=1e-9)  # fmt: skip
+    assert main(["gossip", "account", "-t", "ring", "-n", "5", "--correlation", "pairwise"]) == 2
+    assert "--correlation pairwise: give --target" in capsys.readouterr().err

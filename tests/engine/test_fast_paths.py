@@ -68,11 +68,11 @@ def test_each_nodes_noise_is_its_own_streams_draw():
     assert not torch.equal(drawn["w"][0] - sums["w"][0], drawn["w"][1] - sums["w"][1])
     d = 1001
     first = noise.draw(make_node_generators(n, 5), d, 0.8)
-    buffers = [first.whole.data_ptr(), first.frac.data_ptr(), first.words.ctypes.data]
+    buffers = [first.whole.data_ptr(), first.frac.data_ptr(), first.words.data_ptr()]
     want = first.frac.clone()
     again = noise.draw(make_node_generators(n, 5), d, 0.8, reuse=first)
     assert again is first
-    assert [again.whole.data_ptr(), again.frac.data_ptr(), again.words.ctypes.data] == buffers
+    assert [again.whole.data_ptr(), again.frac.data_ptr(), again.words.data_ptr()] == buffers
     assert torch.equal(again.frac, want)
     other = noise.draw(make_node_generators(n, 5), d - 1, 0.8, reuse=first)  # another shape
     assert other is not first and other.shape == (n, d - 1)

@@ -153,8 +153,16 @@ def test_a_runtime_of_ones_own_runs_the_trainer_by_instance_and_by_registered_na
         assert trainer.describe()["runtime"] == "counting"
         # where it runs is not what it computes: the noise key leaves the runtime out
         assert "runtime" not in trainer.stream_settings()
+        from dpdl.experiments.config import parse_config
+
+        config = parse_config({"experiment": {"runtime": "counting-test"}})
+        assert config.experiment.runtime == "counting-test"
     finally:
         RUNTIMES.pop("counting-test")
+    from dpdl.errors import DPDLError
+
+    with pytest.raises((DPDLError, ValueError), match="unknown runtime 'counting-test'"):
+        parse_config({"experiment": {"runtime": "counting-test"}})
 
 
 def test_fault_injection_is_the_distributed_runtimes_hook(monkeypatch):

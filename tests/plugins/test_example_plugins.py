@@ -221,8 +221,40 @@ def test_the_commands_take_the_plugins_by_name(tmp_path, capsys):
     assert audit["design"]["rounds_per_step"] == 3 and audit["epsilon_view"] is not None
     assert main(["audit", "--algorithm", "dsgt", "--threat", "observer", "--observer", "2",
                  "--nodes", "6", "--epsilon", "2", "--steps", "3", "--sample-rate", "1",
-                 "--no-progress"]) == 2
-    assert "releases 2 noisy messages per step" in capsys.readouterr().err
+                 "--trials", "20", "--seed", "0", "--no-progress", "--json"]) == 0
+    audit = json.loads(capsys.readouterr().out)
+    assert audit["algorithm"] == "dsgt" and audit["epsilon_view"] is None
+    assert main(["audit", "--algorithm", "dsgt", "--threat", "final", "--nodes", "6",
+                 "--epsilon", "2", "--steps", "3", "--sample-rate", "1", "--no-progress"]) == 2
+    assert "not 'final'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("noise_scale", [1.0, 0.5])
+def test_the_observer_audit_scores_both_of_dsgts_releases(noise_scale):
+    """At p = 1 the white-box score Σ_k,r (μ_kr s_kr/σ_kr − μ_kr²/2) of the trials' releases
+    is N(∓μ²/2, μ²) with μ² = Σ_k,r 1/z_kr² the ledger's claim (every release of every step)
+    when the engine adds the claimed noise; at half the noise its spread halves (the scores
+    use the claimed σ).  Scoring the model's release alone would give μ/√2 at
+    tracker_noise = 1."""
+    from dpdl.audit.runner import AuditExecution, run_audit
+    from dpdl.audit.trials import AuditDesign
+
+    result = run_audit(
+        "dsgt(tracker_noise=1.0)", epsilon=4, delta=1e-5, steps=3, sample_rate=1.0,
+        trials=600, design=AuditDesign(threat="observer", nodes=4, topology="ring",
+                                       observers=(2,)),
+        execution=AuditExecution(seed=3, noise_scale=noise_scale),
+    )
+    schedule = dpdl.accounting.make_schedule(
+        "const-d2p", epsilon=4, delta=1e-5, steps=3, sample_rate=1.0,
+        releases={"model": 1.0, "tracker": 1.0})
+    mu = math.sqrt(float(np.sum(1 / schedule.release_multipliers ** 2)))
+    assert schedule.release_multipliers.size == 6
+    scores, members = np.asarray(result.scores), np.asarray(result.members)
+    for group in (scores[members], scores[~members]):
+        assert np.std(group) == pytest.approx(mu * noise_scale, rel=0.1)
+    assert np.mean(scores[~members]) == pytest.approx(-mu * mu / 2, abs=0.25 * mu)
+    assert np.mean(scores[members]) == pytest.approx(mu * mu / 2, abs=0.25 * mu)
 
 
 def test_sweep_tune_and_report_take_the_plugins(tmp_path, capsys):

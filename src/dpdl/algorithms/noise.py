@@ -15,7 +15,9 @@ every grid point.
 How (interval refining, Haney et al. 2022, with a certified fast path):
 
 1. Every coordinate takes one 64-bit word of its node's secret stream, the first 64 bits of a
-   uniform P in (0, 1); X = F^{-1}(P), F the law's CDF.
+   uniform P in (0, 1); X = F^{-1}(P), F the law's CDF.  The words are made on the device
+   where the parameters live (:func:`~dpdl.algorithms.randomness.fill_words`: the same bits
+   from OpenSSL on a CPU or the torch ChaCha20 on a GPU).
 2. Fast path, vectorised in float64 on the device: X̂ = F^{-1}(P̂) at P's midpoint, then
    v = (S + scale·X̂) / g and j = round(v).  A bound on |X̂ - X| over the whole 64-bit interval
    of P (the interval's width, the float64 conversion, the quantile function's error with 4096
@@ -44,6 +46,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from dpdl.algorithms.randomness import SecretStream, fill_words
 from dpdl.errors import require
 
 __all__ = [
@@ -70,6 +73,7 @@ _B = 2.0**-44
 #: P within this of 0 or 1 always takes the exact path (|X| > 4.9 for the Gaussian).
 _TAIL = 2.0**-20
 _HALF_WORD = 1 << 63
+_WORD_MASK = (1 << 64) - 1
 _MAX_BITS = 4096  # a uniform refined this far has straddled a boundary 63 times in a row
 
 
@@ -185,11 +189,12 @@ class NoiseDraw:
     """The data-free half of a release: every coordinate's word and its noise in grid units,
     split for a float32 second half, and what the fast path may certify.
 
-    ``words`` (m, d) uint64 (numpy, on the host: the raw words); with s = X̂·scale/g the noise
-    in grid units (X̂ the fast path's quantile), ``whole`` (m, d) float32 = round(s) and
-    ``frac`` (m, d) float32 = s - round(s) rounded to float32; ``scratch``, ``scratch2`` (m, d)
-    float32 for the second half.  The fast path certifies a coordinate when the fractional
-    distance t of centre/g + s to its nearest integer is at most ``bulk_limit`` (grid units);
+    ``words`` (m, d) int64 on the draw's device (the raw 64-bit words' bit patterns); with
+    s = X̂·scale/g the noise in grid units (X̂ the fast path's quantile), ``whole`` (m, d)
+    float32 = round(s) and ``frac`` (m, d) float32 = s - round(s) rounded to float32;
+    ``scratch``, ``scratch2`` (m, d) float32 for the second half.  The fast path certifies a
+    coordinate when the fractional distance t of centre/g + s to its nearest integer is at
+    most ``bulk_limit`` (grid units);
     the tail coordinates (min(P, 1 - P) < 2^-8, about 0.8 %: their X̂ comes from ``ndtri``)
     have their own limits ``tail_limit`` at the flat indices ``tail_index`` (-1: only the
     exact path decides).  ``scale``, ``grid``, the law; ``sources``: row i's bit source (the
@@ -197,7 +202,7 @@ class NoiseDraw:
     are refilled (fresh multi-megabyte tensors cost page faults every step).
     """
 
-    words: np.ndarray
+    words: torch.Tensor
     whole: torch.Tensor
     frac: torch.Tensor
     scratch: torch.Tensor
@@ -216,7 +221,8 @@ class NoiseDraw:
         def buffer():
             return torch.empty((m, d), dtype=torch.float32, device=device)
 
-        return cls(np.empty((m, d), dtype=np.uint64), *(buffer() for _ in range(4)))
+        words = torch.empty((m, d), dtype=torch.int64, device=device)
+        return cls(words, *(buffer() for _ in range(4)))
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -258,14 +264,10 @@ def draw(sources: Sequence[BitSource], d: int, scale: float, law: str | NoiseLaw
     m = len(sources)
     out = reuse if reuse is not None and reuse.shape == (m, int(d)) else None
     out = out or NoiseDraw.empty(m, int(d), device)
-    for row, source in zip(out.words, sources, strict=True):
-        if hasattr(source, "read_into"):  # a SecretStream: straight into the buffer
-            source.read_into(row.view(np.uint8))
-        else:
-            row[:] = source.words(d)
+    _fill(sources, out.words)
     flat, units = out.words.reshape(-1), scale / g
     tails = [_first_half(out, flat[lo : lo + _GROUP_ELEMENTS], lo, law, units)
-             for lo in range(0, flat.size, _GROUP_ELEMENTS)]  # fmt: skip
+             for lo in range(0, flat.numel(), _GROUP_ELEMENTS)]  # fmt: skip
     out.tail_index = torch.cat([t[0] for t in tails]) if tails else torch.zeros(0, dtype=torch.long)
     out.tail_limit = torch.cat([t[1] for t in tails]) if tails else torch.zeros(0)
     # the bulk: T >= 2^-8, |X| <= 2.67, so |X̂ - X| <= A / T + B |X| (module doc) at most
@@ -275,10 +277,20 @@ def draw(sources: Sequence[BitSource], d: int, scale: float, law: str | NoiseLaw
     return out
 
 
-def _first_half(out: NoiseDraw, words: np.ndarray, lo: int, law, units: float):
-    """whole and frac of the flat coordinates lo.. from their words; returns the tail
-    coordinates' (flat indices, limits)."""
-    w = torch.from_numpy(words.view(np.int64)).to(out.whole.device)
+def _fill(sources: Sequence[BitSource], words: torch.Tensor) -> None:
+    """Row i of ``words`` from ``sources[i]``: secret streams all at once on the words' device,
+    any other bit source through the host."""
+    if all(isinstance(source, SecretStream) for source in sources):
+        fill_words(sources, words)
+        return
+    for row, source in zip(words, sources, strict=True):
+        host = np.asarray(source.words(words.shape[1]), dtype=np.uint64)
+        row.copy_(torch.from_numpy(host.view(np.int64)))
+
+
+def _first_half(out: NoiseDraw, w: torch.Tensor, lo: int, law, units: float):
+    """whole and frac of the flat coordinates lo.. from their words ``w`` (int64); returns the
+    tail coordinates' (flat indices, limits)."""
     # u = 2P - 1 at the bottom of P's interval (the error model covers the whole interval)
     u = w.to(torch.float64).mul_(2.0**-63)
     tail = (u.abs() > 1.0 - 2.0 * _TAIL_T).nonzero().squeeze(1)
@@ -288,7 +300,7 @@ def _first_half(out: NoiseDraw, words: np.ndarray, lo: int, law, units: float):
         values, limits = _tail_steps(law, w[tail], units)
         steps[tail] = values
     whole = torch.round(steps)
-    where = slice(lo, lo + len(words))
+    where = slice(lo, lo + len(w))
     out.whole.view(-1)[where] = whole
     out.frac.view(-1)[where] = steps.sub_(whole)
     return tail + lo, limits
@@ -382,7 +394,7 @@ def _exact_rows(noise: NoiseDraw, centre, j, flat: torch.Tensor) -> None:
     d = noise.shape[1]
     noise.exact_count += int(flat.numel())
     rows, cols = (flat // d).tolist(), (flat % d).tolist()
-    words = noise.words[rows, cols].tolist()
+    words = [w & _WORD_MASK for w in noise.words[rows, cols].tolist()]  # as unsigned
     centres = centre.reshape(-1)[flat].double().cpu().tolist() if centre.is_contiguous() else \
         [float(centre[r, c]) for r, c in zip(rows, cols, strict=True)]  # fmt: skip
     for r, c, cell, w in zip(rows, cols, centres, words, strict=True):

@@ -24,6 +24,9 @@ What a stream gives:
 * :meth:`SecretStream.words` -- uniform 64-bit words: the noise of every private release is
   built from them by :mod:`dpdl.algorithms.noise` (exact in law: no floating-point sampler
   touches a released value).
+* :func:`fill_words` -- the next words of many streams at once into a torch tensor, made on
+  the tensor's device: OpenSSL on a CPU, the torch ChaCha20 of :mod:`dpdl.algorithms.chacha`
+  on a GPU (the same bytes: a run's noise does not depend on which one drew it).
 * :func:`secret_rng` -- a ``numpy.random.Generator`` on the same cipher (randomgen's
   ``ChaCha``, 20 rounds; its keystream is OpenSSL's, bit for bit) for the numpy algorithms'
   walks and secrets; their noise too goes through :mod:`dpdl.algorithms.noise`.
@@ -35,6 +38,7 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
@@ -61,6 +65,9 @@ __all__ = [
     "array_digest",
     "check_entropy",
     "derive_key",
+    "DEVICE_KEYSTREAM",
+    "fill_words",
+    "KEYSTREAMS",
     "inclusion_threshold",
     "numpy_secret_rng",
     "secret_rng",
@@ -183,6 +190,14 @@ class SecretStream:
         """The next ``nbytes`` keystream bytes (uint8); no byte is ever handed out twice."""
         return self.read_into(np.empty(int(nbytes), dtype=np.uint8))
 
+    def reserve(self, nbytes: int) -> tuple[bytes, int]:
+        """Hand the next ``nbytes`` to a caller that computes them itself (the torch ChaCha20):
+        returns the key and their position, and moves the stream past them."""
+        start = self._position
+        self._position += int(nbytes)
+        self._cipher = None  # the OpenSSL encryptor restarts at the new position
+        return self._key, start
+
     def words(self, count: int) -> np.ndarray:
         """``count`` uniform 64-bit words (uint64)."""
         return self.read(8 * int(count)).view(np.uint64)
@@ -214,6 +229,48 @@ class SecretStream:
         self._key = raw[:KEY_BYTES]
         self._position = int.from_bytes(raw[KEY_BYTES:], "little")
         self._cipher = None
+
+
+def _fill_openssl(streams: Sequence[SecretStream], out: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    host = out if out.device.type == "cpu" else torch.empty(out.shape, dtype=out.dtype)
+    for row, stream in zip(host, streams, strict=True):
+        stream.read_into(row.numpy().view(np.uint8))
+    return out if host is out else out.copy_(host)
+
+
+def _fill_torch(streams: Sequence[SecretStream], out: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    from dpdl.algorithms import chacha
+
+    nbytes = out[0].numel() * out.element_size()
+    keys, positions = zip(*(s.reserve(nbytes) for s in streams), strict=True)
+    chacha.keystream(keys, positions, out.view(torch.uint8).reshape(len(out), nbytes))
+    return out
+
+
+#: The keystream implementations (same bytes, checked in tests/algorithms/test_chacha.py).
+KEYSTREAMS: dict[str, Callable[[Sequence[SecretStream], torch.Tensor], torch.Tensor]] = {
+    "openssl": _fill_openssl,
+    "torch": _fill_torch,
+}
+#: Which one fills a tensor on each device type; any other (cuda, ...) takes "torch": the words
+#: are made where the noise is used (a GPU would otherwise wait on a CPU cipher and a copy).
+#: OpenSSL is the faster on a CPU (``benchmarks/bench_keystream.py``).
+DEVICE_KEYSTREAM: dict[str, str] = {"cpu": "openssl"}
+
+
+def fill_words(streams: Sequence[SecretStream], out: torch.Tensor) -> torch.Tensor:
+    """Row i of the contiguous int64 tensor ``out`` (m, d) gets the next d 64-bit words of
+    ``streams[i]`` (their bit patterns), computed on ``out``'s device."""
+    require(out.dim() == 2 and len(out) == len(streams) and out.is_contiguous(),
+            f"fill_words needs a contiguous (streams, words) tensor, got {tuple(out.shape)} "
+            f"for {len(streams)} streams")  # fmt: skip
+    if not out.numel():
+        return out
+    return KEYSTREAMS[DEVICE_KEYSTREAM.get(out.device.type, "torch")](streams, out)
 
 
 def inclusion_threshold(p: float) -> int:

@@ -120,28 +120,39 @@ def _result(schedule, design: AuditDesign, *, algorithm, epsilon, calibrate, eps
     )  # fmt: skip
 
 
-def algorithm_design(algorithm: str, design: AuditDesign) -> tuple[str, AuditDesign]:
-    """(schedule family, the design with the algorithm's rounds per step) of a registered
-    algorithm "name(key=value, ...)": the trials play its view, one release then R rounds.
-    An algorithm releasing several noisy messages per step is refused (the trials play one)."""
+def algorithm_design(algorithm: str, design: AuditDesign
+                     ) -> tuple[str, AuditDesign, dict[str, float] | None]:  # fmt: skip
+    """(schedule family, the design with the algorithm's rounds per step, its releases as a
+    schedule takes them) of a registered algorithm "name(key=value, ...)".
+
+    One release: the trials play its view, one release then R rounds.  Several releases (each
+    step sends several noisy messages, e.g. gradient tracking's model and tracker): the view is
+    bounded by local DP, so the trials play every release of node 0 and the adversary is given
+    node 0's state (white box, stronger than any coalition of observers); the claim checked is
+    the ledger's composition of all of them."""
     from dataclasses import replace
 
     from dpdl.algorithms.registry import resolve
 
     plugin, settings = resolve(algorithm)
-    releases = plugin.releases(settings)
-    require(plugin.schedule_releases(settings) is None,
-            f"{algorithm} releases {len(releases)} noisy messages per step "
-            f"({', '.join(r.name for r in releases)}); the audit's trials play one: its "
-            "accounting is checked by `dpdl account`, its observers by `dpdl gossip account`")
+    releases = plugin.schedule_releases(settings)
     view = plugin.view(settings)
+    if releases is not None and len(releases) > 1:
+        require(design.threat in ("messages", "observer"),
+                f"{algorithm} releases {len(releases)} noisy messages per step "
+                f"({', '.join(releases)}); the audit plays them under the 'messages' or "
+                f"'observer' threat, not {design.threat!r} (the trials play the releases, "
+                "not the algorithm's own update)")  # fmt: skip
+        require(view.rounds == 1, f"{algorithm}: several releases and {view.rounds} rounds "
+                "per step; the audit plays one round")  # fmt: skip
+        return plugin.schedule, design, releases
     require(view.exact, f"{algorithm}: its view is not one linear Gaussian stream; nothing "
             "to audit")  # fmt: skip
     # the trials play one release then rounds without fresh noise (Muffliato's steps)
     require(view.rounds == 1 or not view.fresh_noise_every_round,
             f"{algorithm}: {view.rounds} rounds per step, each with fresh noise: the audit's "
             "trials play one noisy round per step")  # fmt: skip
-    return plugin.schedule, replace(design, rounds_per_step=view.rounds)
+    return plugin.schedule, replace(design, rounds_per_step=view.rounds), releases
 
 
 def _calibrated(algorithm, epsilon, delta, steps, sample_rate, calibrate, schedule_options):
@@ -190,7 +201,7 @@ def run_audit(
     run = AuditExecution() if execution is None else execution
     noise_scale, confidence, seed, noise = run.noise_scale, run.confidence, run.seed, run.noise
     chunk, progress = run.chunk, run.progress
-    family, design = algorithm_design(algorithm, design or AuditDesign())
+    family, design, releases = algorithm_design(algorithm, design or AuditDesign())
     design.validate()
     require(
         isinstance(trials, int) and trials >= 2, f"trials must be an integer >= 2, got {trials}"
@@ -198,7 +209,8 @@ def run_audit(
     _check_scale_and_confidence(noise_scale, confidence)
     require(chunk >= 1, f"chunk must be >= 1, got {chunk}")
     schedule, ledger, epsilon_clt, epsilon_certified = _calibrated(
-        family, epsilon, delta, steps, sample_rate, calibrate, schedule_options
+        family, epsilon, delta, steps, sample_rate, calibrate,
+        {**(schedule_options or {}), "releases": releases},
     )
     members = np.arange(trials) % 2 == 1
     scores = np.empty(trials)
@@ -218,7 +230,7 @@ def run_audit(
     elapsed = time.perf_counter() - start
     if bar is not None:
         bar.close()
-    ledger.record_steps(schedule.noise_multipliers)  # the claim every trial ran under
+    ledger.record_steps(schedule.release_multipliers)  # the claim every trial ran under
 
     # Whole (out, in) pairs of consecutive trials, so the selection part holds both labels.
     selection = (np.arange(trials) // 2) % SELECTION_EVERY == 0
@@ -235,7 +247,7 @@ def run_audit(
     elif exact_gaussian:
         mu_gdp, eps_gdp = 0.0, 0.0
     mu_view = eps_view = None
-    if design.threat == "observer" and exact_gaussian:
+    if design.threat == "observer" and exact_gaussian and len(schedule.release_factors) == 1:
         mu_view, eps_view = _view_privacy(schedule, design)
     return _result(
         schedule, design, algorithm=algorithm, epsilon=epsilon, calibrate=calibrate,
@@ -254,7 +266,7 @@ def _view_privacy(schedule, design: AuditDesign) -> tuple[float, float]:
 
     topology = make_topology(design.topology, design.nodes)
     mu = schedule_view_mu(topology.mixing_matrix, target=0, observers=design.observers,
-                          sigmas=schedule.sigma[: schedule.steps],
+                          sigmas=schedule.sigma[: schedule.steps] * schedule.release_factors[0],
                           sensitivities=schedule.clip[: schedule.steps],
                           period=design.rounds_per_step)  # fmt: skip
     return mu, float(epsilon_of(mu, schedule.delta))
@@ -287,7 +299,9 @@ def run_one_run_audit(
     run = AuditExecution() if execution is None else execution
     noise_scale, confidence, seed, noise = run.noise_scale, run.confidence, run.seed, run.noise
     progress = run.progress
-    family, design = algorithm_design(algorithm, design or AuditDesign())
+    family, design, releases = algorithm_design(algorithm, design or AuditDesign())
+    require(releases is None or len(releases) == 1,
+            f"{algorithm}: a one-run audit plays one release per step")  # fmt: skip
     require(design.rounds_per_step == 1,
             f"{algorithm}: a one-run audit plays one gossip round per step")  # fmt: skip
     design.validate()

@@ -33,6 +33,9 @@ Scores (higher means "the canary was in"):
   node adds noise γ σ_k / b.  The score is the generalised-least-squares estimate of the
   canary's presence from V's view, V's own inputs removed (the Neyman–Pearson statistic when
   p = 1, where its privacy is exactly the view μ of ``schedule_view_mu``).
+  An algorithm releasing several noisy messages per step (gradient tracking: the model and
+  the tracker) has no exact linear view: its observers are given node 0's state (white box,
+  as ``messages``) and score every release of node 0, each with its own claimed σ_k·factor.
 * ``final`` -- only the final network average x̄: the gradient canary is scored by x̄_0, the
   input canary by minus its loss at x̄ (a black-box membership test).
 """
@@ -54,6 +57,7 @@ from dpdl.algorithms.dyn_d2p import (
     StepArguments,
     local_update,
     make_node_generators,
+    noisy_update,
     push_sum_mix,
 )
 from dpdl.audit.legacy_noise import LEGACY_MECHANISMS
@@ -245,17 +249,25 @@ def run_trials(
     canary_rows = torch.arange(T) * n + CANARY_NODE
     score = torch.zeros(T, dtype=torch.float64)
     sent, inputs_along_0 = [], []  # (T, n) per step, along e_0: messages and own inputs
+    spec = LocalStep(model, loss="squared_error", expected_batch_size=b, mechanism=mechanism)
+    records = NodeRecords(inputs, targets, mask, generators, p)
+    factors = schedule.release_factors
+    white_box = design.threat == "messages" or len(factors) > 1
     for k in range(schedule.steps):
-        clip, sigma = float(schedule.clip[k]), float(schedule.sigma[k])
+        clip, sigma = float(schedule.clip[k]), float(schedule.sigma[k]) * factors[0]
         before = params["linear.weight"][canary_rows, 0, 0].double()
         whole_before = params["linear.weight"][:, 0, 0].double().reshape(T, n)
+        for factor in factors[1:]:  # a further release: fresh sample, noise σ_k · factor
+            u = noisy_update(spec, params, weights, records, StepArguments(
+                private=True, clip=clip, sigma=sigma * factor * noise_scale, lr=design.lr))
+            s = -u["linear.weight"][canary_rows, 0, 0].double() * b
+            score += _log_likelihood_ratio(s, clip / (sigma * factor), sigma * factor, p)
         half = local_update(
-            LocalStep(model, loss="squared_error", expected_batch_size=b, mechanism=mechanism),
-            params, weights, NodeRecords(inputs, targets, mask, generators, p),
+            spec, params, weights, records,
             StepArguments(private=True, clip=clip, sigma=sigma * noise_scale, lr=design.lr),
             step=k,
         )  # fmt: skip
-        if design.threat == "messages":
+        if white_box:
             after = half.params["linear.weight"][canary_rows, 0, 0].double()
             s = (after - before) * (b / design.lr)
             score += _log_likelihood_ratio(s, clip / sigma, sigma, p)
@@ -279,7 +291,7 @@ def run_trials(
             "the gradient canary's coordinate drifted too far for its clipped gradient to stay "
             "fixed: lower the learning rate"
         )
-    if design.threat == "messages":
+    if white_box:
         return score.numpy()
     if design.threat == "observer":
         return _observer_scores(topology, schedule, design, b, sent, inputs_along_0)
@@ -308,7 +320,8 @@ def _observer_scores(topology, schedule: PrivacySchedule, design: AuditDesign, b
     # the honest nodes' noises: fresh only in the first round of each step
     fresh = np.arange(K * R) % R == 0
     honest = (fresh[:, None] & ~np.isin(np.arange(n), V)[None, :]).ravel()
-    scale = np.repeat(gain * np.repeat(np.asarray(schedule.sigma[:K], dtype=np.float64), R), n)
+    sigmas = np.asarray(schedule.sigma[:K], dtype=np.float64) * schedule.release_factors[0]
+    scale = np.repeat(gain * np.repeat(sigmas, R), n)
     w = gls_weights(view.matrix[:, honest] * scale[honest], c)
     return (w @ observed) / (w @ c)
 
@@ -369,8 +382,10 @@ def run_one_run(
     p = schedule.sample_rate
     b = p * J
     score = torch.zeros(m, dtype=torch.float64)
+    require(len(schedule.release_factors) == 1, "a one-run audit plays one release per step")
     for k in range(schedule.steps):
-        clip, sigma = float(schedule.clip[k]), float(schedule.sigma[k])
+        clip = float(schedule.clip[k])
+        sigma = float(schedule.sigma[k]) * schedule.release_factors[0]
         before = params["linear.weight"][CANARY_NODE, 0, :m].double()
         half = local_update(
             LocalStep(model, loss="squared_error", expected_batch_size=b, mechanism=mechanism),

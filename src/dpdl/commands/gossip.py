@@ -35,8 +35,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--algorithm", metavar="NAME",
                    help="a registered algorithm, name(key=value, ...): its view (rounds per "
                         "step, when noise is fresh); --rounds then counts its steps")
+    p.add_argument("--correlation", default="independent", metavar="MODEL",
+                   help="the noise's correlation across nodes: independent (default), pairwise "
+                        "(DECOR) or neighbourhood-zero-sum; needs --target")
+    p.add_argument("--correlation-factor", type=float, default=1.0, metavar="F",
+                   help="the correlated part's std over the independent part's (default 1)")
     p.add_argument("--target", "-u", type=int, help="the node whose privacy is asked")
     p.add_argument("--observer", "-v", type=int, nargs="+", help="the observers (a coalition)")
+    p.add_argument("--trust", choices=("curious-neighbours", "sec-ldp"),
+                   help="instead of --observer: every neighbour of --target over the rounds "
+                        "(they hold every secret it shares), or Sec-LDP's eavesdropper (every "
+                        "message, no secret)")
     p.add_argument("--calibrate", type=float, metavar="EPS",
                    help="print the σ with every pair beyond --beyond hops within (EPS, δ)")
     p.add_argument("--beyond", type=int, default=0, metavar="D")
@@ -78,8 +87,15 @@ def _check_arguments(args) -> None:
     require(args.calibrate is None or (math.isfinite(args.calibrate) and args.calibrate > 0),
             f"--calibrate must be a finite epsilon > 0, got {args.calibrate}")  # fmt: skip
     require(args.beyond >= 0, f"--beyond must be a number of hops >= 0, got {args.beyond}")
-    require((args.target is None) == (not args.observer),
-            "give both --target and --observer (or neither, for every pair)")  # fmt: skip
+    require(not (args.trust and args.observer), "give --observer or --trust, not both")
+    require((args.target is None) == (not args.observer and not args.trust),
+            "give both --target and --observer or --trust (or neither, for every pair)")
+    require(args.correlation == "independent" or args.target is not None,
+            f"--correlation {args.correlation}: give --target and --observer or --trust "
+            "(every pair is computed for independent noise)")  # fmt: skip
+    from dpdl.accounting.correlated import make_noise_model
+
+    args.noise_model = make_noise_model(args.correlation, args.correlation_factor)
     if args.plot:
         folder = Path(args.plot).parent
         require(folder.is_dir(), f"--plot {args.plot}: folder {str(folder)!r} does not exist")
@@ -180,15 +196,45 @@ def _bar(args, total: int, what: str):
                 leave=False, dynamic_ncols=True)  # fmt: skip
 
 
+def _observers(args, topology) -> list[int]:
+    """--observer, or the coalition --trust names (() for Sec-LDP's eavesdropper)."""
+    import numpy as np
+
+    from dpdl.accounting import gossip
+    from dpdl.errors import require
+
+    if args.trust == "sec-ldp":
+        return []
+    if args.trust == "curious-neighbours":
+        dist = gossip.graph_distances(topology.mixing_matrix, args.rounds)
+        near = np.flatnonzero((dist[args.target] == 1) | (dist[:, args.target] == 1))
+        require(near.size > 0, f"node {args.target} has no neighbour over {args.rounds} rounds")
+        return [int(v) for v in near]
+    return list(args.observer)
+
+
 def _one_pair(args, topology, out: dict) -> list[str]:
     from dpdl.accounting import gossip
+    from dpdl.accounting.correlated import correlated_view_mu
 
-    with _bar(args, args.rounds, "view (rounds)") as bar:
-        mu = gossip.view_mu(topology.mixing_matrix, target=args.target, observers=args.observer,
-                            progress=bar.update, **_common(args))  # fmt: skip
-    out |= {"target": args.target, "observers": args.observer, "mu": mu,
+    observers = _observers(args, topology)
+    if args.correlation == "independent" and observers:
+        with _bar(args, args.rounds, "view (rounds)") as bar:
+            mu = gossip.view_mu(topology.mixing_matrix, target=args.target, observers=observers,
+                                progress=bar.update, **_common(args))  # fmt: skip
+    else:
+        mu = correlated_view_mu(topology.mixing_matrix, rounds=args.rounds, target=args.target,
+                                observers=tuple(observers), sigma=args.sigma,
+                                model=args.noise_model, sensitivity=args.sensitivity,
+                                contribution=args.contribution, period=args.period,
+                                noise_once=args.noise == "once")  # fmt: skip
+    who = args.trust or observers
+    out |= {"target": args.target, "observers": observers, "trust": args.trust or "coalition",
+            "correlation": args.correlation, "mu": mu,
             "epsilon": gossip.epsilon_of(mu, args.delta)}  # fmt: skip
-    return [f"node {args.target} against {args.observer}: mu = {mu:.4g}, epsilon = "
+    if args.correlation != "independent":
+        out["correlation_factor"] = args.correlation_factor
+    return [f"node {args.target} against {who}: mu = {mu:.4g}, epsilon = "
             f"{out['epsilon']:.4g} at delta = {args.delta:g} (local DP: mu = "
             f"{out['local_dp_mu']:.4g}, epsilon = {out['local_dp_epsilon']:.4g})"]  # fmt: skip
 

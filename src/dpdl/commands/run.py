@@ -25,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", help="cpu, cuda, cuda:N or auto (overrides the config)")
     parser.add_argument("--seed", type=int, help="seed (overrides the config's seeds)")
     parser.add_argument("--steps", type=int, help="number of iterations (overrides the config)")
-    parser.add_argument("--runtime", choices=("simulator", "distributed"), help="execution runtime")
+    parser.add_argument("--runtime", metavar="NAME",
+                        help="execution runtime: simulator, distributed or a registered one")
     add_noise_arguments(parser)
     parser.add_argument(
         "--procs",

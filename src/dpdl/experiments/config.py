@@ -60,8 +60,7 @@ class ExperimentSection(_Section):
     # Where the secret randomness (sampling, noise) comes from: "os" (secret, default) or
     # "seed" (reproducible noise: an explicit research choice, recorded in every result).
     entropy: Literal["os", "seed"] = "os"
-    # "consortium": set by `dpdl run --consortium FILE --party NAME` (one party of several)
-    runtime: Literal["simulator", "distributed", "consortium"] = "simulator"
+    runtime: str = "simulator"  # a name of dpdl.engine.runtime.RUNTIMES (register_runtime)
     device: str = "cpu"
 
     @field_validator("algorithms")
@@ -80,6 +79,17 @@ class ExperimentSection(_Section):
         seeds = value if isinstance(value, list) else [value]
         if not seeds or any(s < 0 for s in seeds):
             raise ValueError(f"seeds must be non-negative integers, got {value}")
+        return value
+
+    @field_validator("runtime")
+    @classmethod
+    def _runtime(cls, value: str) -> str:
+        from dpdl.algorithms.registry import load_plugins
+        from dpdl.engine.runtime import RUNTIMES
+
+        load_plugins()  # a plugin may register its runtime
+        if value not in RUNTIMES:
+            raise ValueError(f"unknown runtime {value!r}; registered: {', '.join(RUNTIMES)}")
         return value
 
     @field_validator("device")
