@@ -34,6 +34,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --runtime distributed: start this many local processes (else use torchrun)",
     )
     parser.add_argument(
+        "--consortium", metavar="FILE",
+        help="run as one party of the consortium FILE (with --party): mutual-TLS links to the "
+        "graph neighbours only (docs/THREAT_MODEL.md)",
+    )
+    parser.add_argument("--party", help="with --consortium: this party's name in the file")
+    parser.add_argument(
         "--resume",
         metavar="RUN_DIR",
         help="continue a run folder from its last checkpoint (training.checkpoint_every)",
@@ -302,6 +308,10 @@ def run(args) -> int:
         import torch
 
         torch.set_num_threads(threads)
+    if args.consortium or args.party:
+        from dpdl.commands.consortium import run_party
+
+        return run_party(args, _load, _overrides(args), print_summary)
     if args.procs is not None and "RANK" not in os.environ:
         return _launch_local(args)
     if args.resume:

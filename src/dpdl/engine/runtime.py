@@ -16,7 +16,10 @@ and several processes each holding a block of them, so that neither the trainer
 * **per-job files**: a run folder's name that survives a restart of the job
   (:meth:`job_run_name`), whether this is such a restart (:meth:`restarted`);
 * **mixing**: the engine's :class:`~dpdl.engine.mixing.Mixer` (:meth:`mixer`) and a hook
-  before each step (:meth:`before_step`: the distributed runtime's fault injection).
+  before each step (:meth:`before_step`: the distributed runtime's fault injection);
+* optionally ``stream_root(entropy, seed, settings) -> bytes | None``: the root of the run's
+  secret streams, when the runtime keeps it (the consortium's, so that a restarted party
+  draws the noise it already sent); without it, :func:`dpdl.training.plan.noise_root`.
 
 :class:`LocalRuntime` (``"simulator"``) is every node in this process;
 :class:`dpdl.engine.distributed.TorchDistributedRuntime` (``"distributed"``) one block per
@@ -160,6 +163,8 @@ class LocalRuntime:
 RUNTIMES: dict[str, str] = {
     "simulator": "dpdl.engine.runtime:LocalRuntime",
     "distributed": "dpdl.engine.distributed:TorchDistributedRuntime",
+    # one party of a consortium (started by `dpdl run --consortium FILE --party NAME`)
+    "consortium": "dpdl.engine.consortium.runtime:ConsortiumRuntime",
 }
 
 

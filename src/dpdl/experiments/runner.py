@@ -350,8 +350,10 @@ def run_cell(
     on_row=None,
     simulator_factory=Simulator,
     checkpoint: CellCheckpointer | None = None,
+    model_path: Path | None = None,
 ) -> RunRecord:
     """Train one algorithm for one seed and target epsilon; returns the cell's record.
+    With ``model_path`` the trained models are written there (:func:`save_trained_model`).
 
     ``on_row(row)`` is called with every metrics row as it is produced;
     ``simulator_factory`` builds the engine (a ``Simulator`` subclass, e.g. a test's; the
@@ -363,12 +365,39 @@ def run_cell(
     """
     trainer = cell_trainer(work, algorithm, epsilon, progress=progress, on_row=on_row,
                            simulator_factory=simulator_factory, checkpoint=checkpoint)  # fmt: skip
-    record = trainer.fit().record
+    result = trainer.fit()
+    record = result.record
+    if model_path is not None:
+        save_trained_model(result, model_path, work.config)
     if work.heterogeneity is None:
         return record
     require(list(record.node_sizes) == work.heterogeneity["node_sizes"],
             "the label histograms count other node sizes than the trainer's")  # fmt: skip
     return dataclasses.replace(record, heterogeneity=work.heterogeneity)
+
+
+def save_trained_model(result, path: Path, cfg: RunConfig) -> None:
+    """The trained models as torch state dicts (``path``: the network average under
+    ``"average"``, each node this process holds under ``"nodes"``) and beside them
+    (``path`` with suffix .json) the config, the ε spent and what the file holds."""
+    from dpdl.files import write_atomic
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    models = {"average": result.model.state_dict(),
+              "nodes": {str(i): result.node_model(i).state_dict() for i in result.node_indices}}
+    write_atomic(path, lambda fh: torch.save(models, fh), mode=0o644)
+    record = result.record
+    about = {"model_file": path.name, "algorithm": record.algorithm, "status": record.status,
+             "epsilon_certified": _json_float(result.epsilon),
+             "epsilon_clt": _json_float(result.epsilon_clt), "delta": result.delta,
+             "neighboring": record.neighboring, "steps": record.steps_done,
+             "nodes": result.node_indices, "config": cfg.model_dump(mode="json")}
+    text = json.dumps(about, indent=2, default=str) + "\n"
+    write_atomic(path.with_suffix(".json"), lambda fh: fh.write(text.encode()), mode=0o644)
+
+
+def _json_float(value: float | None) -> float | None:
+    return None if value is None or not np.isfinite(value) else float(value)
 
 
 # --------------------------------------------------------------------------- whole run
@@ -563,6 +592,7 @@ def _run_checkpointed_cell(work: Workload, spec: AlgorithmSpec, eps: float | Non
         work, spec, eps, progress=launch.progress,
         on_row=None if metrics is None else metrics.write_row,
         simulator_factory=launch.simulator_factory, checkpoint=ckpt,
+        model_path=folder.path / "models" / f"{key}.pt" if launch.main_process else None,
     )  # fmt: skip
     if cfg.training.checkpoint_every:
         if launch.main_process:

@@ -439,7 +439,10 @@ class DecentralizedTrainer:
         """The engine of the hosted nodes, on the run's runtime (which hosts, exchanges and
         mixes), and whether this is the main process."""
         # The sampling and noise streams are secret and the run's own (dpdl.algorithms.randomness).
-        root = noise_root(self.entropy, self.seed, self.stream_settings())
+        # A runtime may keep the root itself (the consortium's: a restarted party must draw
+        # the very noise it already sent, never fresh noise over the same records).
+        kept = getattr(self.runtime, "stream_root", None)
+        root = (kept or noise_root)(self.entropy, self.seed, self.stream_settings())
         # a rate given as a hyper-parameter: the engine reads no node's size for it
         sampling = Sampling(self.training.sampling, self.training.sample_rate)
         sim = (self.execution.engine_factory or Simulator)(
