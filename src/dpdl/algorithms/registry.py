@@ -241,6 +241,12 @@ def _check_releases(algorithm: Algorithm, releases) -> None:
           and all(math.isfinite(r.noise_factor) and r.noise_factor > 0 for r in releases))
     require(ok, f"algorithm {algorithm.name!r}: its releases must be distinct names with "
                 f"factors > 0, got {releases!r}")  # fmt: skip
+    # the first release is the step's own local update, whose noise is the schedule's σ_k:
+    # the engine never scales it, so a factor there would be recorded but not added
+    require(releases[0].noise_factor == 1.0,
+            f"algorithm {algorithm.name!r}: its first release ({releases[0].name!r}) is the "
+            f"local update with the schedule's own noise; its factor must be 1, got "
+            f"{releases[0].noise_factor!r} (declare a further release for other noise)")
 
 
 def algorithm_digest(algorithm: Algorithm, settings: BaseModel) -> str:

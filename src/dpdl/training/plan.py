@@ -85,9 +85,13 @@ def build_schedule(
     steps: int,
     sample_rate: float,
     on_iteration: ProgressCallback | None = None,
+    trust_factor: float = 1.0,
 ) -> PrivacySchedule:
     """The calibrated privacy schedule of one run (MATH.md §2); ``on_iteration`` is told of
-    the calibration's progress (``dpdl.accounting.calibration``)."""
+    the calibration's progress (``dpdl.accounting.calibration``).  ``trust_factor``: how much
+    more noise the step's own release hides a record under than σ_k alone, against the trust
+    model calibrated for (Sec-LDP's 1/√q, :func:`trust_noise_factor`; 1 for local DP): the
+    ledger records z_k · it for that release, the engine adds σ_k."""
     calibrate = spec.calibrate or privacy.calibrate
     algorithm = spec.algorithm
     return make_schedule(
@@ -102,8 +106,32 @@ def build_schedule(
         blocks=privacy.calibration_blocks if get_accountant(calibrate).calibration_blocks else None,
         on_iteration=on_iteration,
         neighboring=privacy.neighboring,
-        releases=algorithm.schedule_releases(spec.algorithm_settings),
+        releases=_with_trust(algorithm.schedule_releases(spec.algorithm_settings),
+                             trust_factor),
     )
+
+
+def _with_trust(releases: dict[str, float] | None, trust_factor: float
+                ) -> dict[str, float] | None:  # fmt: skip
+    """The releases with the first (the step's own, σ_k) scaled by the trust model's factor."""
+    if trust_factor == 1.0:
+        return releases
+    named = dict(releases or {"update": 1.0})
+    first = next(iter(named))
+    named[first] *= trust_factor
+    return named
+
+
+def trust_noise_factor(privacy: PrivacySection, topology, mixing_rounds: int) -> float:
+    """The first release's accounting factor of the trust model ``privacy`` names: 1 against
+    curious neighbours (only σ_k protects), 1/√q against Sec-LDP's eavesdropper over the
+    graphs of the run's ``mixing_rounds`` rounds (MATH.md §9.4)."""
+    if privacy.trust_model != "sec-ldp":
+        return 1.0
+    from dpdl.accounting.correlated import sec_ldp_noise_factor
+
+    return sec_ldp_noise_factor(topology.mixing_matrix, rounds=max(1, mixing_rounds),
+                                factor=float(privacy.correlation_factor))  # fmt: skip
 
 
 def approve_schedule(

@@ -307,6 +307,13 @@ class PrivacySection(_Section):
     correlation: str = Field("independent", json_schema_extra=_marked(_LATER))
     # f = σ_pair / σ_k: correlated noise's only (required there).
     correlation_factor: float | None = Field(None, gt=0, json_schema_extra=_marked(_LATER))
+    # Whom the run's ε is calibrated against (docs/THREAT_MODEL.md, MATH.md §9.4):
+    # "curious-neighbours" (default: every neighbour colluding, knowing every secret it
+    # shares; only σ_k protects: record-level local DP) or "sec-ldp" (Allouah et al.'s
+    # eavesdropper who knows no honest pair's secret; pairwise noise only, where the ledger
+    # records z_k / √q, q the worst [(I + f² L_t)⁻¹]_ii: dpdl.accounting.correlated).
+    trust_model: Literal["curious-neighbours", "sec-ldp"] = Field(
+        "curious-neighbours", json_schema_extra=_marked(_LATER))
 
     @field_validator("correlation")
     @classmethod
@@ -326,6 +333,11 @@ class PrivacySection(_Section):
             make_correlation(self.correlation, self.correlation_factor)
         except DPDLError as err:
             raise ValueError(str(err)) from None
+        if self.trust_model == "sec-ldp" and self.correlation != "pairwise":
+            raise ValueError(
+                f"trust_model 'sec-ldp' needs correlation 'pairwise' (got {self.correlation!r}): "
+                "only DECOR's pairwise secrets protect against the eavesdropper beyond local "
+                "DP, which 'curious-neighbours' states")
         return self
 
     @property

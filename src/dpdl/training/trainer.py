@@ -83,6 +83,7 @@ from dpdl.training.plan import (
     node_rates,
     noise_root,
     resolve_steps,
+    trust_noise_factor,
 )
 from dpdl.training.results import RunRecord
 from dpdl.training.settings import (
@@ -417,8 +418,11 @@ class DecentralizedTrainer:
                                    training.sample_rate)  # fmt: skip
         shown = self.output.progress and self.runtime.is_main_process()
         with CalibrationProgress(f"calibrating {self.spec.label}", shown) as progress:
+            trust = trust_noise_factor(self.privacy, self.topology,
+                                       -(-self.steps // training.local_steps))
             self.schedule = build_schedule(
-                self.privacy, self.spec, self.epsilon, self.steps, self.sample_rate, progress
+                self.privacy, self.spec, self.epsilon, self.steps, self.sample_rate, progress,
+                trust,
             )
         # per-node rates (and epsilons) only where they can differ: never under add-remove,
         # whose one rate is a hyper-parameter
@@ -710,7 +714,7 @@ class DecentralizedTrainer:
             noise_entropy=self.entropy,
             noise_mechanism=GAUSSIAN_RELEASE.name if private else None, private=private,
             noise_correlation=self.privacy.noise_correlation.describe() if private else None,
-            trust_model=self.privacy.noise_correlation.trust_model if private else None,
+            trust_model=self.privacy.trust_model if private else None,
             status=status,
             message=message, steps=self.steps, steps_done=state.engine.iteration,
             sample_rate=self.sample_rate, train_seconds=seconds,
