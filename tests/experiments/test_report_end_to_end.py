@@ -17,6 +17,7 @@ from scipy.stats import norm
 
 from dpdl.experiments.report import build_tables, collect_runs, write_report
 from dpdl.experiments.sweep import run_sweep
+from dpdl.training.provenance import provenance
 
 STEPS, DELTA, EPSILONS = 20, 1e-4, (0.5, 2.0)
 
@@ -105,3 +106,10 @@ def test_real_sweep_runs_resumes_and_reports(tmp_path):
     assert f"up to {worst:.2f}× their target ε" in md
     assert "gain Dyn vs Const (clt)" in md
     assert paths["html"].read_text().count("data:image/png;base64,") == 2
+    # where the runs came from (issue 43): the sweep's own block, and every run's in the report
+    here = provenance()
+    recorded = json.loads((out / "sweep.json").read_text())["provenance"]
+    assert recorded["versions"] == here["versions"]
+    assert results["provenance"]["cpu_capability"] == here["cpu_capability"]
+    assert "## Provenance" in md and "**8 run(s):** commit: " in md
+    assert f"CPU capability {here['cpu_capability']}" in md

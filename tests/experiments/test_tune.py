@@ -18,6 +18,7 @@ from dpdl.accounting.selection import SELECTION_ORDERS
 from dpdl.errors import DPDLError
 from dpdl.experiments.sweep import finished_cells
 from dpdl.experiments.tune import candidate_points, pick, run_tuning, split_tune, write_report
+from dpdl.training.provenance import provenance
 
 BASE = {
     "kind": "decentralized",
@@ -122,6 +123,10 @@ def test_tuning_runs_selection_picks_and_tests_and_resumes(tmp_path):
     assert saved["privacy"]["epsilon"] == 2.0 and saved["experiment"]["seed"] in (5, 6)
     md = (tmp_path / "tune.md").read_text()
     assert "Grid (2 points)" in md and "const-untuned (untuned)" in md and "**yes**" in md
+    # where it came from (issue 43): the block of this process, and its lines in tune.md
+    assert json.loads((tmp_path / "tune.json").read_text())["provenance"] == provenance()
+    assert "## Provenance" in md and "cpu_capability" not in md
+    assert f"CPU capability {provenance()['cpu_capability']}" in md
     # the picks look at every selection run: the report states the composition of every run
     # the folder releases (here by dp_accounting alone, from each run's recorded schedule)
     privacy = summary["privacy"]

@@ -448,10 +448,11 @@ def run_experiment(
     finally:
         if metrics is not None:
             metrics.close()
-            write_results(folder.path, cells)
+            write_results(folder.path, cells, device=launch.device)
     if not launch.main_process:
         return {"run_dir": str(folder.path), "cells": [], "summary": []}
-    return write_results(folder.path, cells, plot_title=cfg.experiment.name)
+    return write_results(folder.path, cells, plot_title=cfg.experiment.name,
+                         device=launch.device)
 
 
 @dataclass

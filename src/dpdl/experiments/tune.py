@@ -79,6 +79,7 @@ from dpdl.experiments.tune_private import (
     selection_winner,
     with_settings,
 )
+from dpdl.training.provenance import PROVENANCE_KEY, provenance, provenance_lines
 from dpdl.training.results import sample_std
 
 TUNE_KEYS = {"metric", "selection_seeds", "test_seeds", "workers", "candidates", "baselines",
@@ -501,6 +502,8 @@ def write_report(config: dict, out: Path) -> dict[str, Any]:
 
 def _write(out: Path, summary: dict, tune: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
+    # the process writing the report; every run folder under out keeps its own
+    summary.setdefault(PROVENANCE_KEY, provenance())
     (out / "tune.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     with (out / "selection.csv").open("w", newline="") as fh:
         writer = csv.writer(fh)
@@ -513,7 +516,10 @@ def _write(out: Path, summary: dict, tune: dict) -> None:
         writer.writerows(summary["tests"])
     private = summary["selection"] == "private"
     lines = _private_sections(summary, tune) if private else _public_sections(summary, tune)
-    (out / "tune.md").write_text("\n".join(lines + _test_sections(summary)) + "\n")
+    provenance_section = ["", "## Provenance (of this report)", "",
+                          *(f"- {line}" for line in provenance_lines(summary[PROVENANCE_KEY]))]
+    (out / "tune.md").write_text("\n".join(lines + _test_sections(summary) + provenance_section)
+                                 + "\n")
 
 
 def _selection_rows(summary: dict, tune: dict) -> list[list]:

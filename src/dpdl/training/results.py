@@ -163,11 +163,16 @@ def write_results(
     *,
     plot_title: str | None = None,
     extra: dict[str, Any] | None = None,
+    device: Any = None,
 ) -> dict[str, Any]:
-    """Write ``results.json`` (and, with ``plot_title``, ``curves.png`` from ``metrics.csv``)."""
+    """Write ``results.json`` (and, with ``plot_title``, ``curves.png`` from ``metrics.csv``),
+    with the provenance block of this process (``device`` the one the cells ran on)."""
+    from dpdl.training.provenance import PROVENANCE_KEY, provenance
+
     run_dir = Path(run_dir)
     results = {"run_dir": str(run_dir), "cells": cells, "summary": summarize(cells)}
     results |= extra or {}
+    results.setdefault(PROVENANCE_KEY, provenance(device))
     path = run_dir / "results.json"
     path.write_text(json.dumps(results, indent=2, default=str) + "\n")
     if plot_title is not None:

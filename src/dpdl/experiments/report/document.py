@@ -3,6 +3,7 @@ HTML (render.py), and ``write_report``, which writes both."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from dpdl.experiments.report.claims import check_claims
@@ -23,6 +24,7 @@ from dpdl.experiments.report.tables import (
     overspend_sentence,
     understatement_sentence,
 )
+from dpdl.training.provenance import PROVENANCE_KEY, provenance_lines
 from dpdl.training.settings import REPRODUCIBLE_NOISE_NOTE
 
 
@@ -78,7 +80,25 @@ def report_sections(
                 Table(tables.privacy_header, tables.privacy_rows),
             ],
         ),
+        provenance_section(runs),
     ]
+
+
+def provenance_section(runs: list[CellRun]) -> Section:
+    """Where the runs came from: one block per distinct provenance (commit, versions,
+    machine), with how many runs share it.  The command line differs per cell and is left
+    out of the grouping; a seeded run reproduces bit for bit only within one block."""
+    groups: dict[str, tuple[dict | None, int]] = {}
+    for run in runs:
+        block = run.extra.get(PROVENANCE_KEY)
+        key = json.dumps({k: v for k, v in (block or {}).items() if k != "command"},
+                         sort_keys=True)  # fmt: skip
+        groups[key] = (block, groups.get(key, (block, 0))[1] + 1)
+    items = []
+    for block, count in groups.values():
+        lines = [line for line in provenance_lines(block) if not line.startswith("command:")]
+        items.append(Paragraph("; ".join(lines), lead=f"{count} run(s):"))
+    return Section("Provenance", items)
 
 
 def failed_cells_section(failures: list[FailedCell]) -> Section:
