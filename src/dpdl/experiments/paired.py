@@ -27,11 +27,29 @@ from dpdl.errors import require
 from dpdl.experiments.intervals import t_interval
 from dpdl.experiments.report import CellRun, collect_runs, read_metrics
 
+# What --metric may compare: final numbers of a run's metrics.csv, read into its row (a
+# column the run did not write, e.g. val_* without validation records, reads as NaN and the
+# run drops out of the comparison).  Per-node numbers: the nodes' own de-biased models on the
+# test (node_*) or validation (val_node_*) records, their mean and their worst node.
+PAIRED_METRICS = (
+    "test_accuracy", "val_accuracy", "test_loss", "node_accuracy_mean", "node_accuracy_worst",
+    "val_node_accuracy_mean", "val_node_accuracy_worst",
+)  # fmt: skip
+# what the mixer counted: the mean over nodes of the messages and bytes each sent in the run
+COMMUNICATION_COLUMNS = ("messages_per_node", "bytes_per_node")
 RUN_COLUMNS = (
     "algorithm", "seed", "epsilon_target", "calibration", "setting", "status", "steps",
-    "test_accuracy", "val_accuracy", "test_loss", "epsilon_clt", "epsilon_certified",
+    *PAIRED_METRICS, "epsilon_clt", "epsilon_certified", *COMMUNICATION_COLUMNS,
     "train_seconds",
 )  # fmt: skip
+
+
+def check_metric(metric: str) -> str:
+    """``metric`` if --metric may compare it, else a one-line error naming the choices."""
+    require(metric in PAIRED_METRICS,
+            f"--metric {metric!r} is not a run's final number; choose one of "
+            f"{', '.join(PAIRED_METRICS)}")  # fmt: skip
+    return metric
 
 
 def _short(key: str) -> str:
@@ -95,11 +113,10 @@ def run_rows(sweep_dir: Path, setting_keys: tuple[str, ...] | None = None) -> li
                 "setting": _setting_text(run, setting_keys, configs),
                 "status": run.status,
                 "steps": int(run.iterations[-1]),
-                "test_accuracy": run.final_accuracy,
-                "val_accuracy": _final_metric(run, "val_accuracy", cache),
-                "test_loss": float(run.loss[-1]),
+                **{metric: _final_metric(run, metric, cache) for metric in PAIRED_METRICS},
                 "epsilon_clt": run.epsilon_clt,
                 "epsilon_certified": run.epsilon_certified,
+                **{column: _final_metric(run, column, cache) for column in COMMUNICATION_COLUMNS},
                 "train_seconds": run.extra["train_seconds"],
             }
         )
@@ -161,6 +178,7 @@ def paired(
     """``a`` against ``b`` (two values of the column ``by``: algorithms, or settings of one
     algorithm), paired by seed, for every (other column, epsilon) holding both."""
     require(by in ("algorithm", "setting"), f"pair by 'algorithm' or 'setting', not {by!r}")
+    check_metric(metric)
     other = "setting" if by == "algorithm" else "algorithm"
     table: dict[tuple, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
     for row in rows:
@@ -203,6 +221,7 @@ def summarize(
     rows: list[dict], *, metric: str = "test_accuracy", confidence: float = 0.95
 ) -> list[GroupSummary]:
     """Mean and t-interval of ``metric`` per (algorithm, setting, target ε), finished runs only."""
+    check_metric(metric)
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for row in rows:
         if row["status"] == "ok" and math.isfinite(float(row[metric])):
@@ -350,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
         "--gap-change", nargs=2, action="append", default=[], metavar=("A", "B"),
         help="does the gap A - B grow as epsilon falls (paired by seed)",
     )  # fmt: skip
-    parser.add_argument("--metric", default="test_accuracy")
+    parser.add_argument("--metric", default="test_accuracy",
+                        help=f"what to compare: one of {', '.join(PAIRED_METRICS)}")
     parser.add_argument("--by", default="algorithm", choices=("algorithm", "setting"),
                         help="what A and B name: two algorithms, or two settings")
     parser.add_argument("--setting-keys", nargs="+", metavar="KEY",
@@ -366,6 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path, metavar="PNG",
                         help="bar chart of the summary (mean, interval, seeds) to this file")
     args = parser.parse_args(argv)
+    check_metric(args.metric)  # before any run folder is read
     keys = tuple(args.setting_keys) if args.setting_keys else None
     rows = [row for d in args.sweep_dirs for row in run_rows(d, keys)]
     if args.algorithm:

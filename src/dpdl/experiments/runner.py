@@ -36,7 +36,7 @@ from dpdl.engine.simulator import NodeData, Simulator, resolve_device
 from dpdl.errors import DPDLError, require
 from dpdl.experiments.config import RunConfig, parse_config
 from dpdl.files import write_atomic
-from dpdl.training.callbacks import NODE_LOCAL_COLUMNS
+from dpdl.training.callbacks import NODE_LOCAL_COLUMNS, VAL_NODE_COLUMNS
 from dpdl.training.plan import build_schedule, resolve_steps
 from dpdl.training.results import RunRecord, write_results
 from dpdl.training.run_folder import RunFolder, to_toml
@@ -531,8 +531,10 @@ def _finished_cells(folder: RunFolder, launch: _Launch) -> dict[str, RunRecord |
 def _metric_columns(cfg: RunConfig) -> tuple[str, ...]:
     # node_local_* only with per-node evaluation: a default run's metrics.csv is unchanged
     node_local = NODE_LOCAL_COLUMNS if cfg.training.node_eval_share else ()
-    return METRIC_COLUMNS + node_local + ((UNACCOUNTED_TRAIN_LOSS,)
-                                          if cfg.training.unsafe_train_metrics else ())  # fmt: skip
+    # val_node_* only with validation records (a run without keeps its columns)
+    val_node = VAL_NODE_COLUMNS if cfg.data.validation_records else ()
+    return METRIC_COLUMNS + node_local + val_node + (
+        (UNACCOUNTED_TRAIN_LOSS,) if cfg.training.unsafe_train_metrics else ())  # fmt: skip
 
 
 def _cells_of_a_seed(cfg: RunConfig):

@@ -4,7 +4,8 @@ A tune config is a ``decentralized`` run config (with ``data.validation_records`
 ``[tune]`` table::
 
     [tune]
-    metric = "val_accuracy"          # final value on the validation records; larger is better
+    metric = "val_accuracy"          # final value on the validation records (TUNE_METRICS:
+                                     # val_loss, val_node_accuracy_mean, val_node_accuracy_worst)
     selection_seeds = [0, 1, 2]
     test_seeds = [10, 11, 12, 13, 14]
     workers = 2
@@ -82,6 +83,12 @@ from dpdl.experiments.tune_private import (
 from dpdl.training.provenance import PROVENANCE_KEY, provenance, provenance_lines
 from dpdl.training.results import sample_std
 
+# What a tuning may select on, each a final number on the validation records (never the
+# test records, which would then no longer test the pick), with +1 where larger is better:
+# the network-average model's accuracy and loss, and the nodes' own models' mean and worst
+# accuracy (a decentralized run is only as good as its worst node).
+TUNE_METRICS = {"val_accuracy": 1.0, "val_loss": -1.0, "val_node_accuracy_mean": 1.0,
+                "val_node_accuracy_worst": 1.0}  # fmt: skip
 TUNE_KEYS = {"metric", "selection_seeds", "test_seeds", "workers", "candidates", "baselines",
              "selection", "private"}  # fmt: skip
 CANDIDATE_KEYS = {"algorithm", "grid", "zip", "set"}
@@ -123,8 +130,9 @@ def split_tune(config: dict) -> tuple[dict, dict]:
     require(not set(tune["selection_seeds"]) & set(tune["test_seeds"]),
             "tune.test_seeds must be fresh: they share seeds with tune.selection_seeds")
     tune.setdefault("metric", "val_accuracy")
-    require(tune["metric"] in ("val_accuracy", "val_loss"),
-            f"tune.metric must be val_accuracy or val_loss, got {tune['metric']!r}")
+    require(tune["metric"] in TUNE_METRICS,
+            f"tune.metric must be one of {', '.join(TUNE_METRICS)} (measured on validation "
+            f"records), got {tune['metric']!r}")  # fmt: skip
     candidates = tune.get("candidates")
     require(isinstance(candidates, dict) and candidates,
             "[tune.candidates] needs at least one named candidate")  # fmt: skip
@@ -251,7 +259,7 @@ def _number(value) -> float:
 def pick(points: list[tuple], runs: list[dict], seeds: list[int], eps: float,
          metric: str) -> tuple[list[dict], int | None]:
     """Every point's validation numbers at ``eps`` and the index of the pick (see RULE)."""
-    sign = 1.0 if metric == "val_accuracy" else -1.0
+    sign = TUNE_METRICS[metric]
     table, best = [], None
     for index, point in enumerate(points):
         settings = dict(point)
@@ -327,7 +335,7 @@ def _select_privately(base, tune, candidate: tuple[str, dict], eps: float, out: 
     sweep in its own folder, scored by its final metric (a failed run scores -inf)."""
     name, cand = candidate
     points, metric = candidate_points(cand), tune["metric"]
-    sign = 1.0 if metric == "val_accuracy" else -1.0
+    sign = TUNE_METRICS[metric]
 
     def run_one(point: int, seed: int, folder: Path) -> float:
         settings = {**cand.get("set", {}), **dict(points[point]), "privacy.epsilon": eps}

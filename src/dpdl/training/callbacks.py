@@ -39,6 +39,8 @@ NODE_LOCAL_COLUMNS = (
     "node_local_loss_worst",
 )
 NODE_LOCAL_VECTORS = ("node_local_accuracy", "node_local_loss")
+# the nodes' own models on the validation records (a run with validation data, cross-entropy)
+VAL_NODE_COLUMNS = ("val_node_accuracy_mean", "val_node_accuracy_worst")
 # The training loss on the nodes' own records is a noise-free function of private data: it is
 # computed only with unsafe_train_metrics=True, under this name wherever it goes.
 UNACCOUNTED_TRAIN_LOSS = "unaccounted_train_loss"
@@ -52,6 +54,7 @@ __all__ = [
     "NODE_LOCAL_VECTORS",
     "ROW_LABELS",
     "UNACCOUNTED_TRAIN_LOSS",
+    "VAL_NODE_COLUMNS",
     "CSVLogger",
     "Evaluation",
     "TensorBoardLogger",
