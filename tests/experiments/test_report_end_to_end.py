@@ -113,3 +113,7 @@ def test_real_sweep_runs_resumes_and_reports(tmp_path):
     assert results["provenance"]["cpu_capability"] == here["cpu_capability"]
     assert "## Provenance" in md and "**8 run(s):** commit: " in md
     assert f"CPU capability {here['cpu_capability']}" in md
+    # what every node sent (issue 43): exp on 8 nodes, one peer per round, 20 rounds of digits'
+    # logreg (650 float32 numbers) and the float64 weight
+    assert "## Communication: what each node sent in a run" in md
+    assert "| base | dyn-d2p@clt | 20 | 20 | 52.2 kB |" in md  # 20 x 2608 bytes

@@ -26,6 +26,10 @@ METRIC_COLUMNS = (
     "val_accuracy",
     "epsilon_clt",
     "epsilon_certified",
+    # what the mixer counted so far: the mean over nodes of the messages each node sent to
+    # other nodes and of their bytes (every node's own count: results.json's communication)
+    "messages_per_node",
+    "bytes_per_node",
 )
 # Per-node evaluation (node_eval_data / training.node_eval_share): each node's de-biased model
 # on its own evaluation set.  Present in a row only when it is configured (default rows, and

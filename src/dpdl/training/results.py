@@ -47,7 +47,9 @@ class RunRecord:
     certified epsilon of the steps spent at its own rate (the largest is the run's epsilon, of
     the node at the schedule's rate; None for a non-private run), ``epsilon_per_node_method``
     how.  ``noise_mechanism`` names the noise of the private steps (the exact release of
-    MATH.md §10); None for a non-private run.
+    MATH.md §10); None for a non-private run.  ``communication``: every node's
+    ``messages_per_node`` and ``bytes_per_node`` sent to other nodes in the run, as the
+    runtime's mixer counted them (:class:`dpdl.engine.mixing.Traffic`; None where it does not).
     """
 
     algorithm: str
@@ -79,6 +81,7 @@ class RunRecord:
     sample_rates: list[float] | None = None
     epsilon_per_node: list[float] | None = None
     epsilon_per_node_method: str | None = None
+    communication: dict[str, list[int]] | None = None
     rows: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self, rows: bool = True) -> dict[str, Any]:

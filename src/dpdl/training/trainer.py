@@ -185,6 +185,12 @@ def _module_with(template: nn.Module, params: dict[str, torch.Tensor]) -> nn.Mod
     return module
 
 
+def _communication(engine) -> dict[str, list[int]] | None:
+    """What every node sent (an engine_factory's engine may not count it)."""
+    count = getattr(engine, "communication", None)
+    return None if count is None else count()
+
+
 def _json_number(v):
     if isinstance(v, list):  # a per-node vector (node_local_*)
         return [_json_number(x) for x in v]
@@ -715,7 +721,7 @@ class DecentralizedTrainer:
             sampling=self.training.sampling,
             sample_rates=None if self._sizes_secret else self.sample_rates.tolist(),
             epsilon_per_node=per_node, epsilon_per_node_method=per_node_method,
-            rows=tuple(state.rows),
+            communication=_communication(state.engine), rows=tuple(state.rows),
         )  # fmt: skip
 
     def _result(self, state: RunState, record: RunRecord, spent: tuple) -> TrainingResult:

@@ -25,6 +25,7 @@ from dpdl.training.provenance import PROVENANCE_KEY
 from dpdl.training.results import RunRecord
 
 _SEED_LEAVES = {"seed", "seeds"}
+COMMUNICATION = ("messages_per_node", "bytes_per_node")
 _NOT_A_SETTING = _SEED_LEAVES | {"algorithms", "epsilon"}
 
 
@@ -207,6 +208,8 @@ def _runs_of_file(metrics_path: Path, overrides: dict, cell: str) -> list[CellRu
                     "metrics_path": str(metrics_path),
                     "train_seconds": as_float(record and record.train_seconds),
                     PROVENANCE_KEY: origin,
+                    # what the mixer counted in the whole run, mean over nodes (NaN: not kept)
+                    **{key: cols.get(key, [math.nan])[-1] for key in COMMUNICATION},
                 },
             )
         )

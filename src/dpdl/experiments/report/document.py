@@ -4,12 +4,15 @@ HTML (render.py), and ``write_report``, which writes both."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
+
+import numpy as np
 
 from dpdl.experiments.report.claims import check_claims
 from dpdl.experiments.report.collect import CellRun, FailedCell, collect_failures, collect_runs
 from dpdl.experiments.report.figures import make_figures
-from dpdl.experiments.report.grouping import epsilon_text, settings_of
+from dpdl.experiments.report.grouping import epsilon_text, setting_label, settings_of
 from dpdl.experiments.report.render import (
     Figure,
     Paragraph,
@@ -80,8 +83,42 @@ def report_sections(
                 Table(tables.privacy_header, tables.privacy_rows),
             ],
         ),
+        *([communication_section(runs)] if _counted(runs) else []),
         provenance_section(runs),
     ]
+
+
+def _counted(runs: list[CellRun]) -> bool:
+    return any(math.isfinite(r.extra.get("bytes_per_node", math.nan)) for r in runs)
+
+
+def communication_section(runs: list[CellRun]) -> Section:
+    """What each algorithm sent per node in a run, by setting (the mixer's counts): a variant
+    that gossips R times per step sends R times the bytes at equal steps."""
+    groups: dict[tuple, list[CellRun]] = {}
+    for run in runs:
+        if math.isfinite(run.extra.get("bytes_per_node", math.nan)):
+            groups.setdefault((setting_label(run.setting), run.algorithm), []).append(run)
+    rows = []
+    for (setting, algorithm), members in sorted(groups.items()):
+        steps = sorted({int(r.iterations[-1]) for r in members})
+        messages = float(np.mean([r.extra["messages_per_node"] for r in members]))
+        sent = float(np.mean([r.extra["bytes_per_node"] for r in members]))
+        rows.append([setting, algorithm, "/".join(map(str, steps)), f"{messages:g}",
+                     _bytes_text(sent)])  # fmt: skip
+    return Section("Communication: what each node sent in a run", [
+        Paragraph("Messages a node sent to other nodes in the whole run and their size (its "
+                  "model and push-sum weight per out-neighbour and gossip round), mean over "
+                  "nodes and runs, as the runtime's mixer counted them."),
+        Table(["setting", "algorithm", "steps", "messages per node", "bytes per node"], rows),
+    ])  # fmt: skip
+
+
+def _bytes_text(value: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if value >= size:
+            return f"{value / size:.3g} {unit}"
+    return f"{value:.0f} B"
 
 
 def provenance_section(runs: list[CellRun]) -> Section:
