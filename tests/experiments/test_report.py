@@ -116,18 +116,25 @@ def test_error_bars_are_the_sample_std_over_seeds(tmp_path, monkeypatch):
     write_report(tmp_path)
 
     def stdev(label: str, nodes: int) -> float:  # see _final: SGP has no offset
-        finals = [0.02 * s + (0 if label == "sgp" else o) for s, o in enumerate(offsets[nodes])]
+        finals = [0.02 * s + (0 if label == "SGP" else o) for s, o in enumerate(offsets[nodes])]
         return statistics.stdev(finals)
 
-    bars = [(label, yerr) for name, _, label, yerr in drawn if name == "bar"]
-    assert len(bars) == 2 * 5  # per epsilon, per algorithm: one bar per number of nodes
-    for label, yerr in bars:
-        assert yerr == pytest.approx([stdev(label, n) for n in (4, 8, 16)])
-    lines = [(ax.get_title(), label, yerr) for name, ax, label, yerr in drawn
-             if name == "errorbar"]  # fmt: skip
+    # every accuracy here lies far from 0 and 1: the bars are ± std on both sides (issue 43:
+    # points with error bars, not bars from zero; the registries' display names)
+    points = [(ax.get_title(), label, yerr) for name, ax, label, yerr in drawn
+              if name == "errorbar"]  # fmt: skip
+    by_nodes = [(label, yerr) for title, label, yerr in points if title.startswith("ε")]
+    assert len(by_nodes) == 2 * 5  # per epsilon, per algorithm: one point per number of nodes
+    for label, (low, high) in by_nodes:
+        assert list(low) == pytest.approx([stdev(label, n) for n in (4, 8, 16)])
+        assert list(high) == pytest.approx(list(low))
+    lines = [(title, label, yerr) for title, label, yerr in points if title.endswith("nodes")]
     assert len(lines) == 3 * 4  # per setting, per private algorithm: one point per epsilon
-    for title, label, yerr in lines:
-        assert yerr == pytest.approx([stdev(label, int(title.removeprefix("nodes=")))] * 2)
+    assert {label for _, label, _ in lines} == {"Const-D2P (CLT)", "Dyn-D2P (CLT)",
+                                                "Const-D2P (PLD)", "Dyn-D2P (PLD)"}
+    for title, label, (low, high) in lines:
+        expected = [stdev(label, int(title.split()[0]))] * 2
+        assert list(low) == pytest.approx(expected) and list(high) == pytest.approx(expected)
 
 
 def test_privacy_tables_state_what_the_clt_understated(sweep):
