@@ -101,8 +101,7 @@ def save_figure(fig, png: str | Path) -> Path:
             metadata = {"CreationDate": None} if fmt == "pdf" else {"Date": None}
             if fmt == "png":
                 metadata = {"Software": "dpdl (matplotlib)"}
-            fig.savefig(png.with_suffix(f".{fmt}"), dpi=PNG_DPI, metadata=metadata,
-                        bbox_inches="tight")  # fmt: skip
+            fig.savefig(png.with_suffix(f".{fmt}"), dpi=PNG_DPI, metadata=metadata)
     except OSError as err:
         raise DPDLError(f"cannot write {str(png)!r}: {err.strerror or err}") from None
     finally:

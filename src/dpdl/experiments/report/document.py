@@ -27,6 +27,7 @@ from dpdl.experiments.report.tables import (
     overspend_sentence,
     understatement_sentence,
 )
+from dpdl.plotting import FORMATS
 from dpdl.training.provenance import PROVENANCE_KEY, provenance_lines
 from dpdl.training.settings import REPRODUCIBLE_NOISE_NOTE
 
@@ -45,6 +46,17 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None) -> dict[str, Path
     md_path.write_text(to_markdown(title, sections))
     html_path.write_text(to_html(title, sections))
     return {"markdown": md_path, "html": html_path}
+
+
+def write_figures(sweep_dir: Path, out_dir: Path | None = None) -> list[Path]:
+    """Only the figures of a finished (or partly finished) sweep, again: every PNG with its
+    PDF and SVG in ``out_dir`` (default SWEEP_DIR/report); the report's text is left as it
+    is.  ``dpdl report --figures-only``."""
+    sweep_dir = Path(sweep_dir)
+    out_dir = Path(out_dir or sweep_dir / "report")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    figures = make_figures(collect_runs(sweep_dir), out_dir)
+    return [f.path.with_suffix(f".{fmt}") for f in figures for fmt in FORMATS]
 
 
 def report_sections(
