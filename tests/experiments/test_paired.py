@@ -153,6 +153,10 @@ def test_the_command_filters_and_refuses_an_empty_selection(tmp_path, capsys):
     png = tmp_path / "bars.png"
     assert main([str(tmp_path / "s"), "--plot", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png.with_suffix(".pdf").read_bytes().startswith(b"%PDF-")  # vectors beside it
+    assert b"<svg" in png.with_suffix(".svg").read_bytes()[:2000]
+    with pytest.raises(DPDLError, match="--plot names the PNG"):
+        main([str(tmp_path / "s"), "--plot", str(tmp_path / "bars.pdf")])
     command = [sys.executable, "-m", "dpdl.experiments.paired", str(tmp_path / "s"),
                "--epsilon", "7"]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True)

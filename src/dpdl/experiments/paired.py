@@ -316,47 +316,71 @@ def markdown_comparisons(comparisons: list[PairedComparison]) -> str:
 
 
 def plot_summary(groups: list[GroupSummary], path: Path, *, metric: str = "test_accuracy") -> Path:
-    """Grouped bars: one group per (setting, ε), one bar per algorithm, the mean over seeds
-    with its 95 % t-interval as the error bar and each seed as a dot."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """One panel per setting on a shared scale, target ε along x: each algorithm's mean over
+    seeds with its 95 % t-interval and every seed as a dot.  Points, not bars: the axis starts
+    where the data do.  PNG (200 dpi) with its PDF and SVG (:mod:`dpdl.plotting`)."""
+    from dpdl.plotting import PALETTE, paper_style
 
     require(bool(groups), "nothing to plot")
+    with paper_style():
+        return _plot_groups(groups, Path(path), metric, PALETTE)
 
-    def eps_text(g: GroupSummary) -> str:
-        return "non-private" if math.isnan(g.epsilon) else f"ε = {g.epsilon:g}"
 
-    keys = sorted({(g.setting, eps_text(g)) for g in groups})
-    algorithms = sorted({g.algorithm for g in groups})
-    by_key = {(g.setting, eps_text(g), g.algorithm): g for g in groups}
-    width = 0.8 / len(algorithms)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(keys) * max(1, len(algorithms) / 3)), 4))
-    for k, key in enumerate(keys):
-        present = [a for a in algorithms if (*key, a) in by_key]  # bars centred on their group
-        for slot, algorithm in enumerate(present):
-            g, a = by_key[(*key, algorithm)], algorithms.index(algorithm)
-            x = k + (slot - (len(present) - 1) / 2) * width
+def _setting_display(setting: str) -> str:
+    """A row's setting ("name=ring nodes=16") as a figure says it ("ring, 16 nodes")."""
+    from dpdl.experiments.report.grouping import KEY_NAMES
+
+    parts = []
+    for item in setting.split():
+        key, _, value = item.partition("=")
+        if key == "name":
+            parts.append(value)
+        elif key == "nodes":
+            parts.append(f"{value} nodes")
+        else:
+            parts.append(f"{KEY_NAMES.get(key, key)} = {value}")
+    return ", ".join(parts)
+
+
+def _plot_groups(groups: list[GroupSummary], path: Path, metric: str, palette) -> Path:
+    from dpdl.accounting.certified import approximate_accountant
+    from dpdl.experiments.report.grouping import algorithm_rank, display_label
+    from dpdl.plotting import legend_outside, pyplot, save_figure
+
+    settings = sorted({g.setting for g in groups})
+    epsilons = sorted({g.epsilon for g in groups if not math.isnan(g.epsilon)})
+    slots = ["non-private"] * any(math.isnan(g.epsilon) for g in groups) + [
+        f"ε = {e:g}" for e in epsilons]  # fmt: skip
+    algorithms = sorted({g.algorithm for g in groups}, key=algorithm_rank)
+    families = sorted({a.partition("@")[0] for a in algorithms}, key=algorithm_rank)
+    width = 0.7 / len(algorithms)
+    panel = max(2.6, 0.2 * len(slots) * len(algorithms))
+    fig, axes = pyplot().subplots(1, len(settings), squeeze=False, sharey=True,
+                                  figsize=(panel * len(settings) + 1.8, 2.8),
+                                  layout="constrained")  # fmt: skip
+    for ax, setting in zip(axes[0], settings, strict=True):
+        for g in (g for g in groups if g.setting == setting):
+            a = algorithms.index(g.algorithm)
+            slot = "non-private" if math.isnan(g.epsilon) else f"ε = {g.epsilon:g}"
+            x = slots.index(slot) + (a - (len(algorithms) - 1) / 2) * width
+            # a family's colour; hollow for an approximate calibration (the CLT)
+            name, _, calibration = g.algorithm.partition("@")
+            colour = palette[families.index(name) % len(palette)]
+            face = "white" if approximate_accountant(calibration) else colour
             err = None
             if math.isfinite(g.low):
                 err = [[100 * (g.mean - g.low)], [100 * (g.high - g.mean)]]
-            ax.bar(x, 100 * g.mean, width, yerr=err, capsize=3, color=f"C{a}", label=algorithm)
-            ax.plot([x] * len(g.values), [100 * v for v in g.values], "k.", markersize=3)
-    ax.set_xticks(range(len(keys)))
-    labels = [f"{s}\n{e}".replace(" ", "\n", s.count(" ")) if s else e for s, e in keys]
-    ax.set_xticklabels(labels, fontsize=7)  # one setting key per line: long names do not overlap
-    ax.set_ylabel(f"{metric.replace('_', ' ')} (%)")
-    handles, labels = ax.get_legend_handles_labels()
-    unique = dict(zip(labels, handles, strict=True))  # one legend entry per algorithm
-    ax.legend(unique.values(), unique.keys(), fontsize=7, ncol=2)
-    ax.set_title("mean over seeds, 95 % t-interval; dots: seeds", fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+            ax.errorbar([x], [100 * g.mean], yerr=err, fmt="o", capsize=2.5, color=colour,
+                        markerfacecolor=face, label=display_label(g.algorithm))  # fmt: skip
+            ax.plot([x] * len(g.values), [100 * v for v in g.values], ".", color=colour,
+                    alpha=0.45, markersize=3)  # fmt: skip
+        ax.set_xticks(range(len(slots)), slots)
+        ax.grid(False, axis="x")
+        if setting:
+            ax.set_title(_setting_display(setting))
+    axes[0][0].set_ylabel(f"{metric.replace('_', ' ')} (%)")
+    legend_outside(fig, axes[0], title="mean, 95 % t-interval\n(dots: seeds)")
+    return save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -387,6 +411,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="bar chart of the summary (mean, interval, seeds) to this file")
     args = parser.parse_args(argv)
     check_metric(args.metric)  # before any run folder is read
+    require(args.plot is None or args.plot.suffix.lower() == ".png",
+            f"--plot names the PNG (its PDF and SVG are written beside it), got "
+            f"{str(args.plot)!r}")  # fmt: skip
     keys = tuple(args.setting_keys) if args.setting_keys else None
     rows = [row for d in args.sweep_dirs for row in run_rows(d, keys)]
     if args.algorithm:
