@@ -9,10 +9,19 @@ from pathlib import Path
 
 import numpy as np
 
+from dpdl.accounting.certified import ACCOUNTANTS
 from dpdl.experiments.report.claims import check_claims
 from dpdl.experiments.report.collect import CellRun, FailedCell, collect_failures, collect_runs
 from dpdl.experiments.report.figures import make_figures
-from dpdl.experiments.report.grouping import epsilon_text, setting_label, settings_of
+from dpdl.experiments.report.grouping import (
+    algorithms_of,
+    calibration_rank,
+    display_label,
+    epsilon_text,
+    gain_pairs,
+    setting_label,
+    settings_of,
+)
 from dpdl.experiments.report.render import (
     Figure,
     Paragraph,
@@ -82,7 +91,7 @@ def report_sections(
             ],
         ),
         Section(
-            "The paper's claims (MATH.md §4) in this sweep",
+            "Claims that apply to what ran (MATH.md §4)",
             [Table(["claim", "verdict"], [[c, v] for c, v in claims])]
             if claims
             else [Paragraph("No claim applies.")],
@@ -168,10 +177,8 @@ def _introduction(runs: list[CellRun]) -> str:
     budget = f"{steps[0]} iterations" if len(steps) == 1 else f"{steps[0]}–{steps[-1]} iterations"
     intro = (
         f"{len(settings_of(runs))} setting(s), {len(runs)} runs, {budget} per run. Final test "
-        "accuracy of the network-average model, mean ± std over seeds (%). An algorithm "
-        "suffixed @clt is calibrated with the paper's CLT approximation, @pld with the "
-        "certified PLD accountant. Gain: relative accuracy of Dyn-D2P over Const-D2P under "
-        "the same calibration."
+        "accuracy of the network-average model, mean ± std over seeds (%)."
+        + _calibration_sentence(runs) + _gain_sentence(runs)
     )
     stopped = [f"{r.cell}: {r.algorithm} seed {r.seed} ε {epsilon_text(r.epsilon_target)}"
                for r in runs if r.status != "ok"]  # fmt: skip
@@ -182,6 +189,30 @@ def _introduction(runs: list[CellRun]) -> str:
             + "."
         )
     return intro
+
+
+def _calibration_sentence(runs: list[CellRun]) -> str:
+    """What the @suffixes of the labels that ran mean, from the accountants' registry."""
+    said = []
+    for calibration in sorted({r.calibration for r in runs if r.calibration},
+                              key=calibration_rank):  # fmt: skip
+        accountant = ACCOUNTANTS.get(calibration)
+        if accountant is None:
+            continue
+        kind = "the approximation" if not accountant.certified else "the certified accountant"
+        said.append(f"@{calibration} by {kind} {accountant.display}")
+    return f" Calibration (a label's suffix): {'; '.join(said)}." if said else ""
+
+
+def _gain_sentence(runs: list[CellRun]) -> str:
+    """The gains the accuracy table states: of each family that ran over the baseline the
+    registry names for it (ScheduleFamily.baseline), both run under one calibration."""
+    pairs = sorted({(dyn.partition("@")[0], const.partition("@")[0])
+                    for _, dyn, const in gain_pairs(algorithms_of(runs))})  # fmt: skip
+    if not pairs:
+        return ""
+    text = "; ".join(f"{display_label(dyn)} over {display_label(const)}" for dyn, const in pairs)
+    return f" Gain: relative accuracy of {text}, under the same calibration."
 
 
 def reproducible_noise_note(runs: list[CellRun]) -> str | None:
