@@ -106,6 +106,9 @@ def test_real_sweep_runs_resumes_and_reports(tmp_path):
     assert f"up to {worst:.2f}× their target ε" in md
     assert "gain Dyn vs Const (clt)" in md
     assert paths["html"].read_text().count("data:image/png;base64,") == 2
+    for stem in ("accuracy_vs_iteration", "accuracy_vs_epsilon"):  # vectors beside the PNGs
+        assert (out / "report" / f"{stem}.pdf").read_bytes().startswith(b"%PDF-")
+        assert b"<svg" in (out / "report" / f"{stem}.svg").read_bytes()[:2000]
     # where the runs came from (issue 43): the sweep's own block, and every run's in the report
     here = provenance()
     recorded = json.loads((out / "sweep.json").read_text())["provenance"]
