@@ -83,7 +83,7 @@ def test_what_each_node_sends_is_what_crosses_the_wire_and_the_simulator_counts(
     (3,) tensor, 36 bytes, and the float64 weight, 8)."""
     from dpdl.engine.mixing import InMemoryMixer
 
-    n = world = 4
+    n = world = 2
     steps = 5
     mp.start_processes(
         _worker, args=(world, _free_port(), n, steps, str(tmp_path)), nprocs=world,
