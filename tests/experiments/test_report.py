@@ -49,6 +49,17 @@ def _write_cell(root, overrides: dict, seed: int, offset: float = 0.0):
                     writer.writerow([it, algorithm, seed, eps, 1 - acc, acc, eps, spend * eps])
 
 
+@pytest.fixture(autouse=True)
+def png_only(monkeypatch):
+    """The report's numbers and text are under test here: its figures are drawn as PNG only,
+    at a screen's resolution (tests/experiments/test_figures.py checks the PNG, PDF and SVG
+    of every figure at 200 dpi)."""
+    from dpdl import plotting
+
+    monkeypatch.setattr(plotting, "FORMATS", ("png",))
+    monkeypatch.setattr(plotting, "PNG_DPI", 72)
+
+
 @pytest.fixture
 def sweep(tmp_path):
     for seed in (0, 1):
