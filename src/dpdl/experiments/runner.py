@@ -337,6 +337,7 @@ def cell_trainer(
         callbacks=[] if on_row is None else [lambda evaluation: on_row(evaluation.row)],
         device=work.device, runtime=cfg.experiment.runtime, entropy=cfg.experiment.entropy,
         seed=work.seed, progress=progress, engine_factory=simulator_factory,
+        common_noise=cfg.experiment.common_noise,
         checkpoint=checkpoint,
     )  # fmt: skip
 

@@ -50,6 +50,8 @@ class RunRecord:
     MATH.md §10); None for a non-private run.  ``communication``: every node's
     ``messages_per_node`` and ``bytes_per_node`` sent to other nodes in the run, as the
     runtime's mixer counted them (:class:`dpdl.engine.mixing.Traffic`; None where it does not).
+    ``common_noise`` True for a run whose seeded streams it shares on purpose with every run
+    of the same seed, nodes and model (research mode; None otherwise).
     """
 
     algorithm: str
@@ -82,6 +84,7 @@ class RunRecord:
     epsilon_per_node: list[float] | None = None
     epsilon_per_node_method: str | None = None
     communication: dict[str, list[int]] | None = None
+    common_noise: bool | None = None
     rows: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self, rows: bool = True) -> dict[str, Any]:

@@ -440,7 +440,7 @@ class DecentralizedTrainer:
         """The engine of the hosted nodes, on the run's runtime (which hosts, exchanges and
         mixes), and whether this is the main process."""
         # The sampling and noise streams are secret and the run's own (dpdl.algorithms.randomness).
-        root = noise_root(self.entropy, self.seed, self.stream_settings())
+        root = noise_root(self.entropy, self.seed, self._noise_settings())
         # a rate given as a hyper-parameter: the engine reads no node's size for it
         sampling = Sampling(self.training.sampling, self.training.sample_rate)
         sim = (self.execution.engine_factory or Simulator)(
@@ -571,6 +571,17 @@ class DecentralizedTrainer:
         for where in ("runtime", "entropy"):
             settings.pop(where)
         return settings
+
+    def _noise_settings(self) -> dict[str, Any]:
+        """What the seeded streams are keyed by: :meth:`stream_settings`, or with
+        ``common_noise`` (research mode) only what every arm of a comparison shares (the
+        number of nodes, the model and the seed; the data enter per node), so that arms of
+        other algorithms, privacy or training settings draw the same streams."""
+        settings = self.stream_settings()
+        if not self.execution.common_noise:
+            return settings
+        return {"common_noise": True, "nodes": self.topology.n, "model": settings["model"],
+                "seed": self.seed}  # fmt: skip
 
     def fit(self) -> TrainingResult:
         """Train; returns a :class:`TrainingResult` (see there).  With ``output_dir``, the run
@@ -721,7 +732,8 @@ class DecentralizedTrainer:
             sampling=self.training.sampling,
             sample_rates=None if self._sizes_secret else self.sample_rates.tolist(),
             epsilon_per_node=per_node, epsilon_per_node_method=per_node_method,
-            communication=_communication(state.engine), rows=tuple(state.rows),
+            communication=_communication(state.engine),
+            common_noise=True if self.execution.common_noise else None, rows=tuple(state.rows),
         )  # fmt: skip
 
     def _result(self, state: RunState, record: RunRecord, spent: tuple) -> TrainingResult:
