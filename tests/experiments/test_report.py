@@ -231,6 +231,14 @@ def test_runs_with_reproducible_noise_are_marked(sweep):
     note = f"8 of 18 runs (cells: {seeded.name}) used reproducible noise (entropy = seed)"
     assert f"**Note:** {note}" in paths["markdown"].read_text()
     assert f"<strong>Note:</strong> {note}" in paths["html"].read_text()
+    assert "common_noise" not in paths["markdown"].read_text()
+    # issue 43: runs that shared their streams on purpose are named as such
+    records = json.loads((seeded / "results.json").read_text())
+    for record in records["cells"][:3]:
+        record["common_noise"] = True
+    (seeded / "results.json").write_text(json.dumps(records))
+    md = write_report(sweep)["markdown"].read_text()
+    assert "3 of them shared their sampling and noise streams with every run" in md
 
 
 def test_a_report_without_seeded_runs_has_no_reproducibility_note(sweep):

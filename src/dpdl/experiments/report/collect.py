@@ -208,6 +208,7 @@ def _runs_of_file(metrics_path: Path, overrides: dict, cell: str) -> list[CellRu
                     "metrics_path": str(metrics_path),
                     "train_seconds": as_float(record and record.train_seconds),
                     PROVENANCE_KEY: origin,
+                    "common_noise": bool(record and record.common_noise),
                     # what the mixer counted in the whole run, mean over nodes (NaN: not kept)
                     **{key: cols.get(key, [math.nan])[-1] for key in COMMUNICATION},
                 },

@@ -221,4 +221,9 @@ def reproducible_noise_note(runs: list[CellRun]) -> str | None:
     if not seeded:
         return None
     cells = ", ".join(sorted({r.cell for r in seeded}))
-    return f"{len(seeded)} of {len(runs)} runs (cells: {cells}) used {REPRODUCIBLE_NOISE_NOTE}."
+    note = f"{len(seeded)} of {len(runs)} runs (cells: {cells}) used {REPRODUCIBLE_NOISE_NOTE}."
+    common = sum(bool(r.extra.get("common_noise")) for r in seeded)
+    if common:  # experiment.common_noise: the arms share their streams on purpose
+        note += (f" {common} of them shared their sampling and noise streams with every run of "
+                 "the same seed (common_noise: common random numbers across the arms).")
+    return note
