@@ -6,8 +6,10 @@ the CLT-calibrated Const-D2P is checked against dp_accounting's PLD of the close
 schedule (MATH.md §2, eq. 9), not against the code's own output.
 """
 
+import csv
 import json
 import math
+import statistics
 
 import pytest
 from dp_accounting import NeighboringRelation
@@ -118,5 +120,15 @@ def test_real_sweep_runs_resumes_and_reports(tmp_path):
     assert f"CPU capability {here['cpu_capability']}" in md
     # what every node sent (issue 43): exp on 8 nodes, one peer per round, 20 rounds of digits'
     # logreg (650 float32 numbers) and the float64 weight
+    # every node's own model beside the average (issue 43): the worst node of each seed's
+    # final row, mean ± sample std over the two seeds
+    worst = []
+    for metrics in sorted((out / "cells").rglob("metrics.csv")):
+        with metrics.open(newline="") as fh:
+            rows = [r for r in csv.DictReader(fh)
+                    if r["algorithm"] == "dyn-d2p@clt" and float(r["epsilon_target"]) == 0.5]
+        worst.append(100 * float(rows[-1]["node_accuracy_worst"]))
+    (line,) = [x for x in md.splitlines() if x.startswith("| base | dyn-d2p@clt | 0.5 |")]
+    assert line.endswith(f"| {statistics.mean(worst):.2f} ± {statistics.stdev(worst):.2f} |")
     assert "## Communication: what each node sent in a run" in md
     assert "| base | dyn-d2p@clt | 20 | 20 | 52.2 kB |" in md  # 20 x 2608 bytes

@@ -26,6 +26,7 @@ from dpdl.training.results import RunRecord
 
 _SEED_LEAVES = {"seed", "seeds"}
 COMMUNICATION = ("messages_per_node", "bytes_per_node")
+NODE_ACCURACY = ("node_accuracy_mean", "node_accuracy_worst")
 _NOT_A_SETTING = _SEED_LEAVES | {"algorithms", "epsilon"}
 
 
@@ -211,6 +212,8 @@ def _runs_of_file(metrics_path: Path, overrides: dict, cell: str) -> list[CellRu
                     "common_noise": bool(record and record.common_noise),
                     # what the mixer counted in the whole run, mean over nodes (NaN: not kept)
                     **{key: cols.get(key, [math.nan])[-1] for key in COMMUNICATION},
+                    # the nodes' own de-biased models on the test records, final row
+                    **{key: cols.get(key, [math.nan])[-1] for key in NODE_ACCURACY},
                 },
             )
         )

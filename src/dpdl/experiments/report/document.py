@@ -38,6 +38,7 @@ from dpdl.experiments.report.tables import (
 )
 from dpdl.plotting import FORMATS
 from dpdl.training.provenance import PROVENANCE_KEY, provenance_lines
+from dpdl.training.results import sample_std
 from dpdl.training.settings import REPRODUCIBLE_NOISE_NOTE
 
 
@@ -104,9 +105,46 @@ def report_sections(
                 Table(tables.privacy_header, tables.privacy_rows),
             ],
         ),
+        *([node_accuracy_section(runs)] if _per_node(runs) else []),
         *([communication_section(runs)] if _counted(runs) else []),
         provenance_section(runs),
     ]
+
+
+def _per_node(runs: list[CellRun]) -> bool:
+    return any(math.isfinite(r.extra.get("node_accuracy_worst", math.nan)) for r in runs)
+
+
+def node_accuracy_section(runs: list[CellRun]) -> Section:
+    """Each node's own model beside the network average: a decentralized run is only as
+    good as its worst node (final test accuracy, mean ± std over seeds, %)."""
+    groups: dict[tuple, list[CellRun]] = {}
+    for run in runs:
+        if math.isfinite(run.extra.get("node_accuracy_worst", math.nan)):
+            groups.setdefault((setting_label(run.setting), run.algorithm,
+                               run.epsilon_target), []).append(run)  # fmt: skip
+    rows = []
+    for (setting, algorithm, eps), members in sorted(
+            groups.items(), key=lambda kv: (kv[0][0], kv[0][1], _eps_key(kv[0][2]))):
+        cells = [_mean_std([r.final_accuracy for r in members])]
+        cells += [_mean_std([r.extra[key] for r in members])
+                  for key in ("node_accuracy_mean", "node_accuracy_worst")]
+        rows.append([setting, algorithm, epsilon_text(eps), *cells])
+    return Section("Per-node accuracy: every node's own model", [
+        Paragraph("Final test accuracy of the network-average model, of the nodes' own "
+                  "de-biased models on average and of the worst node, mean ± std over seeds "
+                  "(%)."),
+        Table(["setting", "algorithm", "ε", "average model", "node mean", "worst node"], rows),
+    ])  # fmt: skip
+
+
+def _eps_key(eps: float) -> float:
+    return -1.0 if math.isnan(eps) else eps
+
+
+def _mean_std(values: list[float]) -> str:
+    mean, std = 100 * float(np.mean(values)), 100 * sample_std(values)
+    return f"{mean:.2f}" if math.isnan(std) else f"{mean:.2f} ± {std:.2f}"
 
 
 def _counted(runs: list[CellRun]) -> bool:
