@@ -45,7 +45,9 @@ def _worker(rank, world, port, n, steps, out_dir):
     for k in range(steps):
         params, w = mixer.mix(params, w, k)
     torch.save(
-        {"a": params["a"], "b": params["b"], "w": w, "bytes": mixer.bytes_sent},
+        {"a": params["a"], "b": params["b"], "w": w, "bytes": mixer.bytes_sent,
+         "node_messages": mixer.traffic.messages.tolist(),
+         "node_bytes": mixer.traffic.bytes.tolist()},
         os.path.join(out_dir, f"{rank}.pt"),
     )
     dist.destroy_process_group()
@@ -72,6 +74,38 @@ def test_p2p_mixing_equals_dense_product(tmp_path, world):
     np.testing.assert_allclose(torch.cat([p["b"] for p in parts]).numpy(), b, atol=1e-5)
     np.testing.assert_allclose(torch.cat([p["w"] for p in parts]).numpy(), w, atol=1e-12)
     assert sum(p["bytes"] for p in parts) > 0
+
+
+def test_what_each_node_sends_is_what_crosses_the_wire_and_the_simulator_counts(tmp_path):
+    """Issue 43: one node per process, so every message of a node crosses between processes:
+    the bytes handed to isend (the wire) equal the node's count, which equals the in-memory
+    mixer's and the closed form (one out-neighbour per round: a float32 row of a (3, 2) and a
+    (3,) tensor, 36 bytes, and the float64 weight, 8)."""
+    from dpdl.engine.mixing import InMemoryMixer
+
+    n = world = 2
+    steps = 5
+    mp.start_processes(
+        _worker, args=(world, _free_port(), n, steps, str(tmp_path)), nprocs=world,
+        start_method="spawn",
+    )  # fmt: skip
+    parts = [torch.load(tmp_path / f"{r}.pt") for r in range(world)]
+    per_message = 3 * 2 * 4 + 3 * 4 + 8
+    for part in parts:
+        assert part["node_messages"] == [steps]
+        assert part["node_bytes"] == [steps * per_message] == [part["bytes"]]
+
+    class Graph(_Shift):
+        def circulant(self, k):
+            return None  # the matrix path of the in-memory mixer
+
+    mixer = InMemoryMixer(Graph(n), torch.device("cpu"))
+    params = {"a": torch.zeros(n, 3, 2), "b": torch.zeros(n, 3)}
+    w = torch.ones(n, dtype=torch.float64)
+    for k in range(steps):
+        params, w = mixer.mix(params, w, k)
+    assert mixer.traffic.messages.tolist() == [steps] * n
+    assert mixer.traffic.bytes.tolist() == [p["bytes"] for p in parts]
 
 
 def test_block_bounds_cover_all_nodes_contiguously():

@@ -43,8 +43,11 @@ delta = 1e-4
 calibrate = "clt"
 certified_accountant = "rdp"
 """
+# messages_per_node, bytes_per_node (issue 43): what the point-to-point mixer counted equals
+# what the in-memory mixer counts
 NUMERIC = ("test_loss", "test_accuracy", "node_accuracy_mean",
-           "node_accuracy_worst", "epsilon_clt", "epsilon_certified")  # fmt: skip
+           "node_accuracy_worst", "epsilon_clt", "epsilon_certified", "messages_per_node",
+           "bytes_per_node")  # fmt: skip
 
 
 def _env():
@@ -93,6 +96,12 @@ def test_distributed_equals_simulator(tmp_path, config_file, simulator_metrics, 
     result = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-2000:]
     _assert_same(_metrics(out), simulator_metrics)
+    # every node's own count, gathered over the processes into results.json
+    (path,) = [p for p in out.rglob("results.json") if ".ranks" not in p.parts]
+    sent = json.loads(path.read_text())["cells"][0]["communication"]
+    assert len(sent["bytes_per_node"]) == 8 and min(sent["messages_per_node"]) > 0
+    for key in ("messages_per_node", "bytes_per_node"):
+        assert np.mean(sent[key]) == float(simulator_metrics[-1][key])
 
 
 def _free_port():

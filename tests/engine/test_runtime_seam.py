@@ -23,13 +23,14 @@ from dpdl.engine.runtime import (
     register_runtime,
 )
 from dpdl.errors import DPDLError
+from dpdl.topology.graphs import directed_ring
 from dpdl.training import trainer as trainer_module
 
 
 def test_both_runtimes_and_both_mixers_satisfy_their_protocols():
     for runtime in (LocalRuntime(), TorchDistributedRuntime()):
         assert isinstance(runtime, Runtime)
-    assert isinstance(InMemoryMixer(None, torch.device("cpu")), Mixer)
+    assert isinstance(InMemoryMixer(directed_ring(3), torch.device("cpu")), Mixer)
     assert all(callable(getattr(PointToPointMixer, name)) for name in ("mix",))
     assert set(inspect.signature(PointToPointMixer.mix).parameters) == set(
         inspect.signature(InMemoryMixer.mix).parameters)  # fmt: skip

@@ -42,7 +42,7 @@ def test_paired_verdicts():
 
 
 def test_run_rows_of_a_real_sweep(tmp_path):
-    from dpdl.experiments.paired import run_rows, write_csv
+    from dpdl.experiments.paired import main, run_rows, write_csv
     from dpdl.experiments.sweep import run_sweep
 
     config = {
@@ -70,6 +70,24 @@ def test_run_rows_of_a_real_sweep(tmp_path):
     assert c.seeds == ("0", "1") and c.epsilon == 2.0
     text = write_csv(rows, tmp_path / "runs.csv").read_text()
     assert text.splitlines()[0].startswith("algorithm,seed,epsilon_target")
+    # per-node numbers (issue 43): the final row of each run's metrics.csv, worst <= mean
+    for r in rows:
+        assert 0 <= r["node_accuracy_worst"] <= r["node_accuracy_mean"] <= 1
+        assert 0 <= r["val_node_accuracy_worst"] <= r["val_node_accuracy_mean"] <= 1
+    (worst,) = paired(rows, "dyn-d2p@clt", "const-d2p@clt", metric="node_accuracy_worst")
+    by = {(r["algorithm"], r["seed"]): r["node_accuracy_worst"] for r in rows}
+    assert worst.differences == pytest.approx(
+        [by["dyn-d2p@clt", s] - by["const-d2p@clt", s] for s in ("0", "1")])
+    assert main([str(tmp_path / "s"), "--metric", "node_accuracy_worst", "--pair",
+                 "dyn-d2p@clt", "const-d2p@clt"]) == 0  # fmt: skip
+    with pytest.raises(DPDLError, match="--metric 'node_accuracy' is not a run's final number"):
+        main([str(tmp_path / "s"), "--metric", "node_accuracy", "--summary"])
+    # what a tuning selects on: the same number as the run recorded in results.json
+    from dpdl.experiments.tune import sweep_runs
+
+    selected = sweep_runs(tmp_path / "s", "val_node_accuracy_worst")
+    assert sorted(x["value"] for x in selected) == pytest.approx(
+        sorted(r["val_node_accuracy_worst"] for r in rows))
 
 
 def test_pairing_two_settings_of_one_algorithm():
@@ -135,6 +153,10 @@ def test_the_command_filters_and_refuses_an_empty_selection(tmp_path, capsys):
     png = tmp_path / "bars.png"
     assert main([str(tmp_path / "s"), "--plot", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png.with_suffix(".pdf").read_bytes().startswith(b"%PDF-")  # vectors beside it
+    assert b"<svg" in png.with_suffix(".svg").read_bytes()[:2000]
+    with pytest.raises(DPDLError, match="--plot names the PNG"):
+        main([str(tmp_path / "s"), "--plot", str(tmp_path / "bars.pdf")])
     command = [sys.executable, "-m", "dpdl.experiments.paired", str(tmp_path / "s"),
                "--epsilon", "7"]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True)

@@ -49,6 +49,17 @@ def _write_cell(root, overrides: dict, seed: int, offset: float = 0.0):
                     writer.writerow([it, algorithm, seed, eps, 1 - acc, acc, eps, spend * eps])
 
 
+@pytest.fixture(autouse=True)
+def png_only(monkeypatch):
+    """The report's numbers and text are under test here: its figures are drawn as PNG only,
+    at a screen's resolution (tests/experiments/test_figures.py checks the PNG, PDF and SVG
+    of every figure at 200 dpi)."""
+    from dpdl import plotting
+
+    monkeypatch.setattr(plotting, "FORMATS", ("png",))
+    monkeypatch.setattr(plotting, "PNG_DPI", 72)
+
+
 @pytest.fixture
 def sweep(tmp_path):
     for seed in (0, 1):
@@ -116,18 +127,25 @@ def test_error_bars_are_the_sample_std_over_seeds(tmp_path, monkeypatch):
     write_report(tmp_path)
 
     def stdev(label: str, nodes: int) -> float:  # see _final: SGP has no offset
-        finals = [0.02 * s + (0 if label == "sgp" else o) for s, o in enumerate(offsets[nodes])]
+        finals = [0.02 * s + (0 if label == "SGP" else o) for s, o in enumerate(offsets[nodes])]
         return statistics.stdev(finals)
 
-    bars = [(label, yerr) for name, _, label, yerr in drawn if name == "bar"]
-    assert len(bars) == 2 * 5  # per epsilon, per algorithm: one bar per number of nodes
-    for label, yerr in bars:
-        assert yerr == pytest.approx([stdev(label, n) for n in (4, 8, 16)])
-    lines = [(ax.get_title(), label, yerr) for name, ax, label, yerr in drawn
-             if name == "errorbar"]  # fmt: skip
+    # every accuracy here lies far from 0 and 1: the bars are ± std on both sides (issue 43:
+    # points with error bars, not bars from zero; the registries' display names)
+    points = [(ax.get_title(), label, yerr) for name, ax, label, yerr in drawn
+              if name == "errorbar"]  # fmt: skip
+    by_nodes = [(label, yerr) for title, label, yerr in points if title.startswith("ε")]
+    assert len(by_nodes) == 2 * 5  # per epsilon, per algorithm: one point per number of nodes
+    for label, (low, high) in by_nodes:
+        assert list(low) == pytest.approx([stdev(label, n) for n in (4, 8, 16)])
+        assert list(high) == pytest.approx(list(low))
+    lines = [(title, label, yerr) for title, label, yerr in points if title.endswith("nodes")]
     assert len(lines) == 3 * 4  # per setting, per private algorithm: one point per epsilon
-    for title, label, yerr in lines:
-        assert yerr == pytest.approx([stdev(label, int(title.removeprefix("nodes=")))] * 2)
+    assert {label for _, label, _ in lines} == {"Const-D2P (CLT)", "Dyn-D2P (CLT)",
+                                                "Const-D2P (PLD)", "Dyn-D2P (PLD)"}
+    for title, label, (low, high) in lines:
+        expected = [stdev(label, int(title.split()[0]))] * 2
+        assert list(low) == pytest.approx(expected) and list(high) == pytest.approx(expected)
 
 
 def test_privacy_tables_state_what_the_clt_understated(sweep):
@@ -213,6 +231,14 @@ def test_runs_with_reproducible_noise_are_marked(sweep):
     note = f"8 of 18 runs (cells: {seeded.name}) used reproducible noise (entropy = seed)"
     assert f"**Note:** {note}" in paths["markdown"].read_text()
     assert f"<strong>Note:</strong> {note}" in paths["html"].read_text()
+    assert "common_noise" not in paths["markdown"].read_text()
+    # issue 43: runs that shared their streams on purpose are named as such
+    records = json.loads((seeded / "results.json").read_text())
+    for record in records["cells"][:3]:
+        record["common_noise"] = True
+    (seeded / "results.json").write_text(json.dumps(records))
+    md = write_report(sweep)["markdown"].read_text()
+    assert "3 of them shared their sampling and noise streams with every run" in md
 
 
 def test_a_report_without_seeded_runs_has_no_reproducibility_note(sweep):
@@ -282,3 +308,21 @@ def test_a_claim_whose_paired_interval_contains_zero_is_inconclusive(tmp_path):
     verdict = claims["Dyn-D2P > const-d2p at equal ε (pld calibration)"]
     assert verdict.startswith("inconclusive")
     assert "contains 0 (or has one seed) in 1 of 1" in verdict
+
+
+def test_the_introduction_speaks_of_the_pairs_that_ran(sweep):
+    """Issue 43: the gain sentence names the families that ran and the baseline the registry
+    gives them, never a fixed paper's pair; without a pair there is none."""
+    from dpdl.experiments.report.document import _introduction
+
+    intro = _introduction(collect_runs(sweep))
+    assert "Gain: relative accuracy of Dyn-D2P over Const-D2P, under the same calibration." in (
+        intro)
+    assert "@clt by the approximation CLT; @pld by the certified accountant PLD." in intro
+    for metrics in sweep.glob("cells/*/metrics.csv"):  # only SGP and Const-D2P (PLD) ran
+        lines = metrics.read_text().splitlines()
+        metrics.write_text("\n".join(line for line in lines
+                                     if ",dyn-d2p" not in line and "@clt" not in line) + "\n")
+    intro = _introduction(collect_runs(sweep))
+    assert "Gain:" not in intro and "Dyn-D2P" not in intro and "@clt" not in intro
+    assert "@pld by the certified accountant PLD." in intro

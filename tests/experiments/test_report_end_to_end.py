@@ -6,8 +6,10 @@ the CLT-calibrated Const-D2P is checked against dp_accounting's PLD of the close
 schedule (MATH.md §2, eq. 9), not against the code's own output.
 """
 
+import csv
 import json
 import math
+import statistics
 
 import pytest
 from dp_accounting import NeighboringRelation
@@ -17,6 +19,7 @@ from scipy.stats import norm
 
 from dpdl.experiments.report import build_tables, collect_runs, write_report
 from dpdl.experiments.sweep import run_sweep
+from dpdl.training.provenance import provenance
 
 STEPS, DELTA, EPSILONS = 20, 1e-4, (0.5, 2.0)
 
@@ -105,3 +108,27 @@ def test_real_sweep_runs_resumes_and_reports(tmp_path):
     assert f"up to {worst:.2f}× their target ε" in md
     assert "gain Dyn vs Const (clt)" in md
     assert paths["html"].read_text().count("data:image/png;base64,") == 2
+    for stem in ("accuracy_vs_iteration", "accuracy_vs_epsilon"):  # vectors beside the PNGs
+        assert (out / "report" / f"{stem}.pdf").read_bytes().startswith(b"%PDF-")
+        assert b"<svg" in (out / "report" / f"{stem}.svg").read_bytes()[:2000]
+    # where the runs came from (issue 43): the sweep's own block, and every run's in the report
+    here = provenance()
+    recorded = json.loads((out / "sweep.json").read_text())["provenance"]
+    assert recorded["versions"] == here["versions"]
+    assert results["provenance"]["cpu_capability"] == here["cpu_capability"]
+    assert "## Provenance" in md and "**8 run(s):** commit: " in md
+    assert f"CPU capability {here['cpu_capability']}" in md
+    # what every node sent (issue 43): exp on 8 nodes, one peer per round, 20 rounds of digits'
+    # logreg (650 float32 numbers) and the float64 weight
+    # every node's own model beside the average (issue 43): the worst node of each seed's
+    # final row, mean ± sample std over the two seeds
+    worst = []
+    for metrics in sorted((out / "cells").rglob("metrics.csv")):
+        with metrics.open(newline="") as fh:
+            rows = [r for r in csv.DictReader(fh)
+                    if r["algorithm"] == "dyn-d2p@clt" and float(r["epsilon_target"]) == 0.5]
+        worst.append(100 * float(rows[-1]["node_accuracy_worst"]))
+    (line,) = [x for x in md.splitlines() if x.startswith("| base | dyn-d2p@clt | 0.5 |")]
+    assert line.endswith(f"| {statistics.mean(worst):.2f} ± {statistics.stdev(worst):.2f} |")
+    assert "## Communication: what each node sent in a run" in md
+    assert "| base | dyn-d2p@clt | 20 | 20 | 52.2 kB |" in md  # 20 x 2608 bytes

@@ -18,6 +18,7 @@ from dpdl.accounting.selection import SELECTION_ORDERS
 from dpdl.errors import DPDLError
 from dpdl.experiments.sweep import finished_cells
 from dpdl.experiments.tune import candidate_points, pick, run_tuning, split_tune, write_report
+from dpdl.training.provenance import provenance
 
 BASE = {
     "kind": "decentralized",
@@ -59,6 +60,10 @@ def test_unequal_budgets_and_bad_tables_are_refused():
     del no_val["data"]["validation_records"]
     with pytest.raises(DPDLError, match="validation_records"):
         split_tune(no_val)
+    with pytest.raises(DPDLError, match="tune.metric must be one of .*'node_accuracy_worst'"):
+        split_tune(config(metric="node_accuracy_worst"))  # test records: never selected on
+    assert split_tune(config(metric="val_node_accuracy_worst"))[1]["metric"] == (
+        "val_node_accuracy_worst")
     seeded = config()
     seeded["tune"]["candidates"]["const"]["grid"]["experiment.seed"] = [3]
     with pytest.raises(DPDLError, match="set by the tuner"):
@@ -84,6 +89,11 @@ def test_the_pick_is_the_best_complete_mean_ties_to_the_first():
     assert [row["complete"] for row in table] == [True, True, False, False]
     _, lowest = pick(points, runs, [0, 1], 1.0, "val_loss")
     assert lowest == 0
+    two = [{"overrides": {"k": k}, "seed": s, "epsilon": 1.0, "value": v}
+           for k, s, v in [(1, 0, 0.5), (1, 1, 0.6), (2, 0, 0.7), (2, 1, 0.8)]]  # fmt: skip
+    # a node's accuracy: larger is better (as val_accuracy), a loss: smaller
+    assert pick(points[:2], two, [0, 1], 1.0, "val_node_accuracy_worst")[1] == 1
+    assert pick(points[:2], two, [0, 1], 1.0, "val_loss")[1] == 0
 
 
 def test_tuning_runs_selection_picks_and_tests_and_resumes(tmp_path):
@@ -122,6 +132,10 @@ def test_tuning_runs_selection_picks_and_tests_and_resumes(tmp_path):
     assert saved["privacy"]["epsilon"] == 2.0 and saved["experiment"]["seed"] in (5, 6)
     md = (tmp_path / "tune.md").read_text()
     assert "Grid (2 points)" in md and "const-untuned (untuned)" in md and "**yes**" in md
+    # where it came from (issue 43): the block of this process, and its lines in tune.md
+    assert json.loads((tmp_path / "tune.json").read_text())["provenance"] == provenance()
+    assert "## Provenance" in md and "cpu_capability" not in md
+    assert f"CPU capability {provenance()['cpu_capability']}" in md
     # the picks look at every selection run: the report states the composition of every run
     # the folder releases (here by dp_accounting alone, from each run's recorded schedule)
     privacy = summary["privacy"]

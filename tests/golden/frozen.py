@@ -22,4 +22,7 @@ def run_config(name: str, out: Path) -> dict[str, Path]:
         torch.set_num_threads(threads)
     assert code == 0, f"dpdl run {name}.toml exited with {code}"
     (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
+    # Only the CSVs are locked, never the JSON files: results.json holds the provenance block
+    # (commit, versions, command line, CPU capability: the machine, not the computation) and
+    # the wall-clock train_seconds, which differ on every run of the same code.
     return {p.name: p for p in sorted(run_dir.glob("*.csv"))}

@@ -4,6 +4,7 @@ import csv
 import json
 import tomllib
 
+from dpdl.training.provenance import provenance
 from dpdl.training.run_folder import RunFolder
 
 
@@ -28,7 +29,9 @@ def test_files_are_written_in_the_shared_formats(tmp_path):
     with (folder / "dicts.csv").open(newline="") as fh:
         assert list(csv.DictReader(fh)) == [{"a": "1", "b": ""}, {"a": "2", "b": "3"}]
     folder.write_results({"cells": []})
-    assert json.loads((folder / "results.json").read_text()) == {"cells": []}
+    # issue 43: every results.json says where it came from
+    assert json.loads((folder / "results.json").read_text()) == {"provenance": provenance(),
+                                                                  "cells": []}
 
 
 def test_checkpoints_live_under_checkpoints(tmp_path):

@@ -3,7 +3,7 @@
 * :mod:`dpdl.audit.stats` -- Clopper–Pearson, ε_lower, the μ-GDP bound, the one-run bound;
 * :mod:`dpdl.audit.trials` -- batched canary trials through ``local_update``/``push_sum_mix``;
 * :mod:`dpdl.audit.runner` -- :func:`run_audit`, the whole audit of one calibrated schedule;
-* :mod:`dpdl.audit.plot` -- the score distributions and ROC as a PNG.
+* :mod:`dpdl.audit.plot` -- the score distributions and ROC (PNG, PDF, SVG).
 """
 
 from dpdl.audit.runner import AuditExecution, AuditResult, run_audit, run_one_run_audit

@@ -6,8 +6,10 @@ from pathlib import Path
 
 import numpy as np
 
+from dpdl.accounting.schedules import ALGORITHMS
 from dpdl.audit.runner import AuditResult
 from dpdl.errors import require
+from dpdl.plotting import legend_outside, pyplot, save_figure, styled
 
 __all__ = ["empirical_roc", "plot_audit"]
 
@@ -21,23 +23,21 @@ def empirical_roc(scores: np.ndarray, members: np.ndarray) -> tuple[np.ndarray, 
     return fpr, tpr
 
 
+@styled
 def plot_audit(result: AuditResult, path: str | Path) -> Path:
-    """Save a PNG: score histograms (canary in / out) and the ROC beside the claimed ε's limit."""
+    """Save a PNG (with its PDF and SVG, :mod:`dpdl.plotting`): score histograms (canary in /
+    out) and the ROC beside the claimed ε's limit."""
     require(result.scores is not None, "this audit result carries no scores to plot")
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
     scores, members = result.scores, result.members
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2))
+    fig, (left, right) = pyplot().subplots(1, 2, figsize=(8.2, 3.2), layout="constrained")
     bins = np.histogram_bin_edges(scores, bins=60)
     left.hist(scores[~members], bins=bins, alpha=0.6, label="canary out", density=True)
     left.hist(scores[members], bins=bins, alpha=0.6, label="canary in", density=True)
     left.set_xlabel("attack score")
     left.set_ylabel("density")
-    left.set_title(f"{result.algorithm}, threat {result.threat} ({result.canary} canary)")
-    left.legend(fontsize="small")
+    family = ALGORITHMS.get(result.algorithm.partition("@")[0])
+    name = family.display if family is not None else result.algorithm
+    left.set_title(f"{name}, threat {result.threat} ({result.canary} canary)")
 
     fpr, tpr = empirical_roc(scores, members)
     runs = f"{result.trials} trials" if result.one_run is None else f"{scores.size} canaries, 1 run"
@@ -55,10 +55,6 @@ def plot_audit(result: AuditResult, path: str | Path) -> Path:
     right.set_xlabel("false positive rate")
     right.set_ylabel("true positive rate")
     gdp = "" if result.epsilon_lower_gdp is None else f", GDP {result.epsilon_lower_gdp:.3g}"
-    right.set_title(f"ε_lower {result.epsilon_lower:.3g}{gdp} (claim {eps:g})")
-    right.legend(fontsize="small", loc="upper left")
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    right.set_title(f"lower bound ε ≥ {result.epsilon_lower:.3g}{gdp} (claimed ε = {eps:g})")
+    legend_outside(fig, (left, right))
+    return save_figure(fig, path)

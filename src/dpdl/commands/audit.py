@@ -86,7 +86,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the noise mechanism audited: exact (the engine's, default), or one of the old "
         "floating-point samplers kept to be refuted: legacy-box-muller, legacy-hardened",
     )
-    parser.add_argument("--plot", default="audit.png", help="PNG of scores and ROC (audit.png)")
+    parser.add_argument("--plot", default="audit.png",
+                        help="PNG of scores and ROC, PDF and SVG beside it (audit.png)")
     parser.add_argument("--no-plot", action="store_true", help="write no PNG")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")

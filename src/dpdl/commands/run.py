@@ -76,6 +76,10 @@ def warn_if_reproducible(config: dict) -> None:
             "nothing against anyone who knows it; use it for research, never on real data",
             file=sys.stderr,
         )
+        if config["experiment"].get("common_noise"):
+            print("warning: common_noise = true: every algorithm and setting of a seed draws "
+                  "the same noise on purpose (research mode, paired comparisons)",
+                  file=sys.stderr)  # fmt: skip
 
 
 def main_process() -> bool:

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from dpdl.engine.mixing import Traffic, message_bytes, out_degrees
 from dpdl.errors import DPDLError, require
 
 Params = dict[str, torch.Tensor]
@@ -41,6 +42,7 @@ class _Plan:
     local: torch.Tensor  # P[lo:hi, lo:hi]
     sends: tuple[tuple[int, np.ndarray, torch.Tensor], ...]  # (rank, global rows, P[rows, lo:hi])
     recvs: tuple[tuple[int, np.ndarray], ...]  # (rank, local row indices receiving)
+    degrees: np.ndarray  # every local node's out-neighbours but itself (Traffic's messages)
 
 
 class PointToPointMixer:
@@ -55,8 +57,11 @@ class PointToPointMixer:
         self.bounds = [block_bounds(n_nodes, world_size, r) for r in range(world_size)]
         self.lo, self.hi = self.bounds[rank]
         self._plans: dict[int, _Plan] = {}
+        # what crossed between processes (one message per peer rank, rows of every receiving
+        # node summed in); ``traffic``: what each node sends, as the in-memory mixer counts it
         self.bytes_sent = 0
         self.messages_sent = 0
+        self.traffic = Traffic(self.hi - self.lo)
 
     def _plan(self, k: int) -> _Plan:
         period = getattr(self.topology, "period", None)
@@ -80,7 +85,8 @@ class PointToPointMixer:
             if in_rows.size:
                 recvs.append((r, in_rows))
         plan = _Plan(
-            torch.as_tensor(P[lo:hi, lo:hi], device=self.device), tuple(sends), tuple(recvs)
+            torch.as_tensor(P[lo:hi, lo:hi], device=self.device), tuple(sends), tuple(recvs),
+            out_degrees(P, lo, hi),
         )
         if isinstance(period, int) and period > 0:
             self._plans[key] = plan
@@ -96,6 +102,7 @@ class PointToPointMixer:
         written: the result is assembled from the messages in new tensors."""
         plan = self._plan(k)
         step = k if step is None else step
+        self.traffic.record(plan.degrees, message_bytes(params, weights))
         names = list(params)
         m = self.hi - self.lo
         flat = torch.cat([params[name].reshape(m, -1) for name in names], dim=1)

@@ -518,7 +518,8 @@ class Simulator:
             "data_fingerprints": [f.hex() for f in self.data_fingerprints],
         } | self._transforms_checkpoint() | (
             {"algorithm_state": copy_state(self.algorithm_state)} if self.algorithm_state else {}
-        ) | self._pairwise_checkpoint()
+        ) | self._pairwise_checkpoint() | (
+            {"traffic": self._traffic.state_dict()} if self._traffic is not None else {})
 
     def _pairwise_checkpoint(self) -> dict:
         """``{"pairwise_keys": [...]}``: the hosted nodes' X25519 private keys (uint8), so a
@@ -572,6 +573,23 @@ class Simulator:
         self.iteration = int(state["iteration"])
         self.transform_state = transform_state
         self.algorithm_state = algorithm_state
+        if self._traffic is not None and "traffic" in state:  # a checkpoint from before
+            self._traffic.load_state_dict(state["traffic"])  # counts restart otherwise
+
+    @property
+    def _traffic(self):
+        return getattr(self.mixer, "traffic", None)
+
+    def communication(self) -> dict[str, list[int]] | None:
+        """Messages and bytes every node has sent to other nodes so far, in node order
+        (gathered over processes; see :class:`dpdl.engine.mixing.Traffic`); None when the
+        runtime's mixer does not count them."""
+        if self._traffic is None:
+            return None
+        sent = torch.stack([torch.as_tensor(self._traffic.messages),
+                            torch.as_tensor(self._traffic.bytes)], dim=1).to(self.device)
+        every = self._gather_nodes(sent).cpu()
+        return {"messages_per_node": every[:, 0].tolist(), "bytes_per_node": every[:, 1].tolist()}
 
     # ------------------------------------------------------------------ evaluation
     def _records_per_forward(self, cuda: int, cpu: int) -> int:

@@ -60,6 +60,9 @@ class ExperimentSection(_Section):
     # Where the secret randomness (sampling, noise) comes from: "os" (secret, default) or
     # "seed" (reproducible noise: an explicit research choice, recorded in every result).
     entropy: Literal["os", "seed"] = "os"
+    # research mode with entropy = "seed": every algorithm and setting of a seed draws the same
+    # sampling and noise streams (common random numbers for paired comparisons)
+    common_noise: bool = False
     runtime: str = "simulator"  # a name of dpdl.engine.runtime.RUNTIMES (register_runtime)
     device: str = "cpu"
 
@@ -98,6 +101,13 @@ class ExperimentSection(_Section):
         if not (value in ("cpu", "cuda", "auto") or value.startswith("cuda:")):
             raise ValueError(f"unknown device {value!r}; use cpu, cuda, cuda:N or auto")
         return value
+
+    @model_validator(mode="after")
+    def _common_noise(self):
+        if self.common_noise and self.entropy != "seed":
+            raise ValueError("experiment.common_noise = true shares seeded noise between the "
+                             f"arms: it needs entropy = \"seed\", got {self.entropy!r}")
+        return self
 
     @property
     def seeds(self) -> list[int]:

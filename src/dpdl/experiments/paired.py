@@ -27,11 +27,29 @@ from dpdl.errors import require
 from dpdl.experiments.intervals import t_interval
 from dpdl.experiments.report import CellRun, collect_runs, read_metrics
 
+# What --metric may compare: final numbers of a run's metrics.csv, read into its row (a
+# column the run did not write, e.g. val_* without validation records, reads as NaN and the
+# run drops out of the comparison).  Per-node numbers: the nodes' own de-biased models on the
+# test (node_*) or validation (val_node_*) records, their mean and their worst node.
+PAIRED_METRICS = (
+    "test_accuracy", "val_accuracy", "test_loss", "node_accuracy_mean", "node_accuracy_worst",
+    "val_node_accuracy_mean", "val_node_accuracy_worst",
+)  # fmt: skip
+# what the mixer counted: the mean over nodes of the messages and bytes each sent in the run
+COMMUNICATION_COLUMNS = ("messages_per_node", "bytes_per_node")
 RUN_COLUMNS = (
     "algorithm", "seed", "epsilon_target", "calibration", "setting", "status", "steps",
-    "test_accuracy", "val_accuracy", "test_loss", "epsilon_clt", "epsilon_certified",
+    *PAIRED_METRICS, "epsilon_clt", "epsilon_certified", *COMMUNICATION_COLUMNS,
     "train_seconds",
 )  # fmt: skip
+
+
+def check_metric(metric: str) -> str:
+    """``metric`` if --metric may compare it, else a one-line error naming the choices."""
+    require(metric in PAIRED_METRICS,
+            f"--metric {metric!r} is not a run's final number; choose one of "
+            f"{', '.join(PAIRED_METRICS)}")  # fmt: skip
+    return metric
 
 
 def _short(key: str) -> str:
@@ -95,11 +113,10 @@ def run_rows(sweep_dir: Path, setting_keys: tuple[str, ...] | None = None) -> li
                 "setting": _setting_text(run, setting_keys, configs),
                 "status": run.status,
                 "steps": int(run.iterations[-1]),
-                "test_accuracy": run.final_accuracy,
-                "val_accuracy": _final_metric(run, "val_accuracy", cache),
-                "test_loss": float(run.loss[-1]),
+                **{metric: _final_metric(run, metric, cache) for metric in PAIRED_METRICS},
                 "epsilon_clt": run.epsilon_clt,
                 "epsilon_certified": run.epsilon_certified,
+                **{column: _final_metric(run, column, cache) for column in COMMUNICATION_COLUMNS},
                 "train_seconds": run.extra["train_seconds"],
             }
         )
@@ -161,6 +178,7 @@ def paired(
     """``a`` against ``b`` (two values of the column ``by``: algorithms, or settings of one
     algorithm), paired by seed, for every (other column, epsilon) holding both."""
     require(by in ("algorithm", "setting"), f"pair by 'algorithm' or 'setting', not {by!r}")
+    check_metric(metric)
     other = "setting" if by == "algorithm" else "algorithm"
     table: dict[tuple, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
     for row in rows:
@@ -203,6 +221,7 @@ def summarize(
     rows: list[dict], *, metric: str = "test_accuracy", confidence: float = 0.95
 ) -> list[GroupSummary]:
     """Mean and t-interval of ``metric`` per (algorithm, setting, target ε), finished runs only."""
+    check_metric(metric)
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for row in rows:
         if row["status"] == "ok" and math.isfinite(float(row[metric])):
@@ -297,47 +316,71 @@ def markdown_comparisons(comparisons: list[PairedComparison]) -> str:
 
 
 def plot_summary(groups: list[GroupSummary], path: Path, *, metric: str = "test_accuracy") -> Path:
-    """Grouped bars: one group per (setting, ε), one bar per algorithm, the mean over seeds
-    with its 95 % t-interval as the error bar and each seed as a dot."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """One panel per setting on a shared scale, target ε along x: each algorithm's mean over
+    seeds with its 95 % t-interval and every seed as a dot.  Points, not bars: the axis starts
+    where the data do.  PNG (200 dpi) with its PDF and SVG (:mod:`dpdl.plotting`)."""
+    from dpdl.plotting import PALETTE, paper_style
 
     require(bool(groups), "nothing to plot")
+    with paper_style():
+        return _plot_groups(groups, Path(path), metric, PALETTE)
 
-    def eps_text(g: GroupSummary) -> str:
-        return "non-private" if math.isnan(g.epsilon) else f"ε = {g.epsilon:g}"
 
-    keys = sorted({(g.setting, eps_text(g)) for g in groups})
-    algorithms = sorted({g.algorithm for g in groups})
-    by_key = {(g.setting, eps_text(g), g.algorithm): g for g in groups}
-    width = 0.8 / len(algorithms)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(keys) * max(1, len(algorithms) / 3)), 4))
-    for k, key in enumerate(keys):
-        present = [a for a in algorithms if (*key, a) in by_key]  # bars centred on their group
-        for slot, algorithm in enumerate(present):
-            g, a = by_key[(*key, algorithm)], algorithms.index(algorithm)
-            x = k + (slot - (len(present) - 1) / 2) * width
+def _setting_display(setting: str) -> str:
+    """A row's setting ("name=ring nodes=16") as a figure says it ("ring, 16 nodes")."""
+    from dpdl.experiments.report.grouping import KEY_NAMES
+
+    parts = []
+    for item in setting.split():
+        key, _, value = item.partition("=")
+        if key == "name":
+            parts.append(value)
+        elif key == "nodes":
+            parts.append(f"{value} nodes")
+        else:
+            parts.append(f"{KEY_NAMES.get(key, key)} = {value}")
+    return ", ".join(parts)
+
+
+def _plot_groups(groups: list[GroupSummary], path: Path, metric: str, palette) -> Path:
+    from dpdl.accounting.certified import approximate_accountant
+    from dpdl.experiments.report.grouping import algorithm_rank, display_label
+    from dpdl.plotting import legend_outside, pyplot, save_figure
+
+    settings = sorted({g.setting for g in groups})
+    epsilons = sorted({g.epsilon for g in groups if not math.isnan(g.epsilon)})
+    slots = ["non-private"] * any(math.isnan(g.epsilon) for g in groups) + [
+        f"ε = {e:g}" for e in epsilons]  # fmt: skip
+    algorithms = sorted({g.algorithm for g in groups}, key=algorithm_rank)
+    families = sorted({a.partition("@")[0] for a in algorithms}, key=algorithm_rank)
+    width = 0.7 / len(algorithms)
+    panel = max(2.6, 0.2 * len(slots) * len(algorithms))
+    fig, axes = pyplot().subplots(1, len(settings), squeeze=False, sharey=True,
+                                  figsize=(panel * len(settings) + 1.8, 2.8),
+                                  layout="constrained")  # fmt: skip
+    for ax, setting in zip(axes[0], settings, strict=True):
+        for g in (g for g in groups if g.setting == setting):
+            a = algorithms.index(g.algorithm)
+            slot = "non-private" if math.isnan(g.epsilon) else f"ε = {g.epsilon:g}"
+            x = slots.index(slot) + (a - (len(algorithms) - 1) / 2) * width
+            # a family's colour; hollow for an approximate calibration (the CLT)
+            name, _, calibration = g.algorithm.partition("@")
+            colour = palette[families.index(name) % len(palette)]
+            face = "white" if approximate_accountant(calibration) else colour
             err = None
             if math.isfinite(g.low):
                 err = [[100 * (g.mean - g.low)], [100 * (g.high - g.mean)]]
-            ax.bar(x, 100 * g.mean, width, yerr=err, capsize=3, color=f"C{a}", label=algorithm)
-            ax.plot([x] * len(g.values), [100 * v for v in g.values], "k.", markersize=3)
-    ax.set_xticks(range(len(keys)))
-    labels = [f"{s}\n{e}".replace(" ", "\n", s.count(" ")) if s else e for s, e in keys]
-    ax.set_xticklabels(labels, fontsize=7)  # one setting key per line: long names do not overlap
-    ax.set_ylabel(f"{metric.replace('_', ' ')} (%)")
-    handles, labels = ax.get_legend_handles_labels()
-    unique = dict(zip(labels, handles, strict=True))  # one legend entry per algorithm
-    ax.legend(unique.values(), unique.keys(), fontsize=7, ncol=2)
-    ax.set_title("mean over seeds, 95 % t-interval; dots: seeds", fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+            ax.errorbar([x], [100 * g.mean], yerr=err, fmt="o", capsize=2.5, color=colour,
+                        markerfacecolor=face, label=display_label(g.algorithm))  # fmt: skip
+            ax.plot([x] * len(g.values), [100 * v for v in g.values], ".", color=colour,
+                    alpha=0.45, markersize=3)  # fmt: skip
+        ax.set_xticks(range(len(slots)), slots)
+        ax.grid(False, axis="x")
+        if setting:
+            ax.set_title(_setting_display(setting))
+    axes[0][0].set_ylabel(f"{metric.replace('_', ' ')} (%)")
+    legend_outside(fig, axes[0], title="mean, 95 % t-interval\n(dots: seeds)")
+    return save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -350,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
         "--gap-change", nargs=2, action="append", default=[], metavar=("A", "B"),
         help="does the gap A - B grow as epsilon falls (paired by seed)",
     )  # fmt: skip
-    parser.add_argument("--metric", default="test_accuracy")
+    parser.add_argument("--metric", default="test_accuracy",
+                        help=f"what to compare: one of {', '.join(PAIRED_METRICS)}")
     parser.add_argument("--by", default="algorithm", choices=("algorithm", "setting"),
                         help="what A and B name: two algorithms, or two settings")
     parser.add_argument("--setting-keys", nargs="+", metavar="KEY",
@@ -366,6 +410,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path, metavar="PNG",
                         help="bar chart of the summary (mean, interval, seeds) to this file")
     args = parser.parse_args(argv)
+    check_metric(args.metric)  # before any run folder is read
+    require(args.plot is None or args.plot.suffix.lower() == ".png",
+            f"--plot names the PNG (its PDF and SVG are written beside it), got "
+            f"{str(args.plot)!r}")  # fmt: skip
     keys = tuple(args.setting_keys) if args.setting_keys else None
     rows = [row for d in args.sweep_dirs for row in run_rows(d, keys)]
     if args.algorithm:

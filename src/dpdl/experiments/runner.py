@@ -36,7 +36,7 @@ from dpdl.engine.simulator import NodeData, Simulator, resolve_device
 from dpdl.errors import DPDLError, require
 from dpdl.experiments.config import RunConfig, parse_config
 from dpdl.files import write_atomic
-from dpdl.training.callbacks import NODE_LOCAL_COLUMNS
+from dpdl.training.callbacks import NODE_LOCAL_COLUMNS, VAL_NODE_COLUMNS
 from dpdl.training.plan import build_schedule, resolve_steps
 from dpdl.training.results import RunRecord, write_results
 from dpdl.training.run_folder import RunFolder, to_toml
@@ -337,6 +337,7 @@ def cell_trainer(
         callbacks=[] if on_row is None else [lambda evaluation: on_row(evaluation.row)],
         device=work.device, runtime=cfg.experiment.runtime, entropy=cfg.experiment.entropy,
         seed=work.seed, progress=progress, engine_factory=simulator_factory,
+        common_noise=cfg.experiment.common_noise,
         checkpoint=checkpoint,
     )  # fmt: skip
 
@@ -477,10 +478,11 @@ def run_experiment(
     finally:
         if metrics is not None:
             metrics.close()
-            write_results(folder.path, cells)
+            write_results(folder.path, cells, device=launch.device)
     if not launch.main_process:
         return {"run_dir": str(folder.path), "cells": [], "summary": []}
-    return write_results(folder.path, cells, plot_title=cfg.experiment.name)
+    return write_results(folder.path, cells, plot_title=cfg.experiment.name,
+                         device=launch.device)
 
 
 @dataclass
@@ -559,8 +561,10 @@ def _finished_cells(folder: RunFolder, launch: _Launch) -> dict[str, RunRecord |
 def _metric_columns(cfg: RunConfig) -> tuple[str, ...]:
     # node_local_* only with per-node evaluation: a default run's metrics.csv is unchanged
     node_local = NODE_LOCAL_COLUMNS if cfg.training.node_eval_share else ()
-    return METRIC_COLUMNS + node_local + ((UNACCOUNTED_TRAIN_LOSS,)
-                                          if cfg.training.unsafe_train_metrics else ())  # fmt: skip
+    # val_node_* only with validation records (a run without keeps its columns)
+    val_node = VAL_NODE_COLUMNS if cfg.data.validation_records else ()
+    return METRIC_COLUMNS + node_local + val_node + (
+        (UNACCOUNTED_TRAIN_LOSS,) if cfg.training.unsafe_train_metrics else ())  # fmt: skip
 
 
 def _cells_of_a_seed(cfg: RunConfig):

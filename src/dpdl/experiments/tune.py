@@ -4,7 +4,8 @@ A tune config is a ``decentralized`` run config (with ``data.validation_records`
 ``[tune]`` table::
 
     [tune]
-    metric = "val_accuracy"          # final value on the validation records; larger is better
+    metric = "val_accuracy"          # final value on the validation records (TUNE_METRICS:
+                                     # val_loss, val_node_accuracy_mean, val_node_accuracy_worst)
     selection_seeds = [0, 1, 2]
     test_seeds = [10, 11, 12, 13, 14]
     workers = 2
@@ -79,8 +80,15 @@ from dpdl.experiments.tune_private import (
     selection_winner,
     with_settings,
 )
+from dpdl.training.provenance import PROVENANCE_KEY, provenance, provenance_lines
 from dpdl.training.results import sample_std
 
+# What a tuning may select on, each a final number on the validation records (never the
+# test records, which would then no longer test the pick), with +1 where larger is better:
+# the network-average model's accuracy and loss, and the nodes' own models' mean and worst
+# accuracy (a decentralized run is only as good as its worst node).
+TUNE_METRICS = {"val_accuracy": 1.0, "val_loss": -1.0, "val_node_accuracy_mean": 1.0,
+                "val_node_accuracy_worst": 1.0}  # fmt: skip
 TUNE_KEYS = {"metric", "selection_seeds", "test_seeds", "workers", "candidates", "baselines",
              "selection", "private"}  # fmt: skip
 CANDIDATE_KEYS = {"algorithm", "grid", "zip", "set"}
@@ -122,8 +130,9 @@ def split_tune(config: dict) -> tuple[dict, dict]:
     require(not set(tune["selection_seeds"]) & set(tune["test_seeds"]),
             "tune.test_seeds must be fresh: they share seeds with tune.selection_seeds")
     tune.setdefault("metric", "val_accuracy")
-    require(tune["metric"] in ("val_accuracy", "val_loss"),
-            f"tune.metric must be val_accuracy or val_loss, got {tune['metric']!r}")
+    require(tune["metric"] in TUNE_METRICS,
+            f"tune.metric must be one of {', '.join(TUNE_METRICS)} (measured on validation "
+            f"records), got {tune['metric']!r}")  # fmt: skip
     candidates = tune.get("candidates")
     require(isinstance(candidates, dict) and candidates,
             "[tune.candidates] needs at least one named candidate")  # fmt: skip
@@ -250,7 +259,7 @@ def _number(value) -> float:
 def pick(points: list[tuple], runs: list[dict], seeds: list[int], eps: float,
          metric: str) -> tuple[list[dict], int | None]:
     """Every point's validation numbers at ``eps`` and the index of the pick (see RULE)."""
-    sign = 1.0 if metric == "val_accuracy" else -1.0
+    sign = TUNE_METRICS[metric]
     table, best = [], None
     for index, point in enumerate(points):
         settings = dict(point)
@@ -326,7 +335,7 @@ def _select_privately(base, tune, candidate: tuple[str, dict], eps: float, out: 
     sweep in its own folder, scored by its final metric (a failed run scores -inf)."""
     name, cand = candidate
     points, metric = candidate_points(cand), tune["metric"]
-    sign = 1.0 if metric == "val_accuracy" else -1.0
+    sign = TUNE_METRICS[metric]
 
     def run_one(point: int, seed: int, folder: Path) -> float:
         settings = {**cand.get("set", {}), **dict(points[point]), "privacy.epsilon": eps}
@@ -501,6 +510,8 @@ def write_report(config: dict, out: Path) -> dict[str, Any]:
 
 def _write(out: Path, summary: dict, tune: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
+    # the process writing the report; every run folder under out keeps its own
+    summary.setdefault(PROVENANCE_KEY, provenance())
     (out / "tune.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     with (out / "selection.csv").open("w", newline="") as fh:
         writer = csv.writer(fh)
@@ -513,7 +524,10 @@ def _write(out: Path, summary: dict, tune: dict) -> None:
         writer.writerows(summary["tests"])
     private = summary["selection"] == "private"
     lines = _private_sections(summary, tune) if private else _public_sections(summary, tune)
-    (out / "tune.md").write_text("\n".join(lines + _test_sections(summary)) + "\n")
+    provenance_section = ["", "## Provenance (of this report)", "",
+                          *(f"- {line}" for line in provenance_lines(summary[PROVENANCE_KEY]))]
+    (out / "tune.md").write_text("\n".join(lines + _test_sections(summary) + provenance_section)
+                                 + "\n")
 
 
 def _selection_rows(summary: dict, tune: dict) -> list[list]:

@@ -26,6 +26,10 @@ METRIC_COLUMNS = (
     "val_accuracy",
     "epsilon_clt",
     "epsilon_certified",
+    # what the mixer counted so far: the mean over nodes of the messages each node sent to
+    # other nodes and of their bytes (every node's own count: results.json's communication)
+    "messages_per_node",
+    "bytes_per_node",
 )
 # Per-node evaluation (node_eval_data / training.node_eval_share): each node's de-biased model
 # on its own evaluation set.  Present in a row only when it is configured (default rows, and
@@ -39,6 +43,8 @@ NODE_LOCAL_COLUMNS = (
     "node_local_loss_worst",
 )
 NODE_LOCAL_VECTORS = ("node_local_accuracy", "node_local_loss")
+# the nodes' own models on the validation records (a run with validation data, cross-entropy)
+VAL_NODE_COLUMNS = ("val_node_accuracy_mean", "val_node_accuracy_worst")
 # The training loss on the nodes' own records is a noise-free function of private data: it is
 # computed only with unsafe_train_metrics=True, under this name wherever it goes.
 UNACCOUNTED_TRAIN_LOSS = "unaccounted_train_loss"
@@ -52,6 +58,7 @@ __all__ = [
     "NODE_LOCAL_VECTORS",
     "ROW_LABELS",
     "UNACCOUNTED_TRAIN_LOSS",
+    "VAL_NODE_COLUMNS",
     "CSVLogger",
     "Evaluation",
     "TensorBoardLogger",

@@ -93,9 +93,13 @@ class Evaluator:
 
     def _validation(self, sim: Simulator) -> dict[str, float]:
         out = sim.predict_average(self.sets["x_val"])
-        row = {"val_loss": self._held_out_loss(out, self.sets["y_val"])}
+        x, y = self.sets["x_val"], self.sets["y_val"]
+        row = {"val_loss": self._held_out_loss(out, y)}
         if self.loss == "cross_entropy":
-            row["val_accuracy"] = float(accuracy(out, self.sets["y_val"]))
+            row["val_accuracy"] = float(accuracy(out, y))
+            # the nodes' own models on validation records: what a tuning may select on
+            # (the node_accuracy_* of the test records may not be chosen by)
+            row |= _node_accuracies(sim, x, y, self.node_samples, "val_node_accuracy")
         return row
 
     def _test(self, sim: Simulator) -> dict[str, float]:
@@ -103,16 +107,18 @@ class Evaluator:
         out = sim.predict_average(x)
         row = {"test_loss": self._held_out_loss(out, y)}
         if self.loss == "cross_entropy":
-            nodes = slice(0, min(self.node_samples, len(x)))
-            node_acc = sim.node_accuracies(x[nodes], y[nodes])
-            row |= {
-                "test_accuracy": float(accuracy(out, y)),
-                "node_accuracy_mean": float(node_acc.mean()),
-                "node_accuracy_worst": float(node_acc.min()),
-            }
+            row["test_accuracy"] = float(accuracy(out, y))
+            row |= _node_accuracies(sim, x, y, self.node_samples, "node_accuracy")
         if self.metric is not None:
             row |= self._metric_values(out, y)
         return row
+
+
+def _node_accuracies(sim: Simulator, x, y, samples: int, prefix: str) -> dict[str, float]:
+    """Every node's de-biased model on the first ``samples`` records: their mean and worst."""
+    nodes = slice(0, min(samples, len(x)))
+    node_acc = sim.node_accuracies(x[nodes], y[nodes])
+    return {f"{prefix}_mean": float(node_acc.mean()), f"{prefix}_worst": float(node_acc.min())}
 
 
 def _evaluation_sets(eval_data, train_eval_data, validation_data, *, node_data: NodeData,

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from dpdl.accounting.ledger import PrivacyLedger
@@ -34,6 +35,13 @@ def progress_bar(total: int | None, description: str, enabled: bool):
                 leave=False, dynamic_ncols=True)  # fmt: skip
 
 
+def communication_means(engine) -> dict[str, float]:
+    """The mean over nodes of what each sent so far (none when the mixer does not count)."""
+    count = getattr(engine, "communication", None)  # an engine_factory's may not count
+    sent = None if count is None else count()
+    return {} if sent is None else {k: float(np.mean(v)) for k, v in sent.items()}
+
+
 class Evaluations:
     """Evaluates the network's models at iteration 0, every ``every`` steps and (called by
     the trainer) at the end; every row goes to ``state.rows`` and to each callback."""
@@ -57,7 +65,7 @@ class Evaluations:
         row = {
             "iteration": iteration, **self.labels, **self.evaluator.evaluate(state.engine),
             "epsilon_clt": eps_clt, "epsilon_certified": eps_cert,
-            "epsilon_certified_method": method,
+            "epsilon_certified_method": method, **communication_means(state.engine),
         }  # fmt: skip
         asked = self.emit(state, row)
         # Callbacks run on the main process only: every process learns of a stop together.

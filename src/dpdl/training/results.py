@@ -51,8 +51,13 @@ class RunRecord:
     correlated (``{"name": "independent"}``, or ``{"name": "pairwise", "correlation_factor":
     f}``) and ``trust_model`` whom the ledger's ε protects against ("curious-neighbours":
     record-level against neighbours who know the pairwise secrets they share, so only the
-    independent noise counts; ``dpdl.accounting.correlated.TRUST_MODELS``); None for a
-    non-private run or a record written before they existed.
+    independent noise counts; "sec-ldp": an eavesdropper who knows no honest pair's secret,
+    ``privacy.trust_model``; ``dpdl.accounting.correlated.TRUST_MODELS``); None for a
+    non-private run or a record written before they existed.  ``communication``: every node's
+    ``messages_per_node`` and ``bytes_per_node`` sent to other nodes in the run, as the
+    runtime's mixer counted them (:class:`dpdl.engine.mixing.Traffic`; None where it does not).
+    ``common_noise`` True for a run whose seeded streams it shares on purpose with every run
+    of the same seed, nodes and model (research mode; None otherwise).
     """
 
     algorithm: str
@@ -86,6 +91,8 @@ class RunRecord:
     epsilon_per_node_method: str | None = None
     noise_correlation: dict[str, Any] | None = None
     trust_model: str | None = None
+    communication: dict[str, list[int]] | None = None
+    common_noise: bool | None = None
     rows: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self, rows: bool = True) -> dict[str, Any]:
@@ -170,11 +177,16 @@ def write_results(
     *,
     plot_title: str | None = None,
     extra: dict[str, Any] | None = None,
+    device: Any = None,
 ) -> dict[str, Any]:
-    """Write ``results.json`` (and, with ``plot_title``, ``curves.png`` from ``metrics.csv``)."""
+    """Write ``results.json`` (and, with ``plot_title``, ``curves.png`` from ``metrics.csv``),
+    with the provenance block of this process (``device`` the one the cells ran on)."""
+    from dpdl.training.provenance import PROVENANCE_KEY, provenance
+
     run_dir = Path(run_dir)
     results = {"run_dir": str(run_dir), "cells": cells, "summary": summarize(cells)}
     results |= extra or {}
+    results.setdefault(PROVENANCE_KEY, provenance(device))
     path = run_dir / "results.json"
     path.write_text(json.dumps(results, indent=2, default=str) + "\n")
     if plot_title is not None:

@@ -84,7 +84,10 @@ class RunFolder:
         return path
 
     def write_results(self, results: Mapping[str, Any]) -> Path:
-        return self.write_json("results.json", results)
+        """``results.json``, with this process's provenance block unless it holds one."""
+        from dpdl.training.provenance import PROVENANCE_KEY, provenance
+
+        return self.write_json("results.json", {PROVENANCE_KEY: provenance()} | dict(results))
 
     @property
     def checkpoints(self) -> Path:

@@ -98,19 +98,28 @@ class ExecutionSpec:
     the default: secret noise; "seed": reproducible from ``seed``, a research setting),
     ``seed`` (public randomness: the split, the evaluation subsamples; the noise too with
     ``entropy="seed"``), ``engine_factory`` (builds the engine: a
-    :class:`~dpdl.engine.simulator.Simulator` subclass or a function taking its arguments)."""
+    :class:`~dpdl.engine.simulator.Simulator` subclass or a function taking its arguments),
+    ``common_noise`` (research mode, with ``entropy="seed"`` only: the seeded streams are
+    keyed by the seed, the nodes and the model alone, so runs that differ in algorithm,
+    privacy or training settings share their sampling and noise draws: common random numbers
+    for the arms of a paired comparison, on purpose)."""
 
     device: str | torch.device = "cpu"
     runtime: str | Runtime = "simulator"
     entropy: str = DEFAULT_ENTROPY
     seed: int = 0
     engine_factory: Callable | None = None
+    common_noise: bool = False
 
     def __post_init__(self):
         require(
             self.entropy in ENTROPY_MODES,
             f"unknown entropy {self.entropy!r}; use 'os' (secret, default) or 'seed'",
         )
+        require(self.common_noise in (False, True) and (not self.common_noise
+                                                         or self.entropy == "seed"),
+                f"common_noise = {self.common_noise!r} shares seeded noise between runs: it "
+                f"needs entropy = 'seed' (research mode), got entropy = {self.entropy!r}")
         runtime = make_runtime(self.runtime)
         seed = self.seed
         require(

@@ -187,6 +187,12 @@ def _module_with(template: nn.Module, params: dict[str, torch.Tensor]) -> nn.Mod
     return module
 
 
+def _communication(engine) -> dict[str, list[int]] | None:
+    """What every node sent (an engine_factory's engine may not count it)."""
+    count = getattr(engine, "communication", None)
+    return None if count is None else count()
+
+
 def _json_number(v):
     if isinstance(v, list):  # a per-node vector (node_local_*)
         return [_json_number(x) for x in v]
@@ -446,7 +452,7 @@ class DecentralizedTrainer:
         # A runtime may keep the root itself (the consortium's: a restarted party must draw
         # the very noise it already sent, never fresh noise over the same records).
         kept = getattr(self.runtime, "stream_root", None)
-        root = (kept or noise_root)(self.entropy, self.seed, self.stream_settings())
+        root = (kept or noise_root)(self.entropy, self.seed, self._noise_settings())
         # a rate given as a hyper-parameter: the engine reads no node's size for it
         sampling = Sampling(self.training.sampling, self.training.sample_rate)
         sim = (self.execution.engine_factory or Simulator)(
@@ -580,6 +586,17 @@ class DecentralizedTrainer:
             settings.pop(where)
         return settings
 
+    def _noise_settings(self) -> dict[str, Any]:
+        """What the seeded streams are keyed by: :meth:`stream_settings`, or with
+        ``common_noise`` (research mode) only what every arm of a comparison shares (the
+        number of nodes, the model and the seed; the data enter per node), so that arms of
+        other algorithms, privacy or training settings draw the same streams."""
+        settings = self.stream_settings()
+        if not self.execution.common_noise:
+            return settings
+        return {"common_noise": True, "nodes": self.topology.n, "model": settings["model"],
+                "seed": self.seed}  # fmt: skip
+
     def fit(self) -> TrainingResult:
         """Train; returns a :class:`TrainingResult` (see there).  With ``output_dir``, the run
         folder is written as it goes (metrics.csv row by row, results.json at the end).  In
@@ -604,7 +621,7 @@ class DecentralizedTrainer:
                 from dpdl.training.results import write_results
 
                 write_results(run_dir, [result.record.to_dict(rows=False)],
-                              plot_title=self.output.name)  # fmt: skip
+                              plot_title=self.output.name, device=self.device)  # fmt: skip
             if checkpoint is not None:
                 # finished, stopped or diverged: nothing left to resume (a diverged run would
                 # replay the same noise into the same divergence), and the file holds every
@@ -731,7 +748,8 @@ class DecentralizedTrainer:
             sampling=self.training.sampling,
             sample_rates=None if self._sizes_secret else self.sample_rates.tolist(),
             epsilon_per_node=per_node, epsilon_per_node_method=per_node_method,
-            rows=tuple(state.rows),
+            communication=_communication(state.engine),
+            common_noise=True if self.execution.common_noise else None, rows=tuple(state.rows),
         )  # fmt: skip
 
     def _result(self, state: RunState, record: RunRecord, spent: tuple) -> TrainingResult:

@@ -15,7 +15,11 @@ cell's ``metrics.csv``) and writes ``report.md`` with PNG figures beside it, and
 * cells that failed (the sweep driver's ``cells/<cell-id>.failed.json``) are listed with
   their settings and the error's first line under "Failed cells: N";
 * figures: accuracy against iteration per ε, final accuracy against ε, the ρ_c × ρ_μ
-  heat-map of Dyn-D2P, accuracy by topology and by number of nodes.
+  heat-map of Dyn-D2P, accuracy by topology and by number of nodes; each as PNG (200 dpi),
+  PDF and SVG in the paper style of :mod:`dpdl.plotting` (``write_figures`` redraws them
+  alone: ``dpdl report --figures-only``);
+* a Communication section (what each node sent, as the mixer counted it) and a Provenance
+  section (where the runs came from).
 
 The modules, in the order the data flows: ``collect`` (run folders -> ``CellRun``),
 ``grouping`` (ordering, selecting and averaging runs), ``tables``, ``claims``, ``figures``,
@@ -24,7 +28,11 @@ The modules, in the order the data flows: ``collect`` (run folders -> ``CellRun`
 
 from dpdl.experiments.report.claims import check_claims
 from dpdl.experiments.report.collect import CellRun, collect_runs, read_metrics
-from dpdl.experiments.report.document import reproducible_noise_note, write_report
+from dpdl.experiments.report.document import (
+    reproducible_noise_note,
+    write_figures,
+    write_report,
+)
 from dpdl.experiments.report.figures import make_figures
 from dpdl.experiments.report.grouping import mean_final_accuracy, relative_gain
 from dpdl.experiments.report.tables import Tables, build_tables
@@ -40,5 +48,6 @@ __all__ = [
     "read_metrics",
     "relative_gain",
     "reproducible_noise_note",
+    "write_figures",
     "write_report",
 ]

@@ -21,9 +21,12 @@ import numpy as np
 from dpdl.accounting.schedules import algorithm_private
 from dpdl.errors import DPDLError
 from dpdl.experiments.sweep.driver import failed_cells, finished_cells
+from dpdl.training.provenance import PROVENANCE_KEY
 from dpdl.training.results import RunRecord
 
 _SEED_LEAVES = {"seed", "seeds"}
+COMMUNICATION = ("messages_per_node", "bytes_per_node")
+NODE_ACCURACY = ("node_accuracy_mean", "node_accuracy_worst")
 _NOT_A_SETTING = _SEED_LEAVES | {"algorithms", "epsilon"}
 
 
@@ -124,6 +127,15 @@ def _run_records(results_path: Path) -> dict[tuple[str, str, float], RunRecord]:
     return out
 
 
+def read_provenance(results_path: Path) -> dict | None:
+    """The provenance block of a results.json (None: not recorded, or no such file)."""
+    try:
+        results = json.loads(Path(results_path).read_text())
+    except (OSError, ValueError):
+        return None
+    return results.get(PROVENANCE_KEY) if isinstance(results, dict) else None
+
+
 def collect_runs(sweep_dir: Path) -> list[CellRun]:
     """Every curve of every finished cell of ``sweep_dir`` (an error when there is none)."""
     runs: list[CellRun] = []
@@ -168,6 +180,7 @@ def _first_line(error) -> str:
 
 def _runs_of_file(metrics_path: Path, overrides: dict, cell: str) -> list[CellRun]:
     records = _run_records(metrics_path.with_name("results.json"))
+    origin = read_provenance(metrics_path.with_name("results.json"))
     runs = []
     for (algorithm, seed, eps), cols in read_metrics(metrics_path).items():
         if not cols.get("iteration"):
@@ -195,6 +208,12 @@ def _runs_of_file(metrics_path: Path, overrides: dict, cell: str) -> list[CellRu
                 extra={
                     "metrics_path": str(metrics_path),
                     "train_seconds": as_float(record and record.train_seconds),
+                    PROVENANCE_KEY: origin,
+                    "common_noise": bool(record and record.common_noise),
+                    # what the mixer counted in the whole run, mean over nodes (NaN: not kept)
+                    **{key: cols.get(key, [math.nan])[-1] for key in COMMUNICATION},
+                    # the nodes' own de-biased models on the test records, final row
+                    **{key: cols.get(key, [math.nan])[-1] for key in NODE_ACCURACY},
                 },
             )
         )

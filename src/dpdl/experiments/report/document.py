@@ -3,12 +3,25 @@ HTML (render.py), and ``write_report``, which writes both."""
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
+import numpy as np
+
+from dpdl.accounting.certified import ACCOUNTANTS
 from dpdl.experiments.report.claims import check_claims
 from dpdl.experiments.report.collect import CellRun, FailedCell, collect_failures, collect_runs
 from dpdl.experiments.report.figures import make_figures
-from dpdl.experiments.report.grouping import epsilon_text, settings_of
+from dpdl.experiments.report.grouping import (
+    algorithms_of,
+    calibration_rank,
+    display_label,
+    epsilon_text,
+    gain_pairs,
+    setting_label,
+    settings_of,
+)
 from dpdl.experiments.report.render import (
     Figure,
     Paragraph,
@@ -23,6 +36,9 @@ from dpdl.experiments.report.tables import (
     overspend_sentence,
     understatement_sentence,
 )
+from dpdl.plotting import FORMATS
+from dpdl.training.provenance import PROVENANCE_KEY, provenance_lines
+from dpdl.training.results import sample_std
 from dpdl.training.settings import REPRODUCIBLE_NOISE_NOTE
 
 
@@ -40,6 +56,17 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None) -> dict[str, Path
     md_path.write_text(to_markdown(title, sections))
     html_path.write_text(to_html(title, sections))
     return {"markdown": md_path, "html": html_path}
+
+
+def write_figures(sweep_dir: Path, out_dir: Path | None = None) -> list[Path]:
+    """Only the figures of a finished (or partly finished) sweep, again: every PNG with its
+    PDF and SVG in ``out_dir`` (default SWEEP_DIR/report); the report's text is left as it
+    is.  ``dpdl report --figures-only``."""
+    sweep_dir = Path(sweep_dir)
+    out_dir = Path(out_dir or sweep_dir / "report")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    figures = make_figures(collect_runs(sweep_dir), out_dir)
+    return [f.path.with_suffix(f".{fmt}") for f in figures for fmt in FORMATS]
 
 
 def report_sections(
@@ -65,7 +92,7 @@ def report_sections(
             ],
         ),
         Section(
-            "The paper's claims (MATH.md §4) in this sweep",
+            "Claims that apply to what ran (MATH.md §4)",
             [Table(["claim", "verdict"], [[c, v] for c, v in claims])]
             if claims
             else [Paragraph("No claim applies.")],
@@ -78,7 +105,96 @@ def report_sections(
                 Table(tables.privacy_header, tables.privacy_rows),
             ],
         ),
+        *([node_accuracy_section(runs)] if _per_node(runs) else []),
+        *([communication_section(runs)] if _counted(runs) else []),
+        provenance_section(runs),
     ]
+
+
+def _per_node(runs: list[CellRun]) -> bool:
+    return any(math.isfinite(r.extra.get("node_accuracy_worst", math.nan)) for r in runs)
+
+
+def node_accuracy_section(runs: list[CellRun]) -> Section:
+    """Each node's own model beside the network average: a decentralized run is only as
+    good as its worst node (final test accuracy, mean ± std over seeds, %)."""
+    groups: dict[tuple, list[CellRun]] = {}
+    for run in runs:
+        if math.isfinite(run.extra.get("node_accuracy_worst", math.nan)):
+            groups.setdefault((setting_label(run.setting), run.algorithm,
+                               run.epsilon_target), []).append(run)  # fmt: skip
+    rows = []
+    for (setting, algorithm, eps), members in sorted(
+            groups.items(), key=lambda kv: (kv[0][0], kv[0][1], _eps_key(kv[0][2]))):
+        cells = [_mean_std([r.final_accuracy for r in members])]
+        cells += [_mean_std([r.extra[key] for r in members])
+                  for key in ("node_accuracy_mean", "node_accuracy_worst")]
+        rows.append([setting, algorithm, epsilon_text(eps), *cells])
+    return Section("Per-node accuracy: every node's own model", [
+        Paragraph("Final test accuracy of the network-average model, of the nodes' own "
+                  "de-biased models on average and of the worst node, mean ± std over seeds "
+                  "(%)."),
+        Table(["setting", "algorithm", "ε", "average model", "node mean", "worst node"], rows),
+    ])  # fmt: skip
+
+
+def _eps_key(eps: float) -> float:
+    return -1.0 if math.isnan(eps) else eps
+
+
+def _mean_std(values: list[float]) -> str:
+    mean, std = 100 * float(np.mean(values)), 100 * sample_std(values)
+    return f"{mean:.2f}" if math.isnan(std) else f"{mean:.2f} ± {std:.2f}"
+
+
+def _counted(runs: list[CellRun]) -> bool:
+    return any(math.isfinite(r.extra.get("bytes_per_node", math.nan)) for r in runs)
+
+
+def communication_section(runs: list[CellRun]) -> Section:
+    """What each algorithm sent per node in a run, by setting (the mixer's counts): a variant
+    that gossips R times per step sends R times the bytes at equal steps."""
+    groups: dict[tuple, list[CellRun]] = {}
+    for run in runs:
+        if math.isfinite(run.extra.get("bytes_per_node", math.nan)):
+            groups.setdefault((setting_label(run.setting), run.algorithm), []).append(run)
+    rows = []
+    for (setting, algorithm), members in sorted(groups.items()):
+        steps = sorted({int(r.iterations[-1]) for r in members})
+        messages = float(np.mean([r.extra["messages_per_node"] for r in members]))
+        sent = float(np.mean([r.extra["bytes_per_node"] for r in members]))
+        rows.append([setting, algorithm, "/".join(map(str, steps)), f"{messages:g}",
+                     _bytes_text(sent)])  # fmt: skip
+    return Section("Communication: what each node sent in a run", [
+        Paragraph("Messages a node sent to other nodes in the whole run and their size (its "
+                  "model and push-sum weight per out-neighbour and gossip round), mean over "
+                  "nodes and runs, as the runtime's mixer counted them."),
+        Table(["setting", "algorithm", "steps", "messages per node", "bytes per node"], rows),
+    ])  # fmt: skip
+
+
+def _bytes_text(value: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if value >= size:
+            return f"{value / size:.3g} {unit}"
+    return f"{value:.0f} B"
+
+
+def provenance_section(runs: list[CellRun]) -> Section:
+    """Where the runs came from: one block per distinct provenance (commit, versions,
+    machine), with how many runs share it.  The command line differs per cell and is left
+    out of the grouping; a seeded run reproduces bit for bit only within one block."""
+    groups: dict[str, tuple[dict | None, int]] = {}
+    for run in runs:
+        block = run.extra.get(PROVENANCE_KEY)
+        key = json.dumps({k: v for k, v in (block or {}).items() if k != "command"},
+                         sort_keys=True)  # fmt: skip
+        groups[key] = (block, groups.get(key, (block, 0))[1] + 1)
+    items = []
+    for block, count in groups.values():
+        lines = [line for line in provenance_lines(block) if not line.startswith("command:")]
+        items.append(Paragraph("; ".join(lines), lead=f"{count} run(s):"))
+    return Section("Provenance", items)
 
 
 def failed_cells_section(failures: list[FailedCell]) -> Section:
@@ -99,10 +215,8 @@ def _introduction(runs: list[CellRun]) -> str:
     budget = f"{steps[0]} iterations" if len(steps) == 1 else f"{steps[0]}–{steps[-1]} iterations"
     intro = (
         f"{len(settings_of(runs))} setting(s), {len(runs)} runs, {budget} per run. Final test "
-        "accuracy of the network-average model, mean ± std over seeds (%). An algorithm "
-        "suffixed @clt is calibrated with the paper's CLT approximation, @pld with the "
-        "certified PLD accountant. Gain: relative accuracy of Dyn-D2P over Const-D2P under "
-        "the same calibration."
+        "accuracy of the network-average model, mean ± std over seeds (%)."
+        + _calibration_sentence(runs) + _gain_sentence(runs)
     )
     stopped = [f"{r.cell}: {r.algorithm} seed {r.seed} ε {epsilon_text(r.epsilon_target)}"
                for r in runs if r.status != "ok"]  # fmt: skip
@@ -115,10 +229,39 @@ def _introduction(runs: list[CellRun]) -> str:
     return intro
 
 
+def _calibration_sentence(runs: list[CellRun]) -> str:
+    """What the @suffixes of the labels that ran mean, from the accountants' registry."""
+    said = []
+    for calibration in sorted({r.calibration for r in runs if r.calibration},
+                              key=calibration_rank):  # fmt: skip
+        accountant = ACCOUNTANTS.get(calibration)
+        if accountant is None:
+            continue
+        kind = "the approximation" if not accountant.certified else "the certified accountant"
+        said.append(f"@{calibration} by {kind} {accountant.display}")
+    return f" Calibration (a label's suffix): {'; '.join(said)}." if said else ""
+
+
+def _gain_sentence(runs: list[CellRun]) -> str:
+    """The gains the accuracy table states: of each family that ran over the baseline the
+    registry names for it (ScheduleFamily.baseline), both run under one calibration."""
+    pairs = sorted({(dyn.partition("@")[0], const.partition("@")[0])
+                    for _, dyn, const in gain_pairs(algorithms_of(runs))})  # fmt: skip
+    if not pairs:
+        return ""
+    text = "; ".join(f"{display_label(dyn)} over {display_label(const)}" for dyn, const in pairs)
+    return f" Gain: relative accuracy of {text}, under the same calibration."
+
+
 def reproducible_noise_note(runs: list[CellRun]) -> str | None:
     """The sentence that marks runs whose noise was derived from their seed (None: no such run)."""
     seeded = [r for r in runs if r.noise_entropy == "seed"]
     if not seeded:
         return None
     cells = ", ".join(sorted({r.cell for r in seeded}))
-    return f"{len(seeded)} of {len(runs)} runs (cells: {cells}) used {REPRODUCIBLE_NOISE_NOTE}."
+    note = f"{len(seeded)} of {len(runs)} runs (cells: {cells}) used {REPRODUCIBLE_NOISE_NOTE}."
+    common = sum(bool(r.extra.get("common_noise")) for r in seeded)
+    if common:  # experiment.common_noise: the arms share their streams on purpose
+        note += (f" {common} of them shared their sampling and noise streams with every run of "
+                 "the same seed (common_noise: common random numbers across the arms).")
+    return note

@@ -1,12 +1,14 @@
-"""The report's figures, one function each; every one saves a PNG and returns its Figure.
+"""The report's figures, one function each; every one saves a PNG with its PDF and SVG
+(:func:`dpdl.plotting.save_figure`) and returns its Figure.
 
-* accuracy against iteration per ε (always);
+* accuracy against iteration per ε (always), the spread over seeds as a band;
 * final accuracy against ε (more than one ε);
 * the ρ_c × ρ_μ heat-map of Dyn-D2P (both varied);
 * final accuracy by topology and by number of nodes (varied in every run).
 
 One colour per algorithm; its calibrations share it (an approximate accountant's, the CLT's,
-dashed or hatched, certified solid).
+dashed or hollow, certified solid).  Algorithms and settings are named as the registries name
+them ("Dyn-D2P (PLD)", "complete topology"); compared panels share their axes.
 """
 
 from __future__ import annotations
@@ -22,17 +24,21 @@ from dpdl.accounting.certified import approximate_accountant
 from dpdl.accounting.schedules import algorithm_private
 from dpdl.experiments.report.collect import CellRun
 from dpdl.experiments.report.grouping import (
+    KEY_NAMES,
     algorithm_rank,
     algorithms_of,
     contender,
+    display_label,
     epsilons_of,
+    key_display,
     mean_final_accuracy,
     natural_key,
     select,
-    setting_label,
+    setting_display,
     settings_of,
 )
 from dpdl.experiments.report.render import Figure
+from dpdl.plotting import PALETTE, band, legend_outside, pyplot, save_figure, styled
 from dpdl.training.results import sample_std
 
 # Figures with one panel (or row of panels) per setting draw at most this many settings.
@@ -66,7 +72,8 @@ class Palette:
     @classmethod
     def of(cls, algorithms: list[str]) -> Palette:
         bases = sorted({a.partition("@")[0] for a in algorithms}, key=algorithm_rank)
-        return cls({a: f"C{bases.index(a.partition('@')[0]) % 10}" for a in algorithms})
+        return cls({a: PALETTE[bases.index(a.partition("@")[0]) % len(PALETTE)]
+                    for a in algorithms})  # fmt: skip
 
     @property
     def algorithms(self) -> list[str]:
@@ -74,24 +81,8 @@ class Palette:
 
     def line(self, algorithm: str) -> dict:
         dashed = approximate_accountant(algorithm.partition("@")[2])
-        return {"color": self.colours[algorithm], "linestyle": "--" if dashed else "-"}
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+        return {"color": self.colours[algorithm], "linestyle": "--" if dashed else "-",
+                "label": display_label(algorithm)}  # fmt: skip
 
 
 def _shown_settings(runs: list[CellRun]) -> tuple[list[tuple], str]:
@@ -102,92 +93,105 @@ def _shown_settings(runs: list[CellRun]) -> tuple[list[tuple], str]:
 
 
 # --------------------------------------------------------------------------- the figures
+def _panels(rows: int, cols: int, *, width: float = 3.0, height: float = 2.3):
+    """A grid of panels on shared axes (compared settings read off one scale), laid out so
+    that a legend outside them has its room."""
+    plt = pyplot()
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols + 1.8, height * rows + 0.3),
+                             squeeze=False, sharex=True, sharey=True,
+                             layout="constrained")  # fmt: skip
+    return fig, axes
+
+
+@styled
 def accuracy_vs_iteration(runs: list[CellRun], out_dir: Path, palette: Palette) -> Figure:
-    """One column per ε, one row per setting: each algorithm's accuracy, mean over seeds."""
-    plt = _pyplot()
+    """One column per ε, one row per setting: each algorithm's accuracy, mean over seeds with
+    a band of ± one standard deviation (cut to [0, 1])."""
     panels_eps = epsilons_of(runs) or [None]
     shown, more = _shown_settings(runs)
     several = len(settings_of(runs)) > 1
-    fig, axes = plt.subplots(
-        len(shown),
-        len(panels_eps),
-        figsize=(4.0 * len(panels_eps), 3.2 * len(shown)),
-        squeeze=False,
-        sharey=True,
-    )
+    fig, axes = _panels(len(shown), len(panels_eps))
     for row, setting in enumerate(shown):
         for col, eps in enumerate(panels_eps):
             ax = axes[row][col]
             _plot_mean_curves(ax, runs, setting, eps, palette)
-            title = f"ε = {eps:g}" if eps is not None else "accuracy"
-            ax.set_title(title + (f"\n{setting_label(setting)}" if several else ""), fontsize=9)
-            ax.set_xlabel("iteration")
-            ax.grid(alpha=0.3)
-        axes[row][0].set_ylabel("test accuracy (average model)")
-    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
+            title = f"ε = {eps:g}" if eps is not None else ""
+            if several:
+                title = f"{title}, {setting_display(setting)}" if title else setting_display(
+                    setting)
+            ax.set_title(title)
+        axes[row][0].set_ylabel("test accuracy")
+    for ax in axes[-1]:
+        ax.set_xlabel("iteration")
+    legend_outside(fig, axes.ravel())
     return Figure(
-        "Accuracy against iteration, per ε (mean over seeds; dashed: CLT calibration)" + more,
-        _save(fig, out_dir / "accuracy_vs_iteration.png"),
+        "Test accuracy of the average model against iteration, per ε (mean over seeds, band: "
+        "± one std; dashed: CLT calibration)" + more,
+        save_figure(fig, out_dir / "accuracy_vs_iteration.png"),
     )
 
 
 def _plot_mean_curves(ax, runs, setting, eps, palette: Palette) -> None:
-    """Each algorithm's accuracy curve, averaged over seeds up to the shortest one."""
+    """Each algorithm's accuracy curve, averaged over seeds up to the shortest one, and the
+    ± std band where there are two seeds or more."""
     for algorithm in palette.algorithms:
         curves = select(runs, setting=setting, algorithm=algorithm, epsilon=eps)
         if not curves:
             continue
         length = min(len(c.accuracy) for c in curves)
-        acc = np.mean([c.accuracy[:length] for c in curves], axis=0)
-        ax.plot(curves[0].iterations[:length], acc, label=algorithm, **palette.line(algorithm))
+        values = np.array([c.accuracy[:length] for c in curves])
+        x, acc = curves[0].iterations[:length], values.mean(axis=0)
+        ax.plot(x, acc, **palette.line(algorithm))
+        if len(curves) > 1:
+            std = values.std(axis=0, ddof=1)
+            band(ax, x, acc - std, acc + std, color=palette.colours[algorithm], floor=0.0,
+                 ceiling=1.0)  # fmt: skip
 
 
+@styled
 def accuracy_vs_epsilon(runs: list[CellRun], out_dir: Path, palette: Palette) -> Figure | None:
     """One panel per setting: final accuracy (mean ± std) against target ε, SGP as a line."""
     epsilons = epsilons_of(runs)
     if len(epsilons) < 2:
         return None
-    plt = _pyplot()
     shown, more = _shown_settings(runs)
-    fig, axes = plt.subplots(1, len(shown), figsize=(5 * len(shown), 3.8), squeeze=False)
+    fig, axes = _panels(1, len(shown), width=3.2, height=2.6)
     for ax, setting in zip(axes[0], shown, strict=True):
         for algorithm in palette.algorithms:
             _plot_final_against_epsilon(ax, runs, setting, algorithm, epsilons, palette)
-        ax.set_xscale("log")
+        ax.set_xscale("log")  # targets are chosen by factors (0.3, 1, 3, ...)
         ax.minorticks_off()
         ax.set_xticks(epsilons, [f"{e:g}" for e in epsilons])
         ax.set_xlabel("target ε")
-        ax.set_ylabel("final test accuracy")
         if len(settings_of(runs)) > 1:
-            ax.set_title(setting_label(setting), fontsize=9)
-        ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
+            ax.set_title(setting_display(setting))
+    axes[0][0].set_ylabel("final test accuracy")
+    legend_outside(fig, axes.ravel())
     return Figure(
-        "Final accuracy against ε (mean ± std over seeds)" + more,
-        _save(fig, out_dir / "accuracy_vs_epsilon.png"),
+        "Final test accuracy against ε (mean over seeds, bars: ± one std, cut to [0, 1]; "
+        "dotted: non-private)" + more,
+        save_figure(fig, out_dir / "accuracy_vs_epsilon.png"),
     )
 
 
 def _plot_final_against_epsilon(ax, runs, setting, algorithm, epsilons, palette) -> None:
     if not algorithm_private(algorithm.partition("@")[0]):  # no ε: a horizontal line
         mean = mean_final_accuracy(runs, setting=setting, algorithm=algorithm)[0]
-        ax.axhline(mean, color=palette.colours[algorithm], linestyle=":", label=algorithm)
+        ax.axhline(mean, color=palette.colours[algorithm], linestyle=":",
+                   label=display_label(algorithm))  # fmt: skip
         return
     stats = [
         mean_final_accuracy(runs, setting=setting, algorithm=algorithm, epsilon=e)
         for e in epsilons
     ]
-    ax.errorbar(
-        [e for e, s in zip(epsilons, stats, strict=True) if s[2]],
-        [s[0] for s in stats if s[2]],
-        yerr=[s[1] for s in stats if s[2]],
-        marker="o",
-        capsize=3,
-        label=algorithm,
-        **palette.line(algorithm),
-    )
+    kept = [(e, m, sd) for e, (m, sd, count) in zip(epsilons, stats, strict=True) if count]
+    if not kept:
+        return
+    x, mean, std = (np.array(v, dtype=float) for v in zip(*kept, strict=True))
+    std = np.nan_to_num(std)  # one seed: no spread to draw
+    # the bars stop at the bounds an accuracy cannot cross
+    low, high = mean - np.maximum(mean - std, 0.0), np.minimum(mean + std, 1.0) - mean
+    ax.errorbar(x, mean, yerr=[low, high], marker="o", capsize=2.5, **palette.line(algorithm))
 
 
 def _key_ending(runs: list[CellRun], leaf: str) -> str | None:
@@ -202,6 +206,7 @@ def _varying(runs: list[CellRun], key: str) -> bool:
     return len({str(r.overrides.get(key)) for r in runs}) > 1
 
 
+@styled
 def rho_heatmap(runs: list[CellRun], out_dir: Path) -> Figure | None:
     """One panel per label of a family with rivals (Dyn-D2P) and ε: mean final accuracy over
     the ρ_c × ρ_μ grid."""
@@ -209,27 +214,33 @@ def rho_heatmap(runs: list[CellRun], out_dir: Path) -> Figure | None:
     dyn_labels = [a for a in algorithms_of(runs) if contender(a)]
     if not (rho_c and rho_mu and dyn_labels):
         return None
-    plt = _pyplot()
+    plt = pyplot()
     cs = sorted({float(r.overrides[rho_c]) for r in runs})
     ms = sorted({float(r.overrides[rho_mu]) for r in runs})
     panels = [(a, e) for a in dyn_labels for e in epsilons_of(runs) or [None]]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4), squeeze=False)
-    for ax, (algorithm, eps) in zip(axes[0], panels, strict=True):
-        grid = _mean_over_grid(select(runs, algorithm=algorithm, epsilon=eps), rho_c, cs,
-                               rho_mu, ms)  # fmt: skip
-        image = ax.imshow(grid, origin="lower", cmap="viridis")
+    fig, axes = plt.subplots(1, len(panels), figsize=(2.6 * len(panels) + 1.0, 2.6),
+                             squeeze=False, layout="constrained")  # fmt: skip
+    grids = [100 * _mean_over_grid(select(runs, algorithm=algorithm, epsilon=eps), rho_c, cs,
+                                   rho_mu, ms) for algorithm, eps in panels]  # fmt: skip
+    finite = np.concatenate([g[np.isfinite(g)] for g in grids])
+    # one colour scale for every panel: the same colour is the same accuracy everywhere
+    scale = {"vmin": float(finite.min()), "vmax": float(finite.max())} if finite.size else {}
+    middle = (scale["vmin"] + scale["vmax"]) / 2 if scale else 0.0
+    for ax, (algorithm, eps), grid in zip(axes[0], panels, grids, strict=True):
+        image = ax.imshow(grid, origin="lower", cmap="viridis", aspect="auto", **scale)
         ax.set_xticks(range(len(ms)), [f"{m:g}" for m in ms])
         ax.set_yticks(range(len(cs)), [f"{c:g}" for c in cs])
-        ax.set_xlabel("ρ_μ")
-        ax.set_ylabel("ρ_c")
-        ax.set_title(algorithm + (f", ε = {eps:g}" if eps is not None else ""), fontsize=9)
+        ax.set_xlabel(KEY_NAMES["rho_mu"])
+        ax.set_ylabel(KEY_NAMES["rho_c"])
+        ax.grid(False)
+        ax.set_title(display_label(algorithm) + (f", ε = {eps:g}" if eps is not None else ""))
         for (i, j), value in np.ndenumerate(grid):
-            if math.isfinite(value):
-                ax.text(j, i, f"{100 * value:.1f}", ha="center", va="center", color="w")
-        fig.colorbar(image, ax=ax, label="final accuracy")
-    fig.tight_layout()
-    caption = "Dyn-D2P accuracy over ρ_c × ρ_μ (mean over seeds)"
-    return Figure(caption, _save(fig, out_dir / "rho.png"))
+            if math.isfinite(value):  # dark text on the bright end of viridis
+                ax.text(j, i, f"{value:.1f}", ha="center", va="center", fontsize=8,
+                        color="k" if value > middle else "w")  # fmt: skip
+    fig.colorbar(image, ax=list(axes[0]), label="final test accuracy (%)", shrink=0.9)
+    caption = "Final test accuracy over ρ_c × ρ_μ (mean over seeds, in %)"
+    return Figure(caption, save_figure(fig, out_dir / "rho.png"))
 
 
 def _mean_over_grid(runs, row_key: str, rows: list, col_key: str, cols: list) -> np.ndarray:
@@ -249,47 +260,46 @@ def _topology_rank(name: str) -> int:
     return TOPOLOGY_ORDER.index(name) if name in TOPOLOGY_ORDER else 99
 
 
+@styled
 def accuracy_by(key: str, caption: str, runs: list[CellRun], path: Path,
                 palette: Palette) -> Figure | None:
-    """Bars of final accuracy (mean ± std) per value of grid key ``key``, one panel per ε;
-    drawn when ``key`` varies and every run has it."""
+    """Final accuracy (mean ± std, each seed a dot) per value of grid key ``key``, one panel
+    per ε on a shared scale; drawn when ``key`` varies and every run has it.  Points, not
+    bars: the axis can then start where the data do without a bar's length misleading."""
     if not _varying(runs, key) or not all(key in r.overrides for r in runs):
         return None
-    plt = _pyplot()
     values = sorted({str(r.overrides[key]) for r in runs}, key=natural_key)
     if key == "topology.name":
         values = sorted(values, key=_topology_rank)
     panels_eps = epsilons_of(runs) or [None]
-    fig, axes = plt.subplots(
-        1, len(panels_eps), figsize=(4.6 * len(panels_eps), 3.6), squeeze=False, sharey=True
-    )
-    width = 0.8 / max(len(palette.algorithms), 1)
+    fig, axes = _panels(1, len(panels_eps), width=max(2.6, 0.7 * len(values)), height=2.6)
+    width = 0.7 / max(len(palette.algorithms), 1)
     for ax, eps in zip(axes[0], panels_eps, strict=True):
         for a, algorithm in enumerate(palette.algorithms):
             chosen = select(runs, algorithm=algorithm, epsilon=eps)
-            _draw_bars(ax, chosen, key, values, a * width, width, algorithm, palette)
-        ax.set_xticks(np.arange(len(values)) + 0.4 - width / 2, values)
-        ax.set_xlabel(key.rsplit(".", 1)[-1])
-        ax.set_title(f"ε = {eps:g}" if eps is not None else "", fontsize=9)
+            offset = (a - (len(palette.algorithms) - 1) / 2) * width
+            _draw_points(ax, chosen, key, values, offset, algorithm, palette)
+        ax.set_xticks(np.arange(len(values)), values)
+        ax.set_xlabel(key_display(key))
+        ax.set_title(f"ε = {eps:g}" if eps is not None else "")
+        ax.grid(False, axis="x")
     axes[0][0].set_ylabel("final test accuracy")
-    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
-    return Figure(caption + " (mean ± std over seeds)", _save(fig, path))
+    legend_outside(fig, axes.ravel())
+    return Figure(caption + " (mean ± std over seeds; dots: seeds)", save_figure(fig, path))
 
 
-def _draw_bars(ax, runs, key: str, values: list[str], offset: float, width: float,
-               algorithm: str, palette: Palette) -> None:
-    """One algorithm's bars: mean ± std of the final accuracy of its runs at each value."""
-    finals = [
-        [r.final_accuracy for r in runs if str(r.overrides[key]) == v] or [np.nan]
-        for v in values
-    ]
-    ax.bar(
-        np.arange(len(values)) + offset,
-        [np.mean(f) for f in finals],
-        width,
-        yerr=[sample_std(f) for f in finals],
-        label=algorithm,
-        color=palette.colours[algorithm],
-        hatch="//" if approximate_accountant(algorithm.partition("@")[2]) else None,
-    )
+def _draw_points(ax, runs, key: str, values: list[str], offset: float, algorithm: str,
+                 palette: Palette) -> None:  # fmt: skip
+    """One algorithm's mean ± std (cut to [0, 1]) of the final accuracy at each value, and
+    every seed's as a small dot; hollow for an approximate calibration (the CLT)."""
+    finals = [[r.final_accuracy for r in runs if str(r.overrides[key]) == v] for v in values]
+    x = np.arange(len(values)) + offset
+    mean = np.array([np.mean(f) if f else np.nan for f in finals])
+    std = np.nan_to_num([sample_std(f) if f else np.nan for f in finals])
+    colour = palette.colours[algorithm]
+    hollow = approximate_accountant(algorithm.partition("@")[2])
+    ax.errorbar(x, mean, yerr=[mean - np.maximum(mean - std, 0), np.minimum(mean + std, 1) - mean],
+                fmt="o", color=colour, capsize=2.5, label=display_label(algorithm),
+                markerfacecolor="white" if hollow else colour)  # fmt: skip
+    for xi, f in zip(x, finals, strict=True):
+        ax.plot([xi] * len(f), f, ".", color=colour, alpha=0.45, markersize=3)

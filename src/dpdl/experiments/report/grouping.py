@@ -86,6 +86,46 @@ def setting_label(setting: tuple) -> str:
     return ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in setting) or "base"
 
 
+# how a grid key's last part reads in a figure (others: the key's last part as it is)
+KEY_NAMES = {"rho_c": r"$\rho_c$", "rho_mu": r"$\rho_\mu$", "nodes": "nodes", "lr": "step size",
+             "batch_size": "batch size", "local_steps": "local steps"}  # fmt: skip
+
+
+def key_display(key: str) -> str:
+    """A grid key as an axis names it: "topology.name" -> "topology", "privacy.rho_c" -> "ρ_c"."""
+    section, _, leaf = key.rpartition(".")
+    if leaf == "name" and section:
+        return section.rsplit(".", 1)[-1]
+    return KEY_NAMES.get(leaf, leaf)
+
+
+def display_label(label: str) -> str:
+    """An algorithm label as the registries name it: "dyn-d2p@pld" -> "Dyn-D2P (PLD)"; a name
+    not registered in this process stays as it is."""
+    name, _, calibration = label.partition("@")
+    family = ALGORITHMS.get(name)
+    text = family.display if family is not None else name
+    if calibration:
+        accountant = ACCOUNTANTS.get(calibration)
+        text += f" ({accountant.display if accountant is not None else calibration})"
+    return text
+
+
+def setting_display(setting: tuple) -> str:
+    """A setting as a reader says it: "topology.name=complete" -> "complete topology",
+    "topology.nodes=16" -> "16 nodes", "privacy.rho_c=2" -> "ρ_c = 2"."""
+    parts = []
+    for key, value in setting:
+        section, _, leaf = key.rpartition(".")
+        if leaf == "name" and section:
+            parts.append(f"{value} {section.rsplit('.', 1)[-1]}")
+        elif leaf == "nodes":
+            parts.append(f"{value} nodes")
+        else:
+            parts.append(f"{KEY_NAMES.get(leaf, leaf)} = {value}")
+    return ", ".join(parts) or "base"
+
+
 def epsilon_text(eps: float) -> str:
     return "—" if math.isnan(eps) else f"{eps:g}"
 

@@ -72,7 +72,9 @@ def _markdown_block(block: Block) -> str:
             lines += ["| " + " | ".join(row) + " |" for row in rows]
             return "\n".join(lines)
         case Figure(caption, path):
-            return f"### {caption}\n\n![{caption}]({path.name})"
+            vector = f"{path.stem}.pdf"
+            return (f"### {caption}\n\n![{caption}]({path.name})\n\n"
+                    f"Vector: [{vector}]({vector}), [{path.stem}.svg]({path.stem}.svg)")
     raise TypeError(f"not a report block: {block!r}")
 
 
@@ -99,9 +101,13 @@ def _html_block(block: Block) -> str:
         case Table(header, rows):
             return _html_table(header, rows)
         case Figure(caption, path):
-            data = base64.b64encode(path.read_bytes()).decode()
+            png = path.read_bytes()
+            data = base64.b64encode(png).decode()
+            # drawn at 200 dpi: shown at half its pixels, the size it was drawn for
+            width = int.from_bytes(png[16:20], "big") // 2
             return (
                 f"<h3>{html.escape(caption)}</h3><img alt='{html.escape(caption)}' "
+                f"width='{width}' style='max-width:100%;height:auto' "
                 f"src='data:image/png;base64,{data}'>"
             )
     raise TypeError(f"not a report block: {block!r}")

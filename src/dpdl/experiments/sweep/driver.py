@@ -21,10 +21,16 @@ from dpdl.experiments.sweep.contract import CellJob, CellOutcome, partial_dir
 from dpdl.experiments.sweep.executors import make_executor
 from dpdl.experiments.sweep.grid import cell_config, expand_grid, select_cells, split_sweep
 from dpdl.files import write_atomic
+from dpdl.training.provenance import PROVENANCE_KEY, provenance
 
 CELL_FILE = "cell.json"
 SWEEP_FILE = "sweep.json"
 FAILED_SUFFIX = ".failed.json"  # cells/<cell-id>.failed.json: the last failure of a cell
+
+
+def _configured_device(config: dict) -> str | None:
+    """The device a config asks for (its cells record the one they resolved to)."""
+    return (config.get("experiment") or {}).get("device")
 
 
 def failure_record_path(cell_dir: Path) -> Path:
@@ -107,7 +113,8 @@ def run_sweep(
     cells_dir = sweep_dir / "cells"
     cells_dir.mkdir(parents=True, exist_ok=True)
     (sweep_dir / SWEEP_FILE).write_text(
-        json.dumps({"base": base, "sweep": sweep, "cells": [c.cell_id for c in cells]}, indent=2)
+        json.dumps({"base": base, "sweep": sweep, "cells": [c.cell_id for c in cells],
+                    PROVENANCE_KEY: provenance(_configured_device(base))}, indent=2)
     )
     todo = [c for c in cells if not is_finished(cells_dir / c.cell_id)]
     _refuse_invalid_cells(base, todo)

@@ -49,6 +49,7 @@ import numpy as np
 from pydantic import Field, field_validator, model_serializer
 
 from dpdl.errors import DPDLError
+from dpdl.plotting import PALETTE, band, legend_outside, pyplot, save_figure, spans_decades, styled
 from dpdl.training.results import std_or_none
 from dpdl.training.run_folder import CellLog, RunFolder, resume_in_folder
 from dpdl.training.settings import ConfigSection as _Section
@@ -598,29 +599,45 @@ def apply_overrides(config: dict[str, Any], **overrides) -> dict[str, Any]:
     return config
 
 
+@styled
 def _plot_curves(path: Path, rows: list[dict], cfg: NetDPLogRegConfig) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """Test accuracy and loss against step, one column per ε on shared axes: each approach's
+    mean over seeds and a ± std band cut at the bounds (accuracy in [0, 1], loss above 0);
+    the loss on a log axis when the approaches' losses span orders of magnitude."""
     labels = [f"{e:g}" for e in cfg.privacy.epsilons]
-    fig, axes = plt.subplots(2, len(labels), figsize=(5 * len(labels), 7), squeeze=False)
+    fig, axes = pyplot().subplots(2, len(labels), figsize=(3.0 * len(labels) + 1.8, 4.6),
+                                  squeeze=False, sharex=True, sharey="row",
+                                  layout="constrained")  # fmt: skip
+    losses = []
     for col, label in enumerate(labels):
-        for approach in [*cfg.privacy.approaches, NON_PRIVATE]:
+        for colour, approach in zip(PALETTE, [*cfg.privacy.approaches, NON_PRIVATE],
+                                    strict=False):  # fmt: skip
             sel = [r for r in rows if r["approach"] == approach
                    and (r["epsilon"] == label or approach == NON_PRIVATE)]
-            if not sel:
-                continue
-            steps = sorted({r["step"] for r in sel})
-            for row_i, metric in enumerate(("test_accuracy", "test_loss")):
-                mean = [np.mean([r[metric] for r in sel if r["step"] == s]) for s in steps]
-                style = "k--" if approach == NON_PRIVATE else "-"
-                axes[row_i, col].plot(steps, mean, style, label=approach)
-        axes[0, col].set(title=f"epsilon = {label}, delta = {cfg.privacy.delta:g}",
-                         ylabel="test accuracy")
-        axes[1, col].set(xlabel="step", ylabel="test loss")
-        axes[0, col].legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+            if sel:
+                losses += _draw_approach(axes[:, col], sel, approach, colour)
+        axes[0, col].set_title(f"ε = {label}, δ = {cfg.privacy.delta:g}")
+        axes[1, col].set_xlabel("step")
+    axes[0, 0].set_ylabel("test accuracy")
+    axes[1, 0].set_ylabel("test loss")
+    if spans_decades(losses):
+        axes[1, 0].set_yscale("log")  # shared: every loss panel
+    legend_outside(fig, axes.ravel())
+    save_figure(fig, path)
+
+
+def _draw_approach(axes, sel: list[dict], approach: str, colour: str) -> list[float]:
+    """One approach's mean curves and bands (accuracy above, loss below); its mean losses."""
+    steps = sorted({r["step"] for r in sel})
+    means = []
+    for ax, metric, bounds in zip(axes, ("test_accuracy", "test_loss"),
+                                  ((0.0, 1.0), (0.0, None)), strict=True):  # fmt: skip
+        values = [[r[metric] for r in sel if r["step"] == s] for s in steps]
+        mean = np.array([np.mean(v) for v in values])
+        std = np.array([np.std(v, ddof=1) if len(v) > 1 else 0.0 for v in values])
+        style = {"color": "k", "linestyle": "--"} if approach == NON_PRIVATE else {"color": colour}
+        ax.plot(steps, mean, label=approach, **style)
+        band(ax, steps, mean - std, mean + std, color=style["color"], floor=bounds[0],
+             ceiling=bounds[1])  # fmt: skip
+        means = list(mean)
+    return means
