@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "fdp": "f-DP accounting: PN-f-DP pairwise matrices, DECOR's Sec-f-LDP.",
     "audit": "Audit a private algorithm empirically: canaries, hypothesis tests, a lower ε bound.",
     "gossip": "Privacy of gossip against non-neighbours: exact view accounting, pairwise.",
+    "ledger": "A site's privacy across runs: every run on its records composed, per data set.",
     "consortium": "A consortium's PKI: `dpdl consortium init FILE OUTDIR` (CA, party keys).",
 }
 

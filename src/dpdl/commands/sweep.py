@@ -104,6 +104,9 @@ def run(args) -> int:
         only=[parse_override(item) for item in args.only],
     )
     print(json.dumps({"sweep_dir": str(out), **summary}, indent=2))
+    from dpdl.commands.ledger import print_site_total
+
+    print_site_total(out)  # every run on these records, not only this sweep's cells one by one
     if args.report:
         from dpdl.experiments.report import write_report
 

@@ -58,4 +58,7 @@ def run(args) -> int:
                       "epsilon_released": privacy["epsilon"], "delta": privacy["delta"],
                       "failed": summary["failed"]}, indent=2, default=str))  # fmt: skip
     print(f"report: {out / 'tune.md'}")
+    from dpdl.commands.ledger import print_site_total
+
+    print_site_total(out)  # the tuning's runs and the tests composed, per data set
     return 1 if summary["failed"] else 0

@@ -320,6 +320,8 @@ def cell_trainer(
     on_row=None,
     simulator_factory=Simulator,
     checkpoint: CellCheckpointer | None = None,
+    site: Path | None = None,
+    site_run: str | None = None,
 ) -> DecentralizedTrainer:
     """The trainer of one cell, planned (steps, calibrated schedule, the ledger's approval)
     and not yet trained: what :func:`run_cell` fits, and where a tuner reads a cell's
@@ -338,7 +340,7 @@ def cell_trainer(
         device=work.device, runtime=cfg.experiment.runtime, entropy=cfg.experiment.entropy,
         seed=work.seed, progress=progress, engine_factory=simulator_factory,
         common_noise=cfg.experiment.common_noise,
-        checkpoint=checkpoint,
+        checkpoint=checkpoint, site=site, site_run=site_run,
     )  # fmt: skip
 
 
@@ -352,6 +354,8 @@ def run_cell(
     simulator_factory=Simulator,
     checkpoint: CellCheckpointer | None = None,
     model_path: Path | None = None,
+    site: Path | None = None,
+    site_run: str | None = None,
 ) -> RunRecord:
     """Train one algorithm for one seed and target epsilon; returns the cell's record.
     With ``model_path`` the trained models are written there (:func:`save_trained_model`).
@@ -365,7 +369,8 @@ def run_cell(
     states and the privacy ledger (the privacy already spent) come back exactly.
     """
     trainer = cell_trainer(work, algorithm, epsilon, progress=progress, on_row=on_row,
-                           simulator_factory=simulator_factory, checkpoint=checkpoint)  # fmt: skip
+                           simulator_factory=simulator_factory, checkpoint=checkpoint,
+                           site=site, site_run=site_run)  # fmt: skip
     result = trainer.fit()
     record = result.record
     if model_path is not None:
@@ -597,6 +602,8 @@ def _run_checkpointed_cell(work: Workload, spec: AlgorithmSpec, eps: float | Non
         on_row=None if metrics is None else metrics.write_row,
         simulator_factory=launch.simulator_factory, checkpoint=ckpt,
         model_path=folder.path / "models" / f"{key}.pt" if launch.main_process else None,
+        # the site is the output folder the run folder was made in (a sweep's cell: its own)
+        site=folder.path.parent, site_run=f"{folder.path.name}/{key}",
     )  # fmt: skip
     if cfg.training.checkpoint_every:
         if launch.main_process:

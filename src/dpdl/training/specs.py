@@ -68,7 +68,10 @@ class OutputSpec:
     ``metrics.csv``, ``results.json``, ``curves.png``, checkpoints), named ``run_name`` (else
     ``<name>-<UTC time>``); ``resume`` continues that folder's run; ``progress`` shows a bar;
     ``checkpoint`` a :class:`~dpdl.training.hooks.CellCheckpointer` of the caller's (the
-    runner's cells) instead of the folder's own."""
+    runner's cells) instead of the folder's own.  ``site``: the folder whose ledger across
+    runs (:mod:`dpdl.training.site_ledger`) records this run before it trains (default
+    ``output_dir``; None and no ``output_dir``: no record), ``site_run`` the run's name there
+    (default its run folder's)."""
 
     output_dir: str | Path | None = None
     run_name: str | None = None
@@ -76,10 +79,13 @@ class OutputSpec:
     resume: bool = False
     progress: bool = False
     checkpoint: Any = None
+    site: str | Path | None = None
+    site_run: str | None = None
 
     def __post_init__(self):
-        if self.output_dir is not None:
-            object.__setattr__(self, "output_dir", Path(self.output_dir))
+        for where in ("output_dir", "site"):
+            if getattr(self, where) is not None:
+                object.__setattr__(self, where, Path(getattr(self, where)))
         require(
             not self.resume or (self.output_dir is not None and self.run_name is not None),
             "resume needs output_dir and the run_name of the run folder to continue",

@@ -611,6 +611,7 @@ class DecentralizedTrainer:
             run_dir, logger, checkpoint = self._open_run_folder(main_process)
             if logger is not None:
                 callbacks.insert(0, logger)
+        self._record_at_site(run_dir, checkpoint)
         try:
             result = self._train(sim, callbacks, checkpoint, main_process)
         finally:
@@ -629,6 +630,23 @@ class DecentralizedTrainer:
                 checkpoints.remove(checkpoint.path)
             result.run_dir = run_dir
         return result
+
+    def _record_at_site(self, run_dir: Path | None, checkpoint) -> None:
+        """Before anything trains or is sent: this run in its site's ledger across runs (fsync'd,
+        so a crash still counts it).  A run resumed from its own checkpoint continues the
+        release already recorded and is not counted again."""
+        from dpdl.training import site_ledger
+
+        site = self.output.site or self.output.output_dir
+        if site is None or (checkpoint is not None and checkpoint.resume is not None):
+            return
+        first, count = self.first_node, self.node_data.n_nodes
+        run = self.output.site_run or (run_dir.name if run_dir is not None else self.output.name)
+        entry = site_ledger.entry_for(
+            run, self.run_digest(), site_ledger.record_set_fingerprint(self.node_data),
+            int(sum(int(c) for c in self.node_data.counts)), self.schedule,
+            float(np.max(self.sample_rates[first : first + count])))  # fmt: skip
+        site_ledger.append_entry(site, entry)
 
     def _train(self, sim: Simulator, callbacks, checkpoint: CellCheckpointer | None,
                main_process: bool = True) -> TrainingResult:  # fmt: skip
