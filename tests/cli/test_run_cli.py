@@ -40,7 +40,7 @@ def test_run_config_file_end_to_end(tmp_path, capsys):
     code = main(["run", str(cfg), "--output", str(out), "--no-progress", "--steps", "8"])
     printed = capsys.readouterr().out
     assert code == 0, printed
-    (run_dir,) = out.iterdir()
+    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]  # beside it: the site's ledger
     assert run_dir.name.startswith("cli-")
     assert "sgp" in printed and "dyn-d2p@clt" in printed and str(run_dir) in printed
     with open(run_dir / "metrics.csv", newline="") as fh:

@@ -147,7 +147,7 @@ def test_a_killed_rank_stops_the_others_and_the_run_resumes(tmp_path, simulator_
     assert "Traceback" not in result.stderr
     assert elapsed < 120
 
-    (run_dir,) = [p for p in out.iterdir() if not p.name.startswith(".")]
+    (run_dir,) = [p for p in out.iterdir() if p.is_dir() and not p.name.startswith(".")]
     for rank in (0, 1):  # every process keeps its own nodes' checkpoint
         assert (run_dir / "checkpoints" / f"dyn-d2p-default_seed3_eps2.rank{rank}.pt").is_file()
     assert not list(out.rglob(".ranks"))  # no scratch folders

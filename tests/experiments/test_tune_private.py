@@ -18,6 +18,7 @@ from dpdl.cli import main
 from dpdl.errors import DPDLError
 from dpdl.experiments.tune import split_tune
 from dpdl.experiments.tune_private import STATE, run_private_selection
+from dpdl.training.site_ledger import LEDGER_FILE
 
 CONFIG = """
 kind = "decentralized"
@@ -174,7 +175,8 @@ def test_dpdl_tune_selection_private_end_to_end(tmp_path, capsys):
     state = json.loads((folder / STATE).read_text())
     assert set(state) == {"winner", "digest"}  # K, the plan and every score are gone
     assert set(state["winner"]) == {"point", "seed", "folder"}
-    assert {p.name for p in folder.iterdir()} == {STATE, state["winner"]["folder"]}
+    # the losing runs' folders are gone, not their privacy: the site's ledger keeps them
+    assert {p.name for p in folder.iterdir()} == {STATE, state["winner"]["folder"], LEDGER_FILE}
     summary = json.loads((out / "tune.json").read_text())
     by = summary["candidates"]["const"]["by_epsilon"]["2"]
     (cell,) = Path(by["winner"]["folder"]).glob("cells/*/cell.json")

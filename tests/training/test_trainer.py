@@ -125,7 +125,7 @@ def test_api_and_dpdl_run_give_identical_metrics(tmp_path):
     path.write_text(_toml(config))
     assert tomllib.loads(path.read_text()) == config
     assert main(["run", str(path), "--output", str(tmp_path / "cli"), "--no-progress"]) == 0
-    (cli_dir,) = (tmp_path / "cli").iterdir()
+    (cli_dir,) = [p for p in (tmp_path / "cli").iterdir() if p.is_dir()]
 
     # The same through the API, with the data, split and model a user would build.
     data = load_dataset("digits", seed=0)

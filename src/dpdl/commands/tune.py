@@ -58,7 +58,13 @@ def run(args) -> int:
                       "epsilon_released": privacy["epsilon"], "delta": privacy["delta"],
                       "failed": summary["failed"]}, indent=2, default=str))  # fmt: skip
     print(f"report: {out / 'tune.md'}")
-    from dpdl.commands.ledger import print_site_total
+    if summary["selection"] == "private":
+        # the site's ledger counts every run of the selections: printed, it would tell their
+        # secret number K (Theorem 2's bound holds only while K stays hidden)
+        print(f"ledger: `dpdl ledger {out}` composes every run on these records; it reveals "
+              "the private selection's number of runs: keep it on the site")  # fmt: skip
+    else:
+        from dpdl.commands.ledger import print_site_total
 
-    print_site_total(out)  # the tuning's runs and the tests composed, per data set
+        print_site_total(out)  # the tuning's runs and the tests composed, per data set
     return 1 if summary["failed"] else 0

@@ -28,7 +28,6 @@ import hashlib
 import json
 import os
 import secrets
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -100,10 +99,14 @@ def _draw_plan(points: int, seeds: list[int], private: dict) -> dict:
 
 
 def _keep_only(folder: Path, keep: str) -> None:
+    from dpdl.training.site_ledger import LEDGER_FILE, remove_keeping_ledger
+
     for child in folder.iterdir():
-        if child.name in (keep, STATE) or child.name.startswith(f".{STATE}."):
+        if child.name in (keep, STATE, LEDGER_FILE) or child.name.startswith(f".{STATE}."):
             continue
-        shutil.rmtree(child) if child.is_dir() else child.unlink()
+        # the losing runs' files go, their privacy does not: the site's ledger keeps them
+        # (kept on the site: the number of runs K is the selection's secret)
+        remove_keeping_ledger(child, folder)
 
 
 def _plan(folder: Path, points: int, seeds: list[int], private: dict, digest: str) -> dict:

@@ -40,7 +40,8 @@ from dpdl.accounting.ledger import run_length_decode, run_length_encode
 from dpdl.errors import DPDLError, require
 
 __all__ = ["LEDGER_FILE", "SiteEntry", "SiteTotal", "append_entry", "compose_site",
-           "read_entries", "record_set_fingerprint", "format_totals"]  # fmt: skip
+           "read_entries", "remove_keeping_ledger", "record_set_fingerprint",
+           "format_totals"]  # fmt: skip
 
 LEDGER_FILE = "dpdl-ledger.jsonl"
 SCHEMA = 1
@@ -118,21 +119,44 @@ def append_entry(folder: str | Path, entry: SiteEntry) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LEDGER_FILE
+    _append_durably(path, (json.dumps(entry.to_dict(), sort_keys=True) + "\n").encode())
+    return path
+
+
+def _append_durably(path: Path, data: bytes) -> None:
     created = not path.exists()
-    line = (json.dumps(entry.to_dict(), sort_keys=True) + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
-        os.write(fd, line)  # one write with O_APPEND: processes sharing a folder never interleave
+        os.write(fd, data)  # one write with O_APPEND: processes sharing a file never interleave
         os.fsync(fd)
     finally:
         os.close(fd)
     if created:  # the file's name must survive a crash too
-        dir_fd = os.open(folder, os.O_RDONLY)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
         try:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
-    return path
+
+
+def remove_keeping_ledger(folder: str | Path, into: str | Path) -> None:
+    """Delete ``folder`` (a failed cell's partial folder, a private selection's losing run)
+    but first move the runs it recorded into ``into``'s ledger (durably): deleting a run's
+    files never forgets that it trained.  A crash between the two counts the runs twice
+    (fail closed), never zero times."""
+    import shutil
+
+    folder, into = Path(folder), Path(into)
+    if not folder.exists():
+        return
+    lines = b"".join(
+        b"".join(line for line in path.read_bytes().splitlines(keepends=True)
+                 if line.endswith(b"\n"))  # a torn last line never trained
+        for path in sorted(folder.rglob(LEDGER_FILE)))  # fmt: skip
+    if lines:
+        into.mkdir(parents=True, exist_ok=True)
+        _append_durably(into / LEDGER_FILE, lines)
+    shutil.rmtree(folder) if folder.is_dir() else folder.unlink()
 
 
 def read_entries(site: str | Path) -> list[SiteEntry]:

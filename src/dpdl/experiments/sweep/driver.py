@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections.abc import Iterable
 from contextlib import closing
 from pathlib import Path
@@ -60,7 +59,10 @@ def commit_cell(job: CellJob, outcome: CellOutcome) -> dict:
     partial = partial_dir(final)
     if outcome.files is not None:
         if partial.exists():
-            shutil.rmtree(partial)
+            from dpdl.training.site_ledger import remove_keeping_ledger
+
+            # an earlier attempt's runs trained on the records: they stay in the site's ledger
+            remove_keeping_ledger(partial, partial.parent.parent)  # the sweep folder
         partial.mkdir(parents=True)
         root = partial.resolve()
         for name, content in outcome.files.items():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from multiprocessing import get_context
@@ -26,7 +25,10 @@ def _run_cell_local(config: dict, partial: str) -> tuple[Any, float]:
     """Pool worker: run one cell into its (fresh) ``<cell>.partial`` folder."""
     folder = Path(partial)
     if folder.exists():
-        shutil.rmtree(folder)
+        from dpdl.training.site_ledger import remove_keeping_ledger
+
+        # an earlier attempt's runs trained on the records: they stay in the site's ledger
+        remove_keeping_ledger(folder, folder.parent.parent)  # the sweep folder
     folder.mkdir(parents=True)
     return run_cell_into(config, folder)
 
