@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 
 from dpdl.errors import DPDLError
 
@@ -64,12 +65,26 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warnings(command: str, shown):
+    """dpdl's own warnings as one line each, like its errors (others as Python shows them)."""
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if category.__module__.startswith("dpdl."):
+            print(f"dpdl {command}: warning: {message}", file=sys.stderr)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    return show
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     try:
-        return int(_load(args.command).run(args) or 0)
+        with warnings.catch_warnings():  # restores the display after the command
+            warnings.showwarning = _one_line_warnings(args.command, warnings.showwarning)
+            return int(_load(args.command).run(args) or 0)
     except DPDLError as err:
         print(f"dpdl {args.command}: error: {err}", file=sys.stderr)
         return 2

@@ -125,6 +125,18 @@ def stack_local_datasets(
     return stack_node_data(np.concatenate(xs), np.concatenate(ys), parts)
 
 
+def _npz_array(arrays, key: str, path, what: str) -> np.ndarray:
+    """One array of an npz file, loaded without pickle: an object array (pickled Python
+    objects, which could run code on loading) is refused in one line."""
+    try:
+        return arrays[key]
+    except ValueError as err:
+        if "Object arrays" not in str(err):
+            raise
+        raise DPDLError(f"{what} {str(path)!r}: array {key!r} holds Python objects (dtype "
+                        "object), which dpdl does not unpickle; save numeric arrays") from None
+
+
 def read_records(path, what: str = "data file") -> tuple[np.ndarray, np.ndarray]:
     """``(inputs, targets)`` of one file: ``.npz`` with arrays ``x``/``y`` (or ``inputs``/
     ``targets``), or ``.csv`` (comma-separated numbers, an optional header line, the target in
@@ -139,7 +151,8 @@ def read_records(path, what: str = "data file") -> tuple[np.ndarray, np.ndarray]
         with np.load(path, allow_pickle=False) as arrays:
             for x_key, y_key in NPZ_KEYS:
                 if x_key in arrays and y_key in arrays:
-                    return local_arrays((arrays[x_key], arrays[y_key]), what)
+                    return local_arrays((_npz_array(arrays, x_key, path, what),
+                                         _npz_array(arrays, y_key, path, what)), what)
             raise DPDLError(f"{what} {str(path)!r} needs arrays named x and y (or inputs and "
                             f"targets), it has {sorted(arrays.files)}")  # fmt: skip
     if path.suffix == ".csv":

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -257,6 +258,12 @@ def _per_node_workload(cfg, seed, device, topology, first, count, rank) -> Workl
     ``data.dataset``), and so are the record shape and the classes, read from them."""
     from dpdl.data import read_records, stack_local_datasets
 
+    # a file for one node more than the topology has: its records would silently be left out
+    beyond = node_file(cfg.data.per_node, cfg.topology.nodes, rank)
+    require(not beyond.exists(),
+            f"data.per_node: {str(beyond)!r} exists but topology.nodes = {cfg.topology.nodes} "
+            f"(nodes 0..{cfg.topology.nodes - 1}): node {cfg.topology.nodes}'s records would "
+            "be left out; set topology.nodes to the number of files")  # fmt: skip
     local = [read_records(node_file(cfg.data.per_node, i, rank), f"node {i}'s data file")
              for i in range(first, first + count)]  # fmt: skip
     X, Y, mask = stack_local_datasets(local, first_node=first, min_nodes=1)
@@ -460,9 +467,34 @@ def run_experiment(
     first_seed = cfg.experiment.seeds[0]
     workloads = {first_seed: launch.workload(cfg, first_seed)}
     validate_model(build_model(workloads[first_seed]))
+    made_output = not Path(output_dir).exists()
     folder = _open_run_folder(cfg, output_dir, launch)
+    try:
+        return _run_cells(cfg, folder, launch, workloads)
+    except DPDLError:
+        # refused before any cell trained (a label, a delta, ... checked by the first cell's
+        # trainer): a new run's folder holds nothing, and goes; the site's ledger says which
+        # folders trained, and those always stay
+        if launch.main_process and not launch.resume and not _trained_in(folder):
+            shutil.rmtree(folder.path, ignore_errors=True)
+            if made_output and not any(Path(output_dir).iterdir()):
+                Path(output_dir).rmdir()
+        raise
+
+
+def _trained_in(folder: RunFolder) -> bool:
+    """Whether any run of ``folder`` was recorded in its site's ledger (it trained)."""
+    from dpdl.training.site_ledger import LEDGER_FILE
+
+    ledger = folder.path.parent / LEDGER_FILE
+    return ledger.is_file() and f'"run": "{folder.path.name}/' in ledger.read_text()
+
+
+def _run_cells(cfg: RunConfig, folder: RunFolder, launch: _Launch,
+               workloads: dict[int, Workload]) -> dict[str, Any]:  # fmt: skip
+    """Every cell of ``cfg`` into ``folder`` (finished cells of a resume replayed)."""
     if launch.main_process:
-        _draw_label_distribution(folder, workloads[first_seed])
+        _draw_label_distribution(folder, workloads[cfg.experiment.seeds[0]])
     finished = _finished_cells(folder, launch)
     cells: list[dict[str, Any]] = []
     metrics = (CSVLogger(folder / "metrics.csv", columns=_metric_columns(cfg))

@@ -175,6 +175,13 @@ def check_eval_records(pair, what: str, *, record_shape: tuple[int, ...], loss,
     )  # fmt: skip
     require(len(x) == len(y), f"{what} has {len(x)} inputs but {len(y)} targets")
     require(len(x) > 0, f"{what} has no records")
+    for part, name in ((x, "inputs"), (y, "targets")):
+        # a NaN would make every loss NaN while the accuracy still prints as a number
+        if part.is_floating_point():
+            finite = torch.isfinite(part.reshape(len(part), -1)).all(dim=1)
+            if not bool(finite.all()):
+                raise DPDLError(f"{what} has non-finite {name} (NaN or inf), first at record "
+                                f"{int(torch.nonzero(~finite)[0, 0])}")  # fmt: skip
     require(
         tuple(x.shape[1:]) == record_shape,
         f"{what} has record shape {tuple(x.shape[1:])} but the nodes' records have {record_shape}",

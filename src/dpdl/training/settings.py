@@ -65,6 +65,10 @@ class ConfigSection(BaseModel):
 _Section = ConfigSection
 
 
+# The largest target epsilon of a private training run (privacy.epsilon).
+MAX_EPSILON = 100.0
+
+
 def _positive_finite(value: float) -> float:
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"every epsilon must be a finite number > 0, got {value!r}")
@@ -368,6 +372,13 @@ class PrivacySection(_Section):
         values = value if isinstance(value, list) else [value]
         if not values or any(not (math.isfinite(v) and v > 0) for v in values):
             raise ValueError(f"epsilon must be positive and finite, got {value}")
+        # refused here, not minutes later when the calibration's privacy-loss grid outgrows
+        # memory: beyond it a likelihood ratio of e^epsilon protects nothing
+        huge = [v for v in values if v > MAX_EPSILON]
+        if huge:
+            raise ValueError(f"epsilon {huge[0]:g} is above {MAX_EPSILON:g}, which protects "
+                             "nothing (e^epsilon); for a non-private baseline use the "
+                             "algorithm sgp")  # fmt: skip
         return value
 
     @property

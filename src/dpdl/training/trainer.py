@@ -31,6 +31,7 @@ import hashlib
 import json
 import math
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -202,6 +203,14 @@ def _json_number(v):
 
 
 # --------------------------------------------------------------------------- the trainer
+# A node this many times smaller than the median one drives the common rate b / J_min: warned.
+SMALL_NODE_FACTOR = 4
+
+
+class SmallNodeWarning(UserWarning):
+    """One node is so small that it sets every node's sampling rate (uniform sampling)."""
+
+
 class DecentralizedTrainer:
     """Private decentralized training of any model on the nodes' own data (see the module doc).
 
@@ -417,6 +426,7 @@ class DecentralizedTrainer:
             f"batch_size = {b:g} exceeds the smallest local data set (node "
             f"{int(np.argmin(counts or [0]))} has {min(counts or [0])} records)",
         )
+        self._check_small_nodes()
         # Every node's own rate; the schedule is accounted at the largest (b / J_min, or the
         # sample_rate given).
         self.sample_rates, self.sample_rate = node_rates(training, self.topology.n, counts)
@@ -438,6 +448,31 @@ class DecentralizedTrainer:
             if self.schedule.private else None
         )  # fmt: skip
         self.plan = RunPlan.of(self.schedule, self.training)
+
+    def _check_small_nodes(self) -> None:
+        """δ below 1/J_min (refused: a δ that large allows publishing a whole record of the
+        smallest node), and a warning naming a node so small that it drives the common rate
+        b / J_min far above the others'.  Under add-remove only the hosted nodes' own sizes
+        are read (they stay on this process)."""
+        counts = self.records_per_node or [int(c) for c in self.node_data.counts]
+        first = 0 if self.records_per_node else self.first_node
+        smallest = int(np.argmin(counts))
+        j_min = int(counts[smallest])
+        if self.spec.private:
+            require(self.privacy.delta < 1.0 / j_min,
+                    f"privacy.delta = {self.privacy.delta:g} is not below 1/J_min = 1/{j_min} "
+                    f"(node {first + smallest} has {j_min} records): such a delta allows "
+                    "releasing a whole record; take delta well below 1/J_min")  # fmt: skip
+        training = self.training
+        median = float(np.median(counts))
+        if (training.sampling == "uniform" and training.sample_rate is None
+                and j_min * SMALL_NODE_FACTOR <= median):
+            b = training.batch_size
+            warnings.warn(
+                f"node {first + smallest} has {j_min} records (median {median:g}): it sets "
+                f"every node's sampling rate to b / J_min = {b:g}/{j_min} = {b / j_min:.3g}; "
+                "consider training.sampling = \"per-node\" or leaving that node out",
+                SmallNodeWarning, stacklevel=3)  # fmt: skip
 
     @property
     def _sizes_secret(self) -> bool:
