@@ -1,0 +1,120 @@
+"""Issue 39's silent or late cases, each refused upfront in one line naming the value (or
+warned, naming the node), and a refused run leaves no run folder behind."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import dpdl
+from dpdl.data import read_records
+from dpdl.errors import DPDLError
+from dpdl.experiments.runner import run_experiment
+from dpdl.training.trainer import SmallNodeWarning
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SIZES = (20, 16, 12, 3)
+
+
+def nodes(sizes=SIZES, seed=0):
+    rng = np.random.default_rng(seed)
+    return [(rng.normal(size=(n, 5)).astype(np.float32), rng.integers(0, 2, n)) for n in sizes]
+
+
+def trainer(data, **options):
+    torch.manual_seed(0)
+    settings = {"topology": "ring", "epsilon": 1.0, "delta": 1e-5, "batch_size": 2,
+                "steps": 2, "lr": 0.1} | options  # fmt: skip
+    return dpdl.DecentralizedTrainer(nn.Linear(5, 2), data, **settings)
+
+
+def one_line(excinfo) -> str:
+    message = str(excinfo.value)
+    assert "\n" not in message and "Traceback" not in message
+    return message
+
+
+def test_an_evaluation_file_with_nan_is_refused_naming_the_record():
+    x, y = nodes((10,), seed=1)[0]
+    x[7, 2] = np.nan
+    with pytest.raises(DPDLError, match="eval_data has non-finite inputs") as excinfo:
+        trainer(nodes(), eval_data=(x, y))
+    assert "record 7" in one_line(excinfo)
+
+
+def test_an_object_npz_is_one_line_not_a_traceback(tmp_path):
+    path = tmp_path / "eval.npz"
+    np.savez(path, x=np.array([object()] * 3, dtype=object), y=np.arange(3))
+    with pytest.raises(DPDLError, match="'x' holds Python objects") as excinfo:
+        read_records(path, "data.eval_file")
+    assert str(path) in one_line(excinfo)
+
+
+def test_a_label_out_of_range_names_the_node_not_torch():
+    data = nodes()
+    data[1][1][4] = -1
+    with pytest.raises(DPDLError, match=r"node 1 has labels outside 0\.\.1.*-1") as excinfo:
+        trainer(data)
+    one_line(excinfo)
+
+
+def test_delta_not_below_one_over_the_smallest_node_is_refused_naming_it():
+    # J_min = 12 at node 2: 1/12 = 0.083; a delta of 0.1 allows publishing a record
+    with pytest.raises(DPDLError, match=r"privacy.delta = 0.1 is not below 1/J_min = 1/12 "
+                                        r"\(node 2 has 12 records\)") as excinfo:  # fmt: skip
+        trainer(nodes((20, 16, 12, 30)), delta=0.1)
+    one_line(excinfo)
+    trainer(nodes((20, 16, 12, 30)), delta=0.08)  # below 1/12: accepted
+
+
+def test_a_tiny_node_driving_the_common_rate_is_named():
+    with pytest.warns(SmallNodeWarning, match=r"node 3 has 3 records \(median 14\).*2/3"):
+        trainer(nodes())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SmallNodeWarning)
+        trainer(nodes(), sampling="per-node")  # each node at its own rate: nothing to say
+
+
+def test_an_absurd_epsilon_is_refused_before_any_work():
+    with pytest.raises(DPDLError, match="epsilon.*1e\\+06 is above 100") as excinfo:
+        trainer(nodes(), epsilon=1e6)
+    one_line(excinfo)
+
+
+def _config(tmp_path, data, *, nodes_, eval_pair):
+    for i, (x, y) in enumerate(data):
+        np.savez(tmp_path / f"h-{i}.npz", x=x, y=y)
+    np.savez(tmp_path / "eval.npz", x=eval_pair[0], y=eval_pair[1])
+    return {"kind": "decentralized",
+            "experiment": {"name": "c", "algorithms": ["const-d2p"], "seed": 0},
+            "data": {"per_node": str(tmp_path / "h-{i}.npz"),
+                     "eval_file": str(tmp_path / "eval.npz")},
+            "model": {"name": "logreg"}, "topology": {"name": "ring", "nodes": nodes_},
+            "training": {"steps": 2, "batch_size": 2, "lr": 0.1},
+            "privacy": {"epsilon": 1.0, "delta": 1e-5}}  # fmt: skip
+
+
+def test_more_per_node_files_than_nodes_is_refused_by_name(tmp_path):
+    data = nodes((20, 16, 12, 30))
+    config = _config(tmp_path, data, nodes_=3, eval_pair=data[0])
+    out = tmp_path / "out"
+    with pytest.raises(DPDLError, match=r"h-3.npz' exists but topology.nodes = 3") as excinfo:
+        run_experiment(config, out, progress=False)
+    one_line(excinfo)
+    assert not out.exists()
+
+
+def test_a_run_refused_by_its_first_cell_leaves_no_run_folder(tmp_path):
+    data = nodes((20, 16, 12, 30))
+    x, y = data[0][0].copy(), data[0][1]
+    x[0, 0] = np.inf
+    out = tmp_path / "out"
+    with pytest.raises(DPDLError, match="non-finite inputs"):
+        run_experiment(_config(tmp_path, data, nodes_=4, eval_pair=(x, y)), out,
+                       progress=False)  # fmt: skip
+    assert not out.exists()  # the run folder (made before the cell's checks) is gone too
