@@ -118,3 +118,45 @@ def test_a_run_refused_by_its_first_cell_leaves_no_run_folder(tmp_path):
         run_experiment(_config(tmp_path, data, nodes_=4, eval_pair=(x, y)), out,
                        progress=False)  # fmt: skip
     assert not out.exists()  # the run folder (made before the cell's checks) is gone too
+
+
+# --------------------------------------------------------------------------- data.node_eval_file
+def test_each_party_scores_its_nodes_on_its_own_evaluation_file(tmp_path):
+    """data.node_eval_file: node i's model scored on node i's own file; the reference is each
+    saved node model run on that file by hand."""
+    import csv
+
+    from dpdl.models import make_model
+
+    data = nodes((20, 16, 12, 30))
+    config = _config(tmp_path, data, nodes_=4, eval_pair=data[0])
+    own = nodes((9, 7, 5, 11), seed=5)
+    for i, (x, y) in enumerate(own):
+        np.savez(tmp_path / f"own-{i}.npz", x=x, y=y)
+    config["data"]["node_eval_file"] = str(tmp_path / "own-{i}.npz")
+    config["training"] |= {"steps": 4, "eval_every": 4, "lr": 0.5}
+    result = run_experiment(config, tmp_path / "out", progress=False, run_name="r")
+    run_dir = tmp_path / "out" / "r"
+    with open(run_dir / "metrics.csv", newline="") as fh:
+        last = list(csv.DictReader(fh))[-1]
+    (cell,) = result["cells"]
+    saved = torch.load(next((run_dir / "models").glob("*.pt")), weights_only=True)
+    accuracies = []
+    for i, (x, y) in enumerate(own):
+        model = make_model("logreg", (5,), 2)
+        model.load_state_dict(saved["nodes"][str(i)])
+        with torch.no_grad():
+            predicted = model(torch.as_tensor(x)).argmax(dim=1).numpy()
+        accuracies.append(float(np.mean(predicted == y)))
+    assert float(last["node_local_accuracy_mean"]) == pytest.approx(np.mean(accuracies))
+    assert float(last["node_local_accuracy_worst"]) == pytest.approx(min(accuracies))
+    assert cell["status"] == "ok"
+
+
+def test_a_node_eval_file_needs_per_node_files_and_the_node_index():
+    from dpdl.experiments.config import parse_config
+
+    with pytest.raises(DPDLError, match="data.node_eval_file goes with data.per_node"):
+        parse_config({"data": {"node_eval_file": "e-{i}.npz"}})
+    with pytest.raises(DPDLError, match=r"data.node_eval_file needs \{i\}"):
+        parse_config({"data": {"per_node": "h-{i}.npz", "node_eval_file": "e.npz"}})

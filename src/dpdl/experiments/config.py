@@ -140,9 +140,19 @@ class DataSection(_Section):
     # split of `dataset`.
     per_node: str | None = None
     eval_file: str | None = None
+    # With per_node: each party's own evaluation records of each node it hosts (a pattern with
+    # {i}), declared public by the party; read only by the process hosting node i and kept
+    # there: node i's model is scored on them (node_local_* metrics), only the scores leave.
+    node_eval_file: str | None = None
 
     @model_validator(mode="after")
     def _per_node(self) -> DataSection:
+        if self.node_eval_file is not None:
+            if self.per_node is None:
+                raise ValueError("data.node_eval_file goes with data.per_node")
+            if "{i}" not in self.node_eval_file:
+                raise ValueError(f"data.node_eval_file needs {{i}} (the node) in "
+                                 f"{self.node_eval_file!r}")  # fmt: skip
         if self.per_node is not None:
             if "{i}" not in self.per_node:
                 raise ValueError(f"data.per_node needs {{i}} (the node) in {self.per_node!r}")

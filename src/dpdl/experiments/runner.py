@@ -21,6 +21,7 @@ the config, the (first seed's) data, topology and model have been validated.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -86,6 +87,8 @@ class Workload:
     steps: int
     sample_rate: float
     records_per_node: list[int] = field(default_factory=list)
+    # node i -> its own evaluation set (data.node_eval_file), read where node i is hosted
+    node_eval: Any = None
     # node sizes and label histograms of a library-made split of a shipped public benchmark
     heterogeneity: dict[str, Any] | None = None
 
@@ -294,7 +297,16 @@ def _per_node_workload(cfg, seed, device, topology, first, count, rank) -> Workl
         x_train_eval=None, y_train_eval=None, x_val=None, y_val=None, device=device,
         steps=_steps(cfg, counts),
         sample_rate=_sample_rate(cfg, counts), records_per_node=counts,
+        node_eval=None if cfg.data.node_eval_file is None else functools.partial(
+            _node_eval_set, cfg.data.node_eval_file, rank),
     )  # fmt: skip
+
+
+def _node_eval_set(pattern: str, rank: int, node: int) -> tuple[np.ndarray, np.ndarray]:
+    """Node ``node``'s own evaluation records (``data.node_eval_file``)."""
+    from dpdl.data import read_records
+
+    return read_records(node_file(pattern, node, rank), f"node {node}'s data.node_eval_file")
 
 
 def node_file(pattern: str, node: int | None, rank: int) -> Path:
@@ -343,6 +355,7 @@ def cell_trainer(
         train_eval_data=(work.x_train_eval, work.y_train_eval)
         if cfg.training.unsafe_train_metrics else None,
         validation_data=None if work.x_val is None else (work.x_val, work.y_val),
+        node_eval_data=work.node_eval,
         callbacks=[] if on_row is None else [lambda evaluation: on_row(evaluation.row)],
         device=work.device, runtime=cfg.experiment.runtime, entropy=cfg.experiment.entropy,
         seed=work.seed, progress=progress, engine_factory=simulator_factory,
@@ -597,7 +610,8 @@ def _finished_cells(folder: RunFolder, launch: _Launch) -> dict[str, RunRecord |
 
 def _metric_columns(cfg: RunConfig) -> tuple[str, ...]:
     # node_local_* only with per-node evaluation: a default run's metrics.csv is unchanged
-    node_local = NODE_LOCAL_COLUMNS if cfg.training.node_eval_share else ()
+    node_local = (NODE_LOCAL_COLUMNS if cfg.training.node_eval_share or cfg.data.node_eval_file
+                  else ())  # fmt: skip
     # val_node_* only with validation records (a run without keeps its columns)
     val_node = VAL_NODE_COLUMNS if cfg.data.validation_records else ()
     return METRIC_COLUMNS + node_local + val_node + (
