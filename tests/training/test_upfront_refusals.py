@@ -160,3 +160,44 @@ def test_a_node_eval_file_needs_per_node_files_and_the_node_index():
         parse_config({"data": {"node_eval_file": "e-{i}.npz"}})
     with pytest.raises(DPDLError, match=r"data.node_eval_file needs \{i\}"):
         parse_config({"data": {"per_node": "h-{i}.npz", "node_eval_file": "e.npz"}})
+
+
+# --------------------------------------------------------------------------- tune on per-node files
+def test_tune_runs_on_per_node_files_with_a_public_validation_file(tmp_path):
+    """`dpdl tune` with data.per_node: it chooses on data.validation_file (each selection
+    run's val_accuracy is its saved average model's accuracy on that file, by hand), and the
+    site's ledger composes every selection and test run on the parties' records."""
+    import csv
+
+    from dpdl.experiments.tune import run_tuning
+    from dpdl.models import make_model
+    from dpdl.training.site_ledger import compose_site
+
+    data = nodes((20, 16, 12, 30))
+    config = _config(tmp_path, data, nodes_=4, eval_pair=data[0])
+    val_x, val_y = nodes((25,), seed=9)[0]
+    np.savez(tmp_path / "val.npz", x=val_x, y=val_y)
+    config["data"]["validation_file"] = str(tmp_path / "val.npz")
+    config["experiment"] |= {"entropy": "seed"}
+    config["training"] |= {"eval_every": 100, "lr": 0.5}
+    config["privacy"] |= {"epsilon": [2.0], "calibrate": "clt"}
+    config["tune"] = {"selection_seeds": [0], "test_seeds": [1], "workers": 1,
+                      "candidates": {"const": {"algorithm": "const-d2p",
+                                               "grid": {"privacy.clip": [0.2, 1.0]}}}}  # fmt: skip
+    out = tmp_path / "tune"
+    summary = run_tuning(config, out, workers=1, progress=False)
+    assert not summary["failed"]
+    scored = 0
+    for metrics in sorted((out / "select").rglob("metrics.csv")):
+        with open(metrics, newline="") as fh:
+            last = list(csv.DictReader(fh))[-1]
+        saved = torch.load(next((metrics.parent / "models").glob("*.pt")), weights_only=True)
+        model = make_model("logreg", (5,), 2)
+        model.load_state_dict(saved["average"])
+        with torch.no_grad():
+            predicted = model(torch.as_tensor(val_x)).argmax(dim=1).numpy()
+        assert float(last["val_accuracy"]) == pytest.approx(float(np.mean(predicted == val_y)))
+        scored += 1
+    assert scored == 2  # both grid points of the one selection seed
+    (total,), _ = compose_site(out)
+    assert total.runs == 3 and total.records == (78,)  # 2 selection runs + the test run

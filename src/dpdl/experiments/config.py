@@ -144,9 +144,15 @@ class DataSection(_Section):
     # {i}), declared public by the party; read only by the process hosting node i and kept
     # there: node i's model is scored on them (node_local_* metrics), only the scores leave.
     node_eval_file: str | None = None
+    # With per_node: public validation records (every party the same file), on which a
+    # tuning chooses (val_* metrics), in place of validation_records held out of a split.
+    validation_file: str | None = None
 
     @model_validator(mode="after")
     def _per_node(self) -> DataSection:
+        if self.validation_file is not None and self.per_node is None:
+            raise ValueError("data.validation_file goes with data.per_node (a split data set "
+                             "holds out data.validation_records)")  # fmt: skip
         if self.node_eval_file is not None:
             if self.per_node is None:
                 raise ValueError("data.node_eval_file goes with data.per_node")

@@ -294,12 +294,24 @@ def _per_node_workload(cfg, seed, device, topology, first, count, rank) -> Workl
         loss="cross_entropy" if classification else "squared_error",
         x_test=torch.as_tensor(np.asarray(x_test), dtype=node_data.inputs.dtype, device=device),
         y_test=torch.as_tensor(np.asarray(y_test), dtype=y_dtype, device=device),
-        x_train_eval=None, y_train_eval=None, x_val=None, y_val=None, device=device,
+        x_train_eval=None, y_train_eval=None, **_validation_file(cfg, rank, node_data, device),
+        device=device,
         steps=_steps(cfg, counts),
         sample_rate=_sample_rate(cfg, counts), records_per_node=counts,
         node_eval=None if cfg.data.node_eval_file is None else functools.partial(
             _node_eval_set, cfg.data.node_eval_file, rank),
     )  # fmt: skip
+
+
+def _validation_file(cfg: RunConfig, rank: int, node_data: NodeData, device) -> dict:
+    """x_val, y_val of ``data.validation_file`` (public records a tuning chooses on)."""
+    if cfg.data.validation_file is None:
+        return {"x_val": None, "y_val": None}
+    from dpdl.data import read_records
+
+    x, y = read_records(node_file(cfg.data.validation_file, None, rank), "data.validation_file")
+    return {"x_val": torch.as_tensor(x, dtype=node_data.inputs.dtype, device=device),
+            "y_val": torch.as_tensor(y, dtype=node_data.targets.dtype, device=device)}
 
 
 def _node_eval_set(pattern: str, rank: int, node: int) -> tuple[np.ndarray, np.ndarray]:
@@ -613,7 +625,8 @@ def _metric_columns(cfg: RunConfig) -> tuple[str, ...]:
     node_local = (NODE_LOCAL_COLUMNS if cfg.training.node_eval_share or cfg.data.node_eval_file
                   else ())  # fmt: skip
     # val_node_* only with validation records (a run without keeps its columns)
-    val_node = VAL_NODE_COLUMNS if cfg.data.validation_records else ()
+    val_node = (VAL_NODE_COLUMNS if cfg.data.validation_records or cfg.data.validation_file
+                else ())  # fmt: skip
     return METRIC_COLUMNS + node_local + val_node + (
         (UNACCOUNTED_TRAIN_LOSS,) if cfg.training.unsafe_train_metrics else ())  # fmt: skip
 

@@ -120,8 +120,10 @@ def split_tune(config: dict) -> tuple[dict, dict]:
     require(kind.tunes, f"tuning runs a kind that tunes ({', '.join(_tuned_kinds())}; the "
                         f"Dyn-D2P family), not {kind.name!r}")  # fmt: skip
     require("sweep" not in config, "a tune config has no [sweep] table: [tune] makes the grids")
-    require(bool(config.get("data", {}).get("validation_records")),
-            "tuning chooses on validation records: set data.validation_records")  # fmt: skip
+    data = config.get("data", {})
+    require(bool(data.get("validation_records") or data.get("validation_file")),
+            "tuning chooses on validation records: set data.validation_records (or, with "
+            "data.per_node, data.validation_file)")  # fmt: skip
     for key in ("selection_seeds", "test_seeds"):
         seeds = tune.get(key)
         require(isinstance(seeds, list) and seeds and all(
