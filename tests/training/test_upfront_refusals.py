@@ -43,7 +43,7 @@ def test_an_evaluation_file_with_nan_is_refused_naming_the_record():
     x, y = nodes((10,), seed=1)[0]
     x[7, 2] = np.nan
     with pytest.raises(DPDLError, match="eval_data has non-finite inputs") as excinfo:
-        trainer(nodes(), eval_data=(x, y))
+        trainer(nodes((20, 16, 12, 30)), eval_data=(x, y))
     assert "record 7" in one_line(excinfo)
 
 
@@ -121,38 +121,6 @@ def test_a_run_refused_by_its_first_cell_leaves_no_run_folder(tmp_path):
 
 
 # --------------------------------------------------------------------------- data.node_eval_file
-def test_each_party_scores_its_nodes_on_its_own_evaluation_file(tmp_path):
-    """data.node_eval_file: node i's model scored on node i's own file; the reference is each
-    saved node model run on that file by hand."""
-    import csv
-
-    from dpdl.models import make_model
-
-    data = nodes((20, 16, 12, 30))
-    config = _config(tmp_path, data, nodes_=4, eval_pair=data[0])
-    own = nodes((9, 7, 5, 11), seed=5)
-    for i, (x, y) in enumerate(own):
-        np.savez(tmp_path / f"own-{i}.npz", x=x, y=y)
-    config["data"]["node_eval_file"] = str(tmp_path / "own-{i}.npz")
-    config["training"] |= {"steps": 4, "eval_every": 4, "lr": 0.5}
-    result = run_experiment(config, tmp_path / "out", progress=False, run_name="r")
-    run_dir = tmp_path / "out" / "r"
-    with open(run_dir / "metrics.csv", newline="") as fh:
-        last = list(csv.DictReader(fh))[-1]
-    (cell,) = result["cells"]
-    saved = torch.load(next((run_dir / "models").glob("*.pt")), weights_only=True)
-    accuracies = []
-    for i, (x, y) in enumerate(own):
-        model = make_model("logreg", (5,), 2)
-        model.load_state_dict(saved["nodes"][str(i)])
-        with torch.no_grad():
-            predicted = model(torch.as_tensor(x)).argmax(dim=1).numpy()
-        accuracies.append(float(np.mean(predicted == y)))
-    assert float(last["node_local_accuracy_mean"]) == pytest.approx(np.mean(accuracies))
-    assert float(last["node_local_accuracy_worst"]) == pytest.approx(min(accuracies))
-    assert cell["status"] == "ok"
-
-
 def test_a_node_eval_file_needs_per_node_files_and_the_node_index():
     from dpdl.experiments.config import parse_config
 
@@ -165,12 +133,12 @@ def test_a_node_eval_file_needs_per_node_files_and_the_node_index():
 # --------------------------------------------------------------------------- tune on per-node files
 def test_tune_runs_on_per_node_files_with_a_public_validation_file(tmp_path):
     """`dpdl tune` with data.per_node: it chooses on data.validation_file (each selection
-    run's val_accuracy is its saved average model's accuracy on that file, by hand), and the
-    site's ledger composes every selection and test run on the parties' records."""
+    run's val_accuracy is its saved average model's accuracy on that file, by hand); each
+    node is scored on its own data.node_eval_file (node_local_*, by hand from the saved node
+    models); and the site's ledger composes every selection and test run on the records."""
     import csv
 
     from dpdl.experiments.tune import run_tuning
-    from dpdl.models import make_model
     from dpdl.training.site_ledger import compose_site
 
     data = nodes((20, 16, 12, 30))
@@ -178,6 +146,10 @@ def test_tune_runs_on_per_node_files_with_a_public_validation_file(tmp_path):
     val_x, val_y = nodes((25,), seed=9)[0]
     np.savez(tmp_path / "val.npz", x=val_x, y=val_y)
     config["data"]["validation_file"] = str(tmp_path / "val.npz")
+    own = nodes((9, 7, 5, 11), seed=5)
+    for i, (x, y) in enumerate(own):
+        np.savez(tmp_path / f"own-{i}.npz", x=x, y=y)
+    config["data"]["node_eval_file"] = str(tmp_path / "own-{i}.npz")
     config["experiment"] |= {"entropy": "seed"}
     config["training"] |= {"eval_every": 100, "lr": 0.5}
     config["privacy"] |= {"epsilon": [2.0], "calibrate": "clt"}
@@ -192,12 +164,22 @@ def test_tune_runs_on_per_node_files_with_a_public_validation_file(tmp_path):
         with open(metrics, newline="") as fh:
             last = list(csv.DictReader(fh))[-1]
         saved = torch.load(next((metrics.parent / "models").glob("*.pt")), weights_only=True)
-        model = make_model("logreg", (5,), 2)
-        model.load_state_dict(saved["average"])
-        with torch.no_grad():
-            predicted = model(torch.as_tensor(val_x)).argmax(dim=1).numpy()
-        assert float(last["val_accuracy"]) == pytest.approx(float(np.mean(predicted == val_y)))
+        assert float(last["val_accuracy"]) == pytest.approx(
+            _accuracy(saved["average"], val_x, val_y))
+        accuracies = [_accuracy(saved["nodes"][str(i)], x, y) for i, (x, y) in enumerate(own)]
+        assert float(last["node_local_accuracy_mean"]) == pytest.approx(np.mean(accuracies))
+        assert float(last["node_local_accuracy_worst"]) == pytest.approx(min(accuracies))
         scored += 1
     assert scored == 2  # both grid points of the one selection seed
     (total,), _ = compose_site(out)
     assert total.runs == 3 and total.records == (78,)  # 2 selection runs + the test run
+
+
+def _accuracy(state_dict, x, y) -> float:
+    from dpdl.models import make_model
+
+    model = make_model("logreg", (5,), 2)
+    model.load_state_dict(state_dict)
+    with torch.no_grad():
+        predicted = model(torch.as_tensor(x)).argmax(dim=1).numpy()
+    return float(np.mean(predicted == y))
