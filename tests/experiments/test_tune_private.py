@@ -18,7 +18,7 @@ from dpdl.cli import main
 from dpdl.errors import DPDLError
 from dpdl.experiments.tune import split_tune
 from dpdl.experiments.tune_private import STATE, run_private_selection
-from dpdl.training.site_ledger import LEDGER_FILE
+from dpdl.training.site_ledger import LEDGER_FILE, read_entries
 
 CONFIG = """
 kind = "decentralized"
@@ -175,8 +175,11 @@ def test_dpdl_tune_selection_private_end_to_end(tmp_path, capsys):
     state = json.loads((folder / STATE).read_text())
     assert set(state) == {"winner", "digest"}  # K, the plan and every score are gone
     assert set(state["winner"]) == {"point", "seed", "folder"}
-    # the losing runs' folders are gone, not their privacy: the site's ledger keeps them
-    assert {p.name for p in folder.iterdir()} == {STATE, state["winner"]["folder"], LEDGER_FILE}
+    # the losing runs' folders are gone (if K > 1), not their privacy: the site's ledger
+    # keeps every run, the winner's in its folder, the others' moved up beside it
+    assert {p.name for p in folder.iterdir()} - {LEDGER_FILE} == {STATE, state["winner"]["folder"]}
+    kept = read_entries(folder)
+    assert len(kept) >= 1 and (len(kept) == 1) == (not (folder / LEDGER_FILE).exists())
     summary = json.loads((out / "tune.json").read_text())
     by = summary["candidates"]["const"]["by_epsilon"]["2"]
     (cell,) = Path(by["winner"]["folder"]).glob("cells/*/cell.json")
