@@ -49,8 +49,9 @@ def events(trainer_):
 
 
 def reference_epsilon(all_events):
+    # the site ledger's grid (3e-4); dp_accounting's own pessimistic PLD on it
     accountant = dp_accounting.pld.PLDAccountant(
-        dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE, value_discretization_interval=1e-4)
+        dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE, value_discretization_interval=3e-4)
     accountant.compose(dp_accounting.ComposedDpEvent(all_events))
     return accountant.get_epsilon(DELTA)
 
@@ -122,3 +123,29 @@ def test_a_torn_last_line_is_a_run_that_never_trained(tmp_path):
         fh.write('\n{}\n')  # the torn line is no longer the last: the file was tampered with
     with pytest.raises(dpdl.DPDLError, match="corrupt site-ledger line"):
         read_entries(tmp_path)
+
+
+def test_repeated_schedules_and_rates_compose_as_dp_accounting_says(tmp_path):
+    """A sweep's seeds repeat a schedule (composed as one PLD with itself), another run samples
+    at another rate: the total is dp_accounting's for the concatenated events."""
+    from dpdl.training.site_ledger import SiteEntry, append_entry
+
+    def entry(rate, runs):
+        return SiteEntry("r", "d", "f" * 64, 50, True, rate, "add-remove", DELTA, ("update",),
+                         tuple(runs))  # fmt: skip
+
+    seeds = entry(0.1, [(1.2, 6), (0.9, 3)])
+    other = entry(0.05, [(0.8, 8)])
+    for one in (seeds, seeds, seeds, other):
+        append_entry(tmp_path, one)
+
+    def events(rate, runs):
+        step = [dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+            rate, dp_accounting.GaussianDpEvent(z)), count) for z, count in runs]
+        return step
+
+    three_seeds = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.ComposedDpEvent(events(0.1, [(1.2, 6), (0.9, 3)])), 3)
+    expected = reference_epsilon([three_seeds, *events(0.05, [(0.8, 8)])])
+    (total,), _ = compose_site(tmp_path)
+    assert total.runs == 4 and total.epsilon == pytest.approx(expected, rel=2e-3)

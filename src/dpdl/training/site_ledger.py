@@ -45,8 +45,9 @@ __all__ = ["LEDGER_FILE", "SiteEntry", "SiteTotal", "append_entry", "compose_sit
 
 LEDGER_FILE = "dpdl-ledger.jsonl"
 SCHEMA = 1
-# One discretization for every run's PLD: PLDs compose only on the same grid.
-DISCRETIZATION = 1e-4
+# One discretization for every run's PLD (PLDs compose only on the same grid): the binned
+# accountant's, so a run of thousands of distinct multipliers takes seconds, not minutes.
+DISCRETIZATION = 3e-4
 REPLACE_ONE = "replace-one"
 
 
@@ -210,7 +211,7 @@ def _relation(entries: list[SiteEntry]) -> str:
 def compose(entries: list[SiteEntry], delta: float, fingerprint: str | None) -> SiteTotal:
     """ε at ``delta`` of every run of ``entries`` composed (certified PLD, each run at its
     own rate, the PLDs composed on one grid); ∞ with a non-private run."""
-    from dpdl.accounting.certified import privacy_loss_distribution
+    from dpdl.accounting.certified import accountant_options, privacy_loss_distribution
 
     delta = check.delta(delta)
     relation = _relation(entries)
@@ -218,14 +219,24 @@ def compose(entries: list[SiteEntry], delta: float, fingerprint: str | None) -> 
     records = tuple(sorted({e.records for e in entries}))
     epsilon = math.inf if non_private else 0.0
     if not non_private:
-        composed = None
+        # runs of the same schedule at the same rate (a sweep's seeds) are one PLD composed
+        # with itself: a handful of compositions, whatever the number of runs
+        same: dict[tuple, int] = {}
         for entry in entries:
-            zs = run_length_decode([list(run) for run in entry.multipliers])
-            pld = privacy_loss_distribution(zs, entry.sample_rate, neighboring=relation,
-                                            value_discretization=DISCRETIZATION)  # fmt: skip
+            key = (entry.sample_rate, entry.multipliers)
+            same[key] = same.get(key, 0) + 1
+        composed = None
+        for (rate, multipliers), count in same.items():
+            zs = run_length_decode([list(run) for run in multipliers])
+            # the ledger's own composition options (binned beyond 200 distinct multipliers:
+            # a certified upper bound), on the one grid every run's PLD shares
+            options = accountant_options("pld", zs)
+            pld = privacy_loss_distribution(zs, rate, neighboring=relation,
+                                            value_discretization=DISCRETIZATION,
+                                            **options)  # fmt: skip
+            pld = pld if count == 1 else pld.self_compose(count)
             composed = pld if composed is None else composed.compose(pld)
-        if composed is not None:
-            epsilon = float(composed.get_epsilon_for_delta(delta))
+        epsilon = float(composed.get_epsilon_for_delta(delta))
     return SiteTotal(fingerprint, len(entries), records, epsilon, delta, relation, non_private)
 
 
