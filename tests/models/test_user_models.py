@@ -103,7 +103,7 @@ def test_a_users_model_runs_through_run_sweep_and_report(user_models, tmp_path, 
     cfg = tmp_path / "run.toml"
     cfg.write_text(CONFIG.format(sweep=""))
     assert main(["run", str(cfg), "--output", str(tmp_path / "runs"), "--no-progress"]) == 0
-    (run_dir,) = (tmp_path / "runs").iterdir()
+    (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
     with open(run_dir / "metrics.csv", newline="") as fh:
         assert [int(r["iteration"]) for r in csv.DictReader(fh)] == [0, 2, 4]
     sweep = tmp_path / "sweep.toml"
@@ -116,7 +116,10 @@ def test_a_users_model_runs_through_run_sweep_and_report(user_models, tmp_path, 
     out = tmp_path / "sweep"
     capsys.readouterr()
     assert main(["sweep", str(sweep), "--output", str(out), "--no-progress"]) == 0
-    assert json.loads(capsys.readouterr().out)["done"] == 2
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["done"] == 2
+    # the site's ledger: both cells on the same records, composed
+    assert len(printed["site_ledger"]) == 1 and " 2 run(s)" in printed["site_ledger"][0]
     assert main(["report", str(out)]) == 0
     report = (out / "report" / "report.md").read_text()
     assert "dyn-d2p@clt" in report and "lr=0.1" in report and "lr=0.2" in report

@@ -36,10 +36,14 @@ def run(args) -> int:
     return 0
 
 
-def print_site_total(site: Path) -> None:
-    """What ``dpdl tune`` and ``dpdl sweep`` print at the end: the site's ledger."""
+def site_total_lines(site: Path) -> list[str]:
+    """What ``dpdl tune`` and ``dpdl sweep`` print at the end: the site's ledger, a line per
+    data set (and one for the whole site)."""
     from dpdl.training.site_ledger import compose_site, format_totals
 
-    totals, site_total = compose_site(site)
-    for line in format_totals(totals, site_total):
+    return format_totals(*compose_site(site))
+
+
+def print_site_total(site: Path) -> None:
+    for line in site_total_lines(site):
         print(f"ledger of {site}: {line}")

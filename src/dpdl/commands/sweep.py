@@ -103,10 +103,12 @@ def run(args) -> int:
         ray_max_retries=args.ray_max_retries,
         only=[parse_override(item) for item in args.only],
     )
-    print(json.dumps({"sweep_dir": str(out), **summary}, indent=2))
-    from dpdl.commands.ledger import print_site_total
+    from dpdl.commands.ledger import site_total_lines
 
-    print_site_total(out)  # every run on these records, not only this sweep's cells one by one
+    # every run on these records composed, not only this sweep's cells one by one (stdout
+    # stays one JSON document)
+    print(json.dumps({"sweep_dir": str(out), **summary,
+                      "site_ledger": site_total_lines(out)}, indent=2))  # fmt: skip
     if args.report:
         from dpdl.experiments.report import write_report
 
