@@ -267,6 +267,13 @@ def run_trials(
     pairs = _TrialPairs(design, T, seed, first_trial) if topology is not None else None
     require(pairs is None or not pairs.correlated or noise == "exact",
             f"correlated noise is drawn by the engine's exact release, not {noise!r}")
+    if pairs is not None and pairs.correlated:
+        # the white-box score of several releases takes each as σ_k alone, and the pairs of a
+        # step of R rounds follow the engine's step graph, not round kR's: neither is played
+        require(len(factors) == 1, "the audit plays correlated noise for one release per "
+                "step; several releases are audited with independent noise")  # fmt: skip
+        require(design.rounds_per_step == 1, "the audit plays correlated noise with one "
+                "gossip round per step")  # fmt: skip
     held = []  # (T, n) per step: the pairwise secrets the observers hold, in honest inputs
     for k in range(schedule.steps):
         if pairs is not None and pairs.correlated:
