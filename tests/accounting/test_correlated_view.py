@@ -163,3 +163,22 @@ def test_the_sec_ldp_factor_is_decors_own_accountant_per_step(topology, n, facto
         mu = correlated_view_mu(P.mixing_matrix(0), rounds=1, target=0, observers=(),
                                 sigma=sigma, sensitivity=clip, model=PairwiseNoise(factor))
         assert mu == pytest.approx(clip / sigma / factor_of, rel=1e-9)
+
+
+def test_the_schedule_view_is_the_constant_view_at_constant_noise_and_todays_without_correlation():
+    from dpdl.accounting.correlated import correlated_schedule_view_mu
+    from dpdl.accounting.gossip import schedule_view_mu
+
+    P = make_topology("ring", 6).mixing_matrix
+    model = PairwiseNoise(2.0)
+    constant = correlated_view_mu(P, rounds=4, target=0, observers=(2,), sigma=1.5,
+                                  sensitivity=0.5, model=model)
+    assert correlated_schedule_view_mu(P, target=0, observers=(2,), model=model,
+                                       sigmas=[1.5] * 4, sensitivities=[0.5] * 4) == \
+        pytest.approx(constant, rel=1e-9)  # fmt: skip
+    sigmas, deltas = [1.0, 1.5, 2.0], [1.0, 0.8, 0.6]
+    assert correlated_schedule_view_mu(
+        P, target=0, observers=(3,), model=make_noise_model("independent"), sigmas=sigmas,
+        sensitivities=deltas, period=2) == pytest.approx(schedule_view_mu(
+            P, target=0, observers=(3,), sigmas=sigmas, sensitivities=deltas, period=2),
+        rel=1e-9)  # fmt: skip

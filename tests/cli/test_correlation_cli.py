@@ -1,17 +1,24 @@
-"""privacy.correlation from a run config (issue 41): `dpdl audit` refuses to audit a DECOR
-config with its independent-noise trials (it would certify another mechanism)."""
+"""privacy.correlation from a run config (issue 41): `dpdl audit` plays the config's pairwise
+noise through the engine's own mechanism, under the observer threat only."""
+
+import json
 
 from tests.engine.test_correlated_runtime import DECOR
 
 from dpdl.cli import main
 
 
-def test_dpdl_audit_refuses_a_decor_config_instead_of_auditing_independent_noise(tmp_path,
-                                                                                  capsys):
+def test_dpdl_audit_plays_a_decor_configs_noise_under_the_observer_threat(tmp_path, capsys):
     config = tmp_path / "decor.toml"
     config.write_text(DECOR)
-    assert main(["audit", str(config), "--trials", "4"]) != 0
+    assert main(["audit", str(config), "--trials", "4", "--no-plot"]) != 0
     error = capsys.readouterr().err.strip()
     assert "\n" not in error
-    assert error.endswith("dpdl audit plays independent noise only, not privacy.correlation = "
-                          "'pairwise'")
+    assert error.endswith("correlated noise (pairwise) is audited under the 'observer' threat, "
+                          "not 'messages'")
+    assert main(["audit", str(config), "--threat", "observer", "--observer", "2", "--nodes",
+                 "4", "--topology", "ring", "--steps", "2", "--sample-rate", "1", "--trials",
+                 "6", "--seed", "1", "--no-plot", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["design"]["correlation"] == "pairwise"
+    assert out["design"]["correlation_factor"] == 2.0

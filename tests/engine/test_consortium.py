@@ -501,3 +501,10 @@ def test_secret_stream_roots_are_kept_on_the_partys_disk_for_its_restart(tmp_pat
     path.write_bytes(key[:5])
     with pytest.raises(DPDLError, match="is damaged: refusing to draw other noise"):
         restarted.stream_root("os", 3, {"lr": 0.1})
+    # messages already left and the key lost: refused before any fresh noise is drawn (an
+    # attacker's finding: the refusal used to wait for the first mixing message)
+    path.unlink()
+    restarted.ledger.record(0, 0, 0, {"p1": "00"})
+    again = ConsortiumRuntime(consortium, "p0", links, ledger)
+    with pytest.raises(DPDLError, match="already left .* is gone: refusing to draw fresh"):
+        again.stream_root("os", 3, {"lr": 0.1})

@@ -34,9 +34,10 @@ CASES = [
     ("star", 8, {}),
     ("geometric", 16, {}),
     ("geometric", 10, {"radius": 0.6}),
+    ("central", 1, {}),
 ]
 UNDIRECTED = {"complete", "undirected-ring", "hypercube", "torus", "random-regular", "star",
-              "geometric"}
+              "geometric", "central"}
 
 
 def shift(n, s):

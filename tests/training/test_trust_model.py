@@ -20,7 +20,7 @@ def _data(n=6, records=30, seed=0):
 
 
 BASE = dict(algorithm="const-d2p", epsilon=1.0, calibrate="pld", batch_size=5, lr=0.2,
-            steps=6, eval_every=50, entropy="seed", seed=3, topology="ring")
+            steps=6, eval_every=50, entropy="os", topology="ring")
 
 
 def _train(**privacy):
@@ -56,3 +56,18 @@ def test_the_trust_factor_is_decors_per_step_gaussian():
     q = 1 / n + (1 - 1 / n) / (1 + f * f * n)
     assert sec_ldp_noise_factor(make_topology("complete", n).mixing_matrix, rounds=1,
                                 factor=f) == pytest.approx(1 / math.sqrt(q))  # fmt: skip
+
+
+def test_sec_ldp_is_refused_where_its_secrets_would_not_stay_secret_or_would_not_hide():
+    # f beyond 100: the secrets' grid f·σ·2^-10 is coarse enough to read σ_k's noise off
+    # the message modulo it (an attacker's finding): refused
+    with pytest.raises((DPDLError, ValueError), match="correlation_factor <= 100, got 500"):
+        _train(correlation="pairwise", correlation_factor=500.0, trust_model="sec-ldp")
+    # seeded edge keys follow from the seed: refused before anything is drawn
+    import torch
+
+    options = dict(BASE, entropy="seed")
+    with pytest.raises(DPDLError, match="needs secret edge keys: entropy 'seed'"):
+        dpdl.DecentralizedTrainer(torch.nn.Linear(4, 2), _data(), **options,
+                                  correlation="pairwise", correlation_factor=2.0,
+                                  trust_model="sec-ldp")

@@ -16,10 +16,11 @@ correlation changes is the centre.  :data:`CORRELATIONS` names them (``privacy.c
   The centre is summed in float64 and released by the exact float64 release: no float32
   intermediate.  (``dpdl.accounting.correlated`` calls the same noise model "pairwise".)
 
-Whom it protects (``trust_model``): the ledger accounts σ_k, the independent part, alone,
-which is what protects a record against a *curious neighbour* who knows the secrets it
-shares ("curious-neighbours"); DECOR's stronger guarantee against a party who knows no honest
-pair's secret (Sec-LDP, seed 003) is not claimed here.
+Whom it protects is the run's ``privacy.trust_model``: by default the ledger accounts σ_k,
+the independent part, alone, which is what protects a record against *curious neighbours*
+who know the secrets they share ("curious-neighbours"); with "sec-ldp" it records DECOR's
+stronger guarantee against a party who knows no honest pair's secret
+(:func:`dpdl.training.plan.trust_noise_factor`).
 """
 
 from __future__ import annotations
@@ -53,11 +54,6 @@ __all__ = [
 
 Params = dict  # {name: (m, *shape) tensor}: stacked parameters of the hosted nodes
 
-#: The trust model under which the ledger's ε holds for every correlation here: record-level,
-#: against a curious neighbour who knows the pairwise secrets it shares.
-CURIOUS_NEIGHBOUR = "curious-neighbours"
-
-
 @dataclass(frozen=True)
 class CorrelatedStep:
     """What a correlation needs of step ``step`` (gossip round ``round``): the hosted nodes
@@ -78,7 +74,6 @@ class NoiseCorrelation(Protocol):
     name: str
     correlation_factor: float | None  # σ_pair / σ_k (None: no pairwise part)
     pairwise_keys: bool  # whether the engine must give the hosted nodes pairwise keys
-    trust_model: str  # whom the ledger's ε protects against
 
     def at_step(self, mechanism, step: CorrelatedStep): ...
 
@@ -88,7 +83,7 @@ class NoiseCorrelation(Protocol):
 class IndependentNoise:
     """Every node's noise its own: the engine's mechanism, unchanged."""
 
-    name, pairwise_keys, trust_model = "independent", False, CURIOUS_NEIGHBOUR
+    name, pairwise_keys = "independent", False
     correlation_factor = None
 
     def at_step(self, mechanism, step: CorrelatedStep):
@@ -101,7 +96,7 @@ class IndependentNoise:
 class DecorNoise:
     """DECOR's pairwise-cancelling noise of scale ``correlation_factor``·σ_k (the module doc)."""
 
-    name, pairwise_keys, trust_model = "pairwise", True, CURIOUS_NEIGHBOUR
+    name, pairwise_keys = "pairwise", True
 
     def __init__(self, factor: float | None):
         ok = isinstance(factor, int | float) and not isinstance(factor, bool)

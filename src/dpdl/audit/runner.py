@@ -265,10 +265,19 @@ def _view_privacy(schedule, design: AuditDesign) -> tuple[float, float]:
     from dpdl.topology import make_topology
 
     topology = make_topology(design.topology, design.nodes)
-    mu = schedule_view_mu(topology.mixing_matrix, target=0, observers=design.observers,
-                          sigmas=schedule.sigma[: schedule.steps] * schedule.release_factors[0],
-                          sensitivities=schedule.clip[: schedule.steps],
-                          period=design.rounds_per_step)  # fmt: skip
+    sigmas = schedule.sigma[: schedule.steps] * schedule.release_factors[0]
+    if design.correlation == "independent":
+        mu = schedule_view_mu(topology.mixing_matrix, target=0, observers=design.observers,
+                              sigmas=sigmas, sensitivities=schedule.clip[: schedule.steps],
+                              period=design.rounds_per_step)  # fmt: skip
+    else:
+        from dpdl.accounting.correlated import correlated_schedule_view_mu, make_noise_model
+
+        mu = correlated_schedule_view_mu(
+            topology.mixing_matrix, target=0, observers=design.observers,
+            model=make_noise_model(design.correlation, design.correlation_factor),
+            sigmas=sigmas, sensitivities=schedule.clip[: schedule.steps],
+            period=design.rounds_per_step)  # fmt: skip
     return mu, float(epsilon_of(mu, schedule.delta))
 
 

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -96,6 +96,11 @@ class AuditDesign:
     # gossip rounds per step, the first with the step's release, the others only mixing (an
     # algorithm's view: Muffliato's R rounds); round r of step k uses the graph P^{kR + r}
     rounds_per_step: int = 1
+    # the noise's correlation across nodes (dpdl.algorithms.correlated): "independent" or
+    # "pairwise" (DECOR, σ_pair = correlation_factor·σ_k); the trials draw it with the engine's
+    # own mechanism and real pairwise keys, and the observers subtract the secrets they hold
+    correlation: str = "independent"
+    correlation_factor: float | None = None
 
     def validate(self) -> None:
         require(self.threat in THREATS, f"unknown threat {self.threat!r}; choose {THREATS}")
@@ -121,6 +126,12 @@ class AuditDesign:
                         f"observer {v!r} is not a node of 0..{self.nodes - 1}")  # fmt: skip
             require(CANARY_NODE not in self.observers,
                     f"the canary's node {CANARY_NODE} cannot be its own observer")
+        from dpdl.algorithms.correlated import make_correlation
+
+        make_correlation(self.correlation, self.correlation_factor)  # one line if unknown
+        require(self.correlation == "independent" or self.threat == "observer",
+                f"correlated noise ({self.correlation}) is audited under the 'observer' "
+                f"threat, not {self.threat!r}")  # fmt: skip
         require(self.records_per_node >= 1, "records_per_node must be >= 1")
         require(self.features >= 2, "features must be >= 2 (coordinate 0 is the canary's)")
         require(math.isfinite(self.lr) and self.lr > 0, f"lr must be positive, got {self.lr}")
@@ -253,7 +264,22 @@ def run_trials(
     records = NodeRecords(inputs, targets, mask, generators, p)
     factors = schedule.release_factors
     white_box = design.threat == "messages" or len(factors) > 1
+    pairs = _TrialPairs(design, T, seed, first_trial) if topology is not None else None
+    require(pairs is None or not pairs.correlated or noise == "exact",
+            f"correlated noise is drawn by the engine's exact release, not {noise!r}")
+    if pairs is not None and pairs.correlated:
+        # the white-box score of several releases takes each as σ_k alone, and the pairs of a
+        # step of R rounds follow the engine's step graph, not round kR's: neither is played
+        require(len(factors) == 1, "the audit plays correlated noise for one release per "
+                "step; several releases are audited with independent noise")  # fmt: skip
+        require(design.rounds_per_step == 1, "the audit plays correlated noise with one "
+                "gossip round per step")  # fmt: skip
+    held = []  # (T, n) per step: the pairwise secrets the observers hold, in honest inputs
     for k in range(schedule.steps):
+        if pairs is not None and pairs.correlated:
+            step_of = pairs.at_step(mechanism, topology, k, design.rounds_per_step, n,
+                                    (float(schedule.sigma[k]) * factors[0] * noise_scale, d))
+            spec = replace(spec, mechanism=step_of.mechanism)
         clip, sigma = float(schedule.clip[k]), float(schedule.sigma[k]) * factors[0]
         before = params["linear.weight"][canary_rows, 0, 0].double()
         whole_before = params["linear.weight"][:, 0, 0].double().reshape(T, n)
@@ -275,12 +301,16 @@ def run_trials(
             message = half.params["linear.weight"][:, 0, 0].double().reshape(T, n)
             sent.append(message.numpy())
             inputs_along_0.append((message - whole_before).numpy())
+            if pairs is not None and pairs.correlated:
+                held.append(design.lr / b * step_of.held_by(design.observers, T, n))
         params = half.params
         for r in range(design.rounds_per_step if topology is not None else 0):
             if r and design.threat == "observer":  # a round without fresh noise or input
                 message = params["linear.weight"][:, 0, 0].double().reshape(T, n)
                 sent.append(message.numpy())
                 inputs_along_0.append(np.zeros((T, n)))
+                if held:
+                    held.append(np.zeros((T, n)))
             P, circ = _mixing(topology, k * design.rounds_per_step + r)
             params, weights = _mix_blocks(params, weights, T, n, P, circ)
         if on_step is not None:
@@ -294,7 +324,7 @@ def run_trials(
     if white_box:
         return score.numpy()
     if design.threat == "observer":
-        return _observer_scores(topology, schedule, design, b, sent, inputs_along_0)
+        return _observer_scores(topology, schedule, design, b, sent, inputs_along_0, held)
     total_w = weights.reshape(T, n).sum(dim=1)
     average = params["linear.weight"].reshape(T, n, d).double().sum(dim=1) / total_w[:, None]
     if design.canary == "gradient":
@@ -304,9 +334,11 @@ def run_trials(
 
 
 def _observer_scores(topology, schedule: PrivacySchedule, design: AuditDesign, b: float,
-                     sent: list[np.ndarray], own: list[np.ndarray]) -> np.ndarray:
+                     sent: list[np.ndarray], own: list[np.ndarray],
+                     held: list[np.ndarray]) -> np.ndarray:  # fmt: skip
     """Per trial: the GLS estimate of the canary's presence (1: in, 0: out) from what the
-    observers received along e_0, their own inputs subtracted (module doc)."""
+    observers received along e_0, their own inputs and the pairwise secrets they hold in
+    their neighbours' inputs subtracted (module doc)."""
     from dpdl.accounting.gossip import build_view, gls_weights
 
     K, n, R = schedule.steps, design.nodes, design.rounds_per_step
@@ -315,15 +347,83 @@ def _observer_scores(topology, schedule: PrivacySchedule, design: AuditDesign, b
     V = list(view.observers)
     for t in range(K * R):
         observed -= view.matrix[:, t * n : (t + 1) * n][:, V] @ own[t][:, V].T
+        if held:
+            observed -= view.matrix[:, t * n : (t + 1) * n] @ held[t].T
     gain = design.lr / b
     c = sum(gain * float(schedule.clip[k]) * view.column(CANARY_NODE, k * R) for k in range(K))
+    sigmas = np.asarray(schedule.sigma[:K], dtype=np.float64) * schedule.release_factors[0]
+    if held:
+        from dpdl.accounting.correlated import make_noise_model, unknown_noise_columns
+
+        model = make_noise_model(design.correlation, design.correlation_factor)
+        B = unknown_noise_columns(view, topology.mixing_matrix, model, gain * sigmas, R)
+        w = gls_weights(B, c)
+        return (w @ observed) / (w @ c)
     # the honest nodes' noises: fresh only in the first round of each step
     fresh = np.arange(K * R) % R == 0
     honest = (fresh[:, None] & ~np.isin(np.arange(n), V)[None, :]).ravel()
-    sigmas = np.asarray(schedule.sigma[:K], dtype=np.float64) * schedule.release_factors[0]
     scale = np.repeat(gain * np.repeat(sigmas, R), n)
     w = gls_weights(view.matrix[:, honest] * scale[honest], c)
     return (w @ observed) / (w @ c)
+
+
+class _TrialPairs:
+    """The pairwise keys of a chunk of stacked trials (trial t's node i is row t·n + i; each
+    trial its own keys, edges only inside a trial) and each step's correlated mechanism."""
+
+    def __init__(self, design: AuditDesign, trials: int, seed: int | None, first_trial: int):
+        from dpdl.algorithms.correlated import make_correlation
+        from dpdl.algorithms.pairwise import HostedKeys
+
+        self.correlation = make_correlation(design.correlation, design.correlation_factor)
+        self.correlated = self.correlation.pairwise_keys
+        self.keys = None
+        if self.correlated:
+            root = None if seed is None else int(seed) * 1_000_003 + first_trial
+            self.keys = HostedKeys(0, trials * design.nodes, root=root)
+            self.keys.learn_publics(self.keys.own_publics)
+
+    def at_step(self, mechanism, topology, k: int, rounds_per_step: int, n: int,
+                noise: tuple[float, int]):  # fmt: skip
+        """Step k's mechanism, and what the observers hold of it; ``noise`` (σ the engine
+        adds, the model's width d)."""
+        from dpdl.algorithms.correlated import CorrelatedStep, undirected_neighbours
+
+        local = undirected_neighbours(topology.mixing_matrix(k * rounds_per_step), range(n))
+        trials = len(self.keys.pairs) // n
+        neighbours = tuple(tuple(t * n + j for j in local[i])
+                           for t in range(trials) for i in range(n))  # fmt: skip
+        step = CorrelatedStep(k, k * rounds_per_step, 0, neighbours, self.keys)
+        return _PairStep(self.correlation.at_step(mechanism, step), step, local,
+                         self.correlation.correlation_factor * noise[0], noise[1])
+
+
+@dataclass
+class _PairStep:
+    mechanism: object
+    step: object
+    local: tuple[tuple[int, ...], ...]
+    pair_sigma: float  # σ_pair = f·σ of the step, as the engine draws it
+    width: int  # d: the engine draws every coordinate of an edge's secret, the exact path's
+    # further bits after the d words, so the same d reads the same value
+
+    def held_by(self, observers, trials: int, n: int) -> np.ndarray:
+        """(T, n) along e_0: Σ_v s_vj over the observers v adjacent to honest j (the secret
+        enters j's noisy sum as s_jv = −s_vj; its update as −(γ/b)·s_jv), as v re-derives
+        it from the edge's key."""
+        from dpdl.algorithms.correlated import pair_secret
+
+        out = np.zeros((trials, n))
+        zero = torch.zeros((1, self.width), dtype=torch.float64)
+        for v in observers:
+            for j in self.local[v]:
+                if j in observers:
+                    continue
+                for t in range(trials):
+                    s = pair_secret(self.step.keys, t * n + v, t * n + j, self.step,
+                                    self.pair_sigma, zero)  # fmt: skip
+                    out[t, j] += float(s[0, 0])
+        return out
 
 
 def run_one_run(

@@ -74,6 +74,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--topology", help="trial network topology (exp; edgelist with "
                         "--edgelist)")
     parser.add_argument("--records", type=int, default=8, help="ordinary records per node (8)")
+    parser.add_argument("--correlation", help="the noise's correlation across nodes: "
+                        "independent (default) or pairwise (DECOR; --threat observer)")
+    parser.add_argument("--correlation-factor", type=float, metavar="F",
+                        help="pairwise noise std over the independent noise's")
     parser.add_argument(
         "--seed",
         type=int,
@@ -108,11 +112,6 @@ def _from_config(args) -> dict:
         f"{args.config}: dpdl audit takes a 'decentralized' run config, not {raw.get('kind')!r}",
     )
     config = parse_config(raw)
-    correlation = config.privacy.noise_correlation
-    # the audit's trials draw every node's noise on its own: auditing them would say nothing
-    # of the correlated mechanism the config trains
-    require(not correlation.pairwise_keys, f"{args.config}: dpdl audit plays independent "
-            f"noise only, not privacy.correlation = {correlation.name!r}")  # fmt: skip
     specs = [AlgorithmSpec.parse(a) for a in config.experiment.algorithms]
     private = [s for s in specs if s.private]
     require(private, f"{args.config}: no private algorithm to audit")
@@ -133,6 +132,8 @@ def _from_config(args) -> dict:
         "rho_c": p.rho_c,
         "rho_mu": p.rho_mu,
         "blocks": p.calibration_blocks if get_accountant(calibrate).calibration_blocks else None,
+        "correlation": p.correlation,
+        "correlation_factor": p.correlation_factor,
     }
 
 
@@ -149,6 +150,8 @@ def _settings(args) -> dict:
         "clip0": args.clip0,
         "rho_c": args.rho_c,
         "rho_mu": args.rho_mu,
+        "correlation": args.correlation,
+        "correlation_factor": args.correlation_factor,
     }
     settings.update({k: v for k, v in given.items() if v is not None})
     settings.setdefault("delta", 1e-4)
@@ -255,6 +258,8 @@ def run(args) -> int:
         topology=args.topology,
         records_per_node=args.records,
         observers=tuple(args.observer or ()) if args.threat == "observer" else (1,),
+        correlation=s.get("correlation") or "independent",
+        correlation_factor=s.get("correlation_factor"),
     )
     shape = {k: s[k] for k in ("clip", "clip0", "rho_c", "rho_mu") if s.get(k) is not None}
     options: dict[str, Any] = {"options": ShapeOptions(**shape)}

@@ -179,7 +179,7 @@ class ModelSection(_Section):
 
 class TopologySection(_Section):
     name: str = "exp"
-    nodes: int = Field(20, ge=2)
+    nodes: int = Field(20, ge=1)  # 1: only the "central" topology (one node, every record)
     seed: int = 0
     params: dict[str, Any] = Field(default_factory=dict)
 

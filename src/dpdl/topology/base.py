@@ -87,7 +87,7 @@ class Topology:
         self.directed = bool(directed)
         self.params = dict(params or {})
         self.layout = layout
-        if self.n < 2:
+        if self.n < 2 and not (self.n == 1 and name == "central"):
             raise DPDLError(f"a topology needs at least 2 nodes, got n={self.n}")
         if self.period < 1:
             raise DPDLError(f"a topology's period must be >= 1, got {self.period}")

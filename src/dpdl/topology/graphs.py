@@ -16,7 +16,7 @@ from pathlib import Path
 import networkx as nx
 import numpy as np
 
-from dpdl.errors import DPDLError
+from dpdl.errors import DPDLError, require
 from dpdl.topology.base import CirculantTopology, MatrixTopology, Topology
 from dpdl.topology.weights import metropolis_hastings_weights, uniform_sender_weights
 
@@ -33,6 +33,7 @@ TOPOLOGIES = (
     "star",
     "edgelist",
     "geometric",
+    "central",
 )
 
 DEFAULT_MAX_ATTEMPTS = 100
@@ -90,6 +91,13 @@ def complete(n: int) -> Topology:
         layout="circular",
         detect_circulant=False,
     )
+
+
+def central(n: int) -> Topology:
+    """One node holding every record: central DP-SGD, the baseline of decentralized DP (the
+    same record-level relation and ε, no gossip; MATH.md §9.4's local→central gap)."""
+    return MatrixTopology("central", [np.ones((1, 1))], directed=False, layout="circular",
+                          detect_circulant=False)  # fmt: skip
 
 
 def undirected_ring(n: int) -> Topology:
@@ -448,6 +456,7 @@ _BUILDERS: dict[str, tuple[Callable[..., Topology], frozenset[str], bool]] = {
     "star": (star, frozenset(), False),
     "edgelist": (from_edgelist, frozenset({"path", "directed"}), False),
     "geometric": (random_geometric, frozenset({"radius", "max_attempts"}), True),
+    "central": (central, frozenset(), False),
 }
 assert tuple(_BUILDERS) == TOPOLOGIES
 
@@ -463,7 +472,10 @@ def make_topology(name: str, n: int, *, seed: int = 0, **params) -> Topology:
     """
     if name not in _BUILDERS:
         raise DPDLError(f"unknown topology {name!r}; choose one of: {', '.join(TOPOLOGIES)}")
-    n = _int_param("the number of nodes n", n, minimum=2)
+    if name == "central":
+        require(n == 1, f"topology 'central' is one node holding every record, got n = {n}")
+    else:
+        n = _int_param("the number of nodes n", n, minimum=2)
     seed = _int_param("seed", seed, minimum=0)
     builder, accepted, seeded = _BUILDERS[name]
     given = {key: value for key, value in params.items() if value is not None}

@@ -86,7 +86,9 @@ def local_node_data(data, n: int, first: int, count: int, device) -> NodeData:
                 f"index, or NodeData; got {type(data).__name__}")  # fmt: skip
         require(len(data) == n, f"the data list has {len(data)} nodes, the topology {n}")
         local = list(data[first : first + count])
-    X, Y, mask = stack_local_datasets(local, first_node=first, min_nodes=1 if count < n else 2)
+    # one node only as a block of a larger network, or as the central topology (n = 1)
+    X, Y, mask = stack_local_datasets(local, first_node=first,
+                                      min_nodes=1 if count < n or n == 1 else 2)
     return NodeData.from_arrays(X, Y, mask, device=device, first_node=first)
 
 

@@ -434,6 +434,7 @@ class DecentralizedTrainer:
                                    training.sample_rate)  # fmt: skip
         shown = self.output.progress and self.runtime.is_main_process()
         with CalibrationProgress(f"calibrating {self.spec.label}", shown) as progress:
+            self._check_trust_model()
             trust = trust_noise_factor(self.privacy, self.topology,
                                        -(-self.steps // training.local_steps))
             self.schedule = build_schedule(
@@ -473,6 +474,20 @@ class DecentralizedTrainer:
                 f"every node's sampling rate to b / J_min = {b:g}/{j_min} = {b / j_min:.3g}; "
                 "consider training.sampling = \"per-node\" or leaving that node out",
                 SmallNodeWarning, stacklevel=3)  # fmt: skip
+
+    def _check_trust_model(self) -> None:
+        """Sec-LDP needs every honest pair's secret unknown to the eavesdropper: refused where
+        the edge keys follow from a seed, or where the public keys cross processes without
+        end-to-end authentication (a relay or a man in the middle could substitute its own)."""
+        if self.privacy.trust_model != "sec-ldp":
+            return
+        require(self.entropy == "os",
+                f"trust_model 'sec-ldp' needs secret edge keys: entropy {self.entropy!r} "
+                "derives them from the seed")  # fmt: skip
+        require(self.runtime.name == "simulator",
+                f"trust_model 'sec-ldp' needs authenticated public keys; the "
+                f"{self.runtime.name} runtime exchanges them unauthenticated end to end: "
+                "run it in one process, or claim 'curious-neighbours'")  # fmt: skip
 
     @property
     def _sizes_secret(self) -> bool:

@@ -113,6 +113,12 @@ class ConsortiumRuntime:
             require(len(key) == KEY_BYTES, f"party {self.me.name}: stream key {path} is "
                                            "damaged: refusing to draw other noise")
             return key
+        # messages already left under a key now lost: fresh noise over them is refused here,
+        # before anything (an evaluation's sums included) is computed from new noise
+        require(not self.ledger.entries,
+                f"party {self.me.name}: {len(self.ledger.entries)} messages of this run "
+                f"already left ({self.ledger.path}) but its stream key {path} is gone: "
+                "refusing to draw fresh noise over records that already spent budget")
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         key = os.urandom(KEY_BYTES)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
