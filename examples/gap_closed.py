@@ -1,0 +1,69 @@
+"""The fraction of the local→central accuracy gap each arm of a `dpdl tune` folder closes
+(issue 41), seed-paired: for test seed s, d_s = acc(arm) − acc(local) and D_s = acc(central) −
+acc(local); the fraction is mean(d)/mean(D), with 95 % t-intervals on mean(d) and mean(D) and a
+seed-paired bootstrap interval on the fraction (10 000 resamples of the seeds).
+
+    python examples/gap_closed.py TUNE_DIR [--local local] [--central central] [--csv F]
+"""
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+
+def _accuracies(folder: Path, metric: str) -> dict[int, float]:
+    out = {}
+    for results in folder.glob("cells/*/*/results.json"):
+        cell = json.loads(results.read_text())["cells"][0]
+        out[int(cell["seed"])] = float(cell["final"][metric])
+    return out
+
+
+def _interval(x: np.ndarray) -> tuple[float, float, float]:
+    half = stats.t.ppf(0.975, x.size - 1) * x.std(ddof=1) / np.sqrt(x.size)
+    return float(x.mean()), float(x.mean() - half), float(x.mean() + half)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("tune_dir", type=Path)
+    parser.add_argument("--local", default="local")
+    parser.add_argument("--central", default="central")
+    parser.add_argument("--metric", default="test_accuracy")
+    parser.add_argument("--csv", type=Path, help="write every (ε, arm, seed, metric) here")
+    args = parser.parse_args()
+    arms: dict[tuple[str, str], dict[int, float]] = {}
+    for folder in sorted((args.tune_dir / "test").iterdir()):
+        arm, eps = re.fullmatch(r"(.+)-eps(.+)", folder.name).groups()
+        arms[arm, eps] = _accuracies(folder, args.metric)
+    if args.csv:
+        rows = [f"{eps},{arm},{seed},{value}" for (arm, eps), acc in sorted(arms.items())
+                for seed, value in sorted(acc.items())]  # fmt: skip
+        args.csv.write_text("\n".join([f"epsilon,arm,seed,{args.metric}", *rows]) + "\n")
+    rng = np.random.default_rng(0)
+    print("| ε | arm | accuracy | d = arm − local [95 %] | D = central − local [95 %] | "
+          "gap closed d/D [95 % bootstrap] |")
+    print("|---|---|---|---|---|---|")
+    for eps in sorted({e for _, e in arms}, key=float):
+        local, central = arms[args.local, eps], arms[args.central, eps]
+        seeds = sorted(local)
+        for arm in sorted({a for a, e in arms if e == eps}):
+            acc = arms[arm, eps]
+            d = np.array([acc[s] - local[s] for s in seeds])
+            D = np.array([central[s] - local[s] for s in seeds])
+            boot = rng.integers(0, len(seeds), size=(10000, len(seeds)))
+            ratios = d[boot].mean(axis=1) / D[boot].mean(axis=1)
+            lo, hi = np.percentile(ratios, [2.5, 97.5])
+            m, dl, dh = _interval(d)
+            M, Dl, Dh = _interval(D)
+            print(f"| {eps} | {arm} | {np.mean([acc[s] for s in seeds]):.3f} | {m:+.3f} "
+                  f"[{dl:+.3f}, {dh:+.3f}] | {M:+.3f} [{Dl:+.3f}, {Dh:+.3f}] | "
+                  f"{m / M:+.2f} [{lo:+.2f}, {hi:+.2f}] |")
+
+
+if __name__ == "__main__":
+    main()
