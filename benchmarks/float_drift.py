@@ -126,7 +126,9 @@ def main() -> int:
     for index, (name, env) in enumerate(CONFIGURATIONS.items()):
         out = args.out / f"config{index}"
         out.mkdir(parents=True, exist_ok=False)
-        subprocess.run([sys.executable, __file__, *source, "--child", str(out)],
+        chosen = (["--config", str(args.config.resolve())] if args.config
+                  else ["--preset", args.preset])  # fmt: skip
+        subprocess.run([sys.executable, __file__, *chosen, "--child", str(out)],
                        env={**base_env, **env}, check=True)  # fmt: skip
         records[name] = json.loads((out / "record.json").read_text())
     reference = records[next(iter(CONFIGURATIONS))]

@@ -155,9 +155,16 @@ def mean_final_accuracy(runs, **filters) -> tuple[float, float, int]:
     return float(np.mean(finals)), sample_std(finals), len(chosen)
 
 
-def gain_pairs(algorithms: list[str]) -> list[tuple[str, str, str]]:
-    """(calibration, family label, baseline label) for every calibration and every family
-    with a ``baseline`` (Dyn-D2P: Const-D2P) that has both."""
+def gain_pairs(algorithms: list[str], declared: list[tuple[str, str]] | None = None,
+               ) -> list[tuple[str, str, str]]:  # fmt: skip
+    """(calibration, label A, label B) for every pair the report compares that both ran.
+
+    ``declared``: the sweep's own pairs (its ``[report]`` table), in their order, the
+    calibration being the suffix both share ("" if they differ). Else from the registry:
+    every calibration and every family with a ``baseline`` (Dyn-D2P: Const-D2P)."""
+    if declared is not None:
+        return [(shared_calibration(a, b), a, b) for a, b in declared
+                if a in algorithms and b in algorithms]  # fmt: skip
     pairs = []
     families = sorted((f for f in ALGORITHMS.values() if f.baseline), key=lambda f: f.order)
     for calibration in sorted({a.partition("@")[2] for a in algorithms}, key=calibration_rank):
@@ -167,6 +174,21 @@ def gain_pairs(algorithms: list[str]) -> list[tuple[str, str, str]]:
             if dyn in algorithms and const in algorithms:
                 pairs.append((calibration, dyn, const))
     return pairs
+
+
+def shared_calibration(a: str, b: str) -> str:
+    """The @suffix two labels share, "" when they differ (or neither has one)."""
+    calibration = a.partition("@")[2]
+    return calibration if calibration == b.partition("@")[2] else ""
+
+
+def pair_name(a: str, b: str) -> str:
+    """How a column or claim names a pair: the short names when both share a calibration
+    ("Dyn vs Const (pld)"), else the whole labels ("dyn-d2p@pld vs dyn-d2p@clt")."""
+    if a.partition("@")[2] != b.partition("@")[2]:
+        return f"{a} vs {b}"
+    calibration = shared_calibration(a, b)
+    return f"{short_name(a)} vs {short_name(b)}{f' ({calibration})' if calibration else ''}"
 
 
 def relative_gain(dyn: float, const: float) -> float:
