@@ -68,7 +68,8 @@ class OutputSpec:
     ``metrics.csv``, ``results.json``, ``curves.png``, checkpoints), named ``run_name`` (else
     ``<name>-<UTC time>``); ``resume`` continues that folder's run; ``progress`` shows a bar;
     ``checkpoint`` a :class:`~dpdl.training.hooks.CellCheckpointer` of the caller's (the
-    runner's cells) instead of the folder's own."""
+    runner's cells) instead of the folder's own; ``vector_figures`` writes curves.png's PDF
+    and SVG beside it (the PNG alone by default: every run writes it)."""
 
     output_dir: str | Path | None = None
     run_name: str | None = None
@@ -76,8 +77,10 @@ class OutputSpec:
     resume: bool = False
     progress: bool = False
     checkpoint: Any = None
+    vector_figures: bool = False
 
     def __post_init__(self):
+        object.__setattr__(self, "vector_figures", bool(self.vector_figures))
         if self.output_dir is not None:
             object.__setattr__(self, "output_dir", Path(self.output_dir))
         require(

@@ -14,6 +14,7 @@ from dpdl.accounting.certified import ACCOUNTANTS
 from dpdl.accounting.schedules import ALGORITHMS, algorithm_private
 from dpdl.experiments.report.collect import CellRun
 from dpdl.training.results import sample_std
+from dpdl.training.settings import display_label  # noqa: F401  (the report imports it here)
 
 # Names not registered in this process (read from a sweep's results) come after the others.
 UNKNOWN_RANK = 99
@@ -97,18 +98,6 @@ def key_display(key: str) -> str:
     if leaf == "name" and section:
         return section.rsplit(".", 1)[-1]
     return KEY_NAMES.get(leaf, leaf)
-
-
-def display_label(label: str) -> str:
-    """An algorithm label as the registries name it: "dyn-d2p@pld" -> "Dyn-D2P (PLD)"; a name
-    not registered in this process stays as it is."""
-    name, _, calibration = label.partition("@")
-    family = ALGORITHMS.get(name)
-    text = family.display if family is not None else name
-    if calibration:
-        accountant = ACCOUNTANTS.get(calibration)
-        text += f" ({accountant.display if accountant is not None else calibration})"
-    return text
 
 
 def setting_display(setting: tuple) -> str:
