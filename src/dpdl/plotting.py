@@ -86,17 +86,18 @@ def styled(draw: Callable) -> Callable:
     return wrapper
 
 
-def save_figure(fig, png: str | Path) -> Path:
-    """``png`` at :data:`PNG_DPI` and the same figure as PDF and SVG beside it (same stem);
-    the figure is closed.  Returns the PNG's path; a one-line error if a file cannot be
-    written."""
+def save_figure(fig, png: str | Path, *, vector: bool = True) -> Path:
+    """``png`` at :data:`PNG_DPI` and, with ``vector`` (the default), the same figure as PDF
+    and SVG beside it (same stem); the figure is closed.  Returns the PNG's path; a one-line
+    error if a file cannot be written.  ``vector=False`` is for figures written on every run
+    (a run's curves.png), where the PDF and SVG cost more than the run's other files."""
     png = Path(png)
     if png.suffix.lower() != ".png":
         raise DPDLError(f"a figure is named by its PNG file; got {str(png)!r}")
     plt = pyplot()
     try:
         png.parent.mkdir(parents=True, exist_ok=True)
-        for fmt in FORMATS:
+        for fmt in FORMATS if vector else [f for f in FORMATS if f == "png"]:
             # no creation date: the same figure gives the same PDF and SVG
             metadata = {"CreationDate": None} if fmt == "pdf" else {"Date": None}
             if fmt == "png":

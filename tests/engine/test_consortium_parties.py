@@ -153,6 +153,11 @@ def _ledger(tmp_path, party: str, *, finished: bool = False) -> list[dict]:
     pytest.param("p0:2:after-ledger", marks=pytest.mark.slow),  # step 2 recorded, not sent
     pytest.param("p3:5", marks=pytest.mark.slow),
     pytest.param("p1:0", marks=pytest.mark.slow),  # before anything was sent
+    # every party killed at two points at least
+    pytest.param("p0:5", marks=pytest.mark.slow),
+    pytest.param("p1:3:after-ledger", marks=pytest.mark.slow),
+    pytest.param("p2:1", marks=pytest.mark.slow),
+    pytest.param("p3:2:after-ledger", marks=pytest.mark.slow),
 ])  # fmt: skip
 def test_a_party_killed_mid_run_and_restarted_finishes_the_uninterrupted_run(
         tmp_path, simulator, simulator_rows, fault):  # fmt: skip

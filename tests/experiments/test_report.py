@@ -91,7 +91,7 @@ def test_accuracy_table_and_gain_per_epsilon_and_calibration(sweep):
         gain = dyn / (CONST[eps] + 0.01) - 1
         assert rows["base", text]["dyn-d2p@pld"].startswith(f"{100 * dyn:.2f} ± ")
         assert rows["base", text]["gain Dyn vs Const (clt)"] == f"{100 * gain:+.1f} %"
-        assert tables.gains[("base", "clt", eps)] == pytest.approx(gain)
+        assert tables.gains[("base", "dyn-d2p@clt", "const-d2p@clt", eps)] == pytest.approx(gain)
 
 
 def test_a_single_seed_has_no_spread_to_report(tmp_path):
@@ -197,7 +197,8 @@ def test_topology_claim_heatmap_and_node_figures(tmp_path):
     # a setting per (rho_c, rho_mu) point: four rows per epsilon
     assert len(build_tables(collect_runs(rho)).accuracy_rows) == 4 * 2
     assert not math.isnan(
-        build_tables(collect_runs(rho)).gains[("rho_c=1.5, rho_mu=1.5", "clt", 0.3)]
+        build_tables(collect_runs(rho)).gains[("rho_c=1.5, rho_mu=1.5", "dyn-d2p@clt",
+                                               "const-d2p@clt", 0.3)]
     )
 
 

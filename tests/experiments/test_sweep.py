@@ -249,3 +249,72 @@ def test_the_sweep_bar_stays_out_of_a_log_file(capsys):
     bar.close()
     assert bar.disable
     assert capsys.readouterr().err == ""
+
+
+def test_declared_pairs_replace_the_registry_default_in_report_and_paired(
+    tmp_path, plugin, capsys, monkeypatch
+):
+    """Issue 43: a sweep's [report] pairs (here Const-D2P against Dyn-D2P, the reverse of the
+    registry's Dyn-over-Const) are what the report's gain column, claims and sentence and
+    ``paired`` without --pair compare; a cell never sees the table."""
+    from dpdl import plotting
+    from dpdl.experiments.paired import main as paired_main
+    from dpdl.experiments.report import check_claims, declared_pairs
+
+    monkeypatch.setattr(plotting, "FORMATS", ("png",))  # the text is under test, not figures
+    monkeypatch.setattr(plotting, "PNG_DPI", 72)
+    config = _config()
+    config["experiment"]["algorithms"] = ["const-d2p", "dyn-d2p"]
+    config["report"] = {"pairs": [["const-d2p", "dyn-d2p"]]}
+    out = tmp_path / "sweep"
+    run_sweep(config, out, progress=False)
+    recorded = json.loads((out / "sweep.json").read_text())
+    assert recorded["report"] == {"pairs": [["const-d2p", "dyn-d2p"]]}
+    assert "report" not in recorded["base"]
+    assert declared_pairs(out) == [("const-d2p", "dyn-d2p")]
+    runs = collect_runs(out)
+    tables = build_tables(runs, declared_pairs(out))
+    assert tables.accuracy_header[-1] == "gain Const vs Dyn"
+    # eps=0.5: mean final accuracy 0.56 (const) and 0.66 (dyn), as hand-computed above
+    assert tables.gains[("base", "const-d2p", "dyn-d2p", 0.5)] == pytest.approx(0.56 / 0.66 - 1)
+    claims = dict(check_claims(runs, declared_pairs(out)))
+    # every seed's Const-D2P is 0.1 below its Dyn-D2P: the interval lies below 0
+    assert claims["Const-D2P > Dyn-D2P at equal ε"].startswith("did not hold")
+    assert not any(claim.startswith("Dyn-D2P >") for claim in claims)  # not the registry's
+    md = write_report(out)["markdown"].read_text()
+    assert ("Gain (the pairs the sweep declared): relative accuracy of Const-D2P over "
+            "Dyn-D2P.") in md
+    assert "| Const-D2P > Dyn-D2P at equal ε | did not hold" in md
+    # without the table the same runs get the registry's pair
+    assert build_tables(runs).accuracy_header[-1] == "gain Dyn vs Const"
+    capsys.readouterr()
+    assert paired_main([str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" [")[0] for line in lines] == ["const-d2p - dyn-d2p"] * 2  # two ε
+    assert all(": -10.0 points" in line and line.endswith("did not hold") for line in lines)
+
+
+@pytest.mark.parametrize(("pairs", "message"), [
+    ([["dyn-d2p@pld", "sgp"]], r"names 'sgp', which the config does not run \(it runs "
+                               r"const-d2p@pld, dyn-d2p@pld, dyn-c-d2p@pld\)"),
+    ([["dyn-d2p@pld", "dyn-d2p@pld"]], "not a pair of two different algorithm labels"),
+    ([["dyn-d2p@pld"]], "not a pair"),
+    ([], "must be a non-empty list"),
+])  # fmt: skip
+def test_declared_pairs_are_checked_against_what_the_sweep_runs(pairs, message):
+    from dpdl.experiments.comparisons import split_report
+
+    # the grid splits the algorithms over cells: a pair may span two cells
+    sweep = {"grid": {"experiment.algorithms": [["const-d2p@pld"], ["dyn-d2p@pld",
+                                                                    "dyn-c-d2p@pld"]]}}
+    base, declared = split_report({"report": {"pairs": [["dyn-c-d2p@pld", "const-d2p@pld"]]}},
+                                  sweep)  # fmt: skip
+    assert declared == [("dyn-c-d2p@pld", "const-d2p@pld")] and "report" not in base
+    with pytest.raises(DPDLError, match=message) as error:
+        split_report({"report": {"pairs": pairs}}, sweep)
+    assert "\n" not in str(error.value)
+    with pytest.raises(DPDLError, match="unknown key"):
+        split_report({"report": {"pair": pairs}}, sweep)
+    # no grid over the algorithms: the base config's list
+    with pytest.raises(DPDLError, match="it runs const-d2p, dyn-d2p"):
+        split_report({"report": {"pairs": [["dyn-d2p@pld", "const-d2p"]]}})

@@ -58,6 +58,18 @@ def test_the_block_names_commit_versions_command_and_machine(fresh_cache):
     json.dumps(block)  # JSON as it is
 
 
+def test_a_variable_forcing_other_kernels_is_recorded_and_printed(monkeypatch):
+    # MKL's instruction set changes the numbers (RESULTS.md) yet torch's capability hides it
+    for name in provenance_module.KERNEL_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MKL_ENABLE_INSTRUCTIONS", "SSE4_2")
+    block = provenance()
+    assert block["kernel_env"] == {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}
+    assert provenance_lines(block)[3].endswith("kernels forced by MKL_ENABLE_INSTRUCTIONS=SSE4_2")
+    monkeypatch.delenv("MKL_ENABLE_INSTRUCTIONS")
+    assert "forced" not in provenance_lines(provenance())[3]
+
+
 def test_outside_a_checkout_the_commit_is_none_not_an_error(fresh_cache, monkeypatch, tmp_path):
     package = tmp_path / "site-packages" / "dpdl"
     package.mkdir(parents=True)

@@ -53,6 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "models such as resnet18-gn)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--vector-figures", action="store_true",
+                        help="write curves.png's PDF and SVG beside it (a paper's figure; "
+                             "experiment.vector_figures in a config)")  # fmt: skip
     parser.add_argument("--list-presets", action="store_true", help="list presets and exit")
 
 
@@ -125,6 +128,7 @@ def _overrides(args) -> dict:
         "device": args.device,
         "runtime": args.runtime,
         "entropy": args.entropy,
+        "vector_figures": True if args.vector_figures else None,
     }
     if args.steps is not None and args.steps < 1:
         raise DPDLError(f"--steps must be a positive integer, got {args.steps}")
@@ -230,8 +234,9 @@ def _launch_local(args) -> int:
         value = getattr(args, flag)
         if value is not None:
             argv += [f"--{flag}", str(value)]
-    if args.no_progress:
-        argv.append("--no-progress")
+    for flag in ("no_progress", "vector_figures"):  # the switches, passed on as given
+        if getattr(args, flag):
+            argv.append("--" + flag.replace("_", "-"))
     return launch_local(argv, args.procs)
 
 

@@ -4,7 +4,8 @@ A config is a TOML document (or the same dict) with these tables; every table fo
 unknown keys, and every error names the dotted key::
 
     kind = "decentralized"
-    [experiment]  name, algorithms, seed (int or list), entropy, runtime, device
+    [experiment]  name, algorithms, seed (int or list), entropy, common_noise, runtime,
+                  device, vector_figures
     [data]        dataset, data_dir, download, partition, alpha, max_train_records,
                   validation_records
     [model]       name
@@ -65,6 +66,9 @@ class ExperimentSection(_Section):
     common_noise: bool = False
     runtime: str = "simulator"  # a name of dpdl.engine.runtime.RUNTIMES (register_runtime)
     device: str = "cpu"
+    # curves.png's PDF and SVG beside it (a paper's figure); the PNG alone by default, since
+    # every run (and every sweep cell) writes it
+    vector_figures: bool = False
 
     @field_validator("algorithms")
     @classmethod

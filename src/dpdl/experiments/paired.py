@@ -25,7 +25,7 @@ import numpy as np
 
 from dpdl.errors import require
 from dpdl.experiments.intervals import t_interval
-from dpdl.experiments.report import CellRun, collect_runs, read_metrics
+from dpdl.experiments.report import CellRun, collect_runs, declared_pairs, read_metrics
 
 # What --metric may compare: final numbers of a run's metrics.csv, read into its row (a
 # column the run did not write, e.g. val_* without validation records, reads as NaN and the
@@ -383,12 +383,26 @@ def _plot_groups(groups: list[GroupSummary], path: Path, metric: str, palette) -
     return save_figure(fig, path)
 
 
+def _pairs(args) -> list[tuple[str, str]]:
+    """What to compare: ``--pair`` when given; else, comparing algorithms with nothing else
+    asked (no --gap-change), the pairs the sweeps declared ([report] pairs, in order, each
+    once); else none."""
+    if args.pair or args.gap_change or args.by != "algorithm":
+        return [tuple(pair) for pair in args.pair]
+    pairs: list[tuple[str, str]] = []
+    for sweep_dir in args.sweep_dirs:
+        pairs += [p for p in declared_pairs(sweep_dir) or [] if p not in pairs]
+    return pairs
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sweep_dirs", type=Path, nargs="+", metavar="SWEEP_DIR",
                         help="one or more sweep folders, read as one table")  # fmt: skip
     parser.add_argument("--csv", type=Path, help="write one row per run here")
-    parser.add_argument("--pair", nargs=2, action="append", default=[], metavar=("A", "B"))
+    parser.add_argument("--pair", nargs=2, action="append", default=[], metavar=("A", "B"),
+                        help="compare A - B, paired by seed (repeat the flag); default: the "
+                             "pairs the sweep's [report] table declares")  # fmt: skip
     parser.add_argument(
         "--gap-change", nargs=2, action="append", default=[], metavar=("A", "B"),
         help="does the gap A - B grow as epsilon falls (paired by seed)",
@@ -435,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{g.algorithm} [{g.setting or 'base'}] eps={g.epsilon:g}: "
                       f"{100 * g.mean:.2f} [{100 * g.low:.2f}, {100 * g.high:.2f}] "
                       f"({len(g.seeds)} seeds)")  # fmt: skip
-    comparisons = [c for a, b in args.pair
+    comparisons = [c for a, b in _pairs(args)
                    for c in paired(rows, a, b, metric=args.metric, by=args.by)]  # fmt: skip
     comparisons += [c for a, b in args.gap_change
                     for c in gap_change(rows, a, b, metric=args.metric, by=args.by)]  # fmt: skip

@@ -447,6 +447,7 @@ def apply_overrides(
     device: str | None = None,
     runtime: str | None = None,
     entropy: str | None = None,
+    vector_figures: bool | None = None,
 ) -> dict[str, Any]:
     """Command-line overrides (``dpdl run --seed/--steps/--device/...``) on a config dict."""
     out = json.loads(json.dumps(config))
@@ -459,6 +460,8 @@ def apply_overrides(
         exp["runtime"] = runtime
     if entropy is not None:
         exp["entropy"] = entropy
+    if vector_figures is not None:
+        exp["vector_figures"] = vector_figures
     if steps is not None:
         training = out.setdefault("training", {})
         training.pop("epochs", None)
@@ -544,7 +547,8 @@ def _run_cells(cfg: RunConfig, folder: RunFolder, launch: _Launch,
     if not launch.main_process:
         return {"run_dir": str(folder.path), "cells": [], "summary": []}
     return write_results(folder.path, cells, plot_title=cfg.experiment.name,
-                         device=launch.device)
+                         device=launch.device,
+                         vector_figures=cfg.experiment.vector_figures)  # fmt: skip
 
 
 @dataclass
@@ -683,12 +687,13 @@ def _every_process_has(path: Path, runtime: Runtime) -> bool:
 
 
 def _check_same_config(run_dir: Path, cfg: RunConfig) -> None:
-    """A resume continues the run folder's own config: only where it runs may differ."""
+    """A resume continues the run folder's own config: only where it runs (and whether its
+    figure comes as vectors too) may differ."""
     # re-read through the config model: a setting added since (at its default) is no change
     saved = parse_config(json.loads((run_dir / "config.json").read_text())).model_dump(mode="json")
     now = cfg.model_dump(mode="json")
     for config in (saved, now):
-        for key in ("runtime", "device"):
+        for key in ("runtime", "device", "vector_figures"):
             config.get("experiment", {}).pop(key, None)
         # a folder written before the optimiser settings existed holds none: at their
         # defaults they are that very run

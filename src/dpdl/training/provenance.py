@@ -6,14 +6,15 @@ same CPU instruction set (torch picks its kernels by :func:`torch.backends.cpu.
 get_cpu_capability`; another machine's float rounding moves the last bits, RESULTS.md). So the
 block records exactly those: the git commit of the dpdl source (and whether its tracked files
 differed from it), the versions of dpdl, torch, numpy and dp_accounting, the command line, the
-CPU capability and the device.  Outside a git checkout (an installed wheel) the commit is
-None, never an error.
+CPU capability (and any variable set to force other kernels) and the device.  Outside a git
+checkout (an installed wheel) the commit is None, never an error.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.metadata
+import os
 import platform
 import subprocess
 import sys
@@ -24,6 +25,11 @@ __all__ = ["PROVENANCE_KEY", "provenance", "provenance_lines"]
 
 PROVENANCE_KEY = "provenance"
 _PACKAGES = ("dpdl", "torch", "numpy", "dp-accounting")
+# Variables that move the CPU kernels off the machine's own: torch's capability shows the
+# first, but MKL's instruction set (the matrix products) changes the numbers too and torch
+# does not report it (benchmarks/float_drift.py measured both; RESULTS.md).
+KERNEL_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR",
+                    "ONEDNN_MAX_CPU_ISA")  # fmt: skip
 
 
 def _git(args: list[str], where: Path) -> str | None:
@@ -74,6 +80,7 @@ def provenance(device: Any = None) -> dict[str, Any]:
         "python": platform.python_version(),
         "command": list(sys.argv),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "kernel_env": {name: os.environ[name] for name in KERNEL_VARIABLES if name in os.environ},
         "machine": platform.machine(),
         "device": str(device) if device is not None else "cpu",
         "cuda_device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
@@ -90,6 +97,7 @@ def provenance_lines(block: dict[str, Any] | None) -> list[str]:
         commit += " (tracked files modified)"
     versions = ", ".join(f"{k} {v}" for k, v in (block.get("versions") or {}).items())
     device = block.get("device")
+    forced = ", ".join(f"{k}={v}" for k, v in (block.get("kernel_env") or {}).items())
     if block.get("cuda_device"):
         device = f"{device} ({block['cuda_device']})"
     return [
@@ -97,5 +105,5 @@ def provenance_lines(block: dict[str, Any] | None) -> list[str]:
         f"versions: {versions}, python {block.get('python')}",
         f"command: {' '.join(block.get('command') or [])}",
         f"machine: {block.get('machine')}, CPU capability {block.get('cpu_capability')}, "
-        f"device {device}",
+        f"device {device}" + (f", kernels forced by {forced}" if forced else ""),
     ]

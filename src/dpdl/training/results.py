@@ -178,9 +178,11 @@ def write_results(
     plot_title: str | None = None,
     extra: dict[str, Any] | None = None,
     device: Any = None,
+    vector_figures: bool = False,
 ) -> dict[str, Any]:
-    """Write ``results.json`` (and, with ``plot_title``, ``curves.png`` from ``metrics.csv``),
-    with the provenance block of this process (``device`` the one the cells ran on)."""
+    """Write ``results.json`` (and, with ``plot_title``, ``curves.png`` from ``metrics.csv``,
+    with ``vector_figures`` its PDF and SVG too), with the provenance block of this process
+    (``device`` the one the cells ran on)."""
     from dpdl.training.provenance import PROVENANCE_KEY, provenance
 
     run_dir = Path(run_dir)
@@ -192,7 +194,8 @@ def write_results(
     if plot_title is not None:
         from dpdl.training.plots import plot_curves
 
-        plot_curves(run_dir / "metrics.csv", run_dir / "curves.png", title=plot_title)
+        plot_curves(run_dir / "metrics.csv", run_dir / "curves.png", title=plot_title,
+                    vector=vector_figures)
         results["plot"] = str(run_dir / "curves.png")
         path.write_text(json.dumps(results, indent=2, default=str) + "\n")
     return results

@@ -21,6 +21,7 @@ from pydantic import (
 
 from dpdl.accounting.certified import ACCOUNTANTS, accountant_names
 from dpdl.accounting.schedules import (
+    ALGORITHMS,
     DEFAULT_CLIP,
     DEFAULT_RHO_C,
     DEFAULT_RHO_MU,
@@ -48,6 +49,7 @@ __all__ = [
     "SHAPING_TRAINING",
     "TrainingSection",
     "check_neighboring",
+    "display_label",
     "seeded_cell_name",
     "validate_config",
     "with_overrides",
@@ -188,6 +190,18 @@ class AlgorithmSpec(BaseModel):
         shown = ", ".join(f"{k}={v!r}" for k, v in self.settings)
         name = f"{self.name}({shown})" if shown else self.name
         return name if self.calibrate is None else f"{name}@{self.calibrate}"
+
+
+def display_label(label: str) -> str:
+    """An algorithm label as the registries name it: "dyn-d2p@pld" -> "Dyn-D2P (PLD)"; a name
+    not registered in this process stays as it is."""
+    name, _, calibration = label.partition("@")
+    family = ALGORITHMS.get(name)
+    text = family.display if family is not None else name
+    if calibration:
+        accountant = ACCOUNTANTS.get(calibration)
+        text += f" ({accountant.display if accountant is not None else calibration})"
+    return text
 
 
 def _parse_settings(algorithm, given: dict[str, Any]) -> tuple[tuple[str, Any], ...]:

@@ -71,7 +71,8 @@ class OutputSpec:
     runner's cells) instead of the folder's own.  ``site``: the folder whose ledger across
     runs (:mod:`dpdl.training.site_ledger`) records this run before it trains (default
     ``output_dir``; None and no ``output_dir``: no record), ``site_run`` the run's name there
-    (default its run folder's)."""
+    (default its run folder's); ``vector_figures`` writes curves.png's PDF and SVG beside it
+    (the PNG alone by default: every run writes it)."""
 
     output_dir: str | Path | None = None
     run_name: str | None = None
@@ -81,8 +82,10 @@ class OutputSpec:
     checkpoint: Any = None
     site: str | Path | None = None
     site_run: str | None = None
+    vector_figures: bool = False
 
     def __post_init__(self):
+        object.__setattr__(self, "vector_figures", bool(self.vector_figures))
         for where in ("output_dir", "site"):
             if getattr(self, where) is not None:
                 object.__setattr__(self, where, Path(getattr(self, where)))

@@ -672,7 +672,8 @@ class DecentralizedTrainer:
                 from dpdl.training.results import write_results
 
                 write_results(run_dir, [result.record.to_dict(rows=False)],
-                              plot_title=self.output.name, device=self.device)  # fmt: skip
+                              plot_title=self.output.name, device=self.device,
+                              vector_figures=self.output.vector_figures)  # fmt: skip
             if checkpoint is not None:
                 # finished, stopped or diverged: nothing left to resume (a diverged run would
                 # replay the same noise into the same divergence), and the file holds every

@@ -5,10 +5,12 @@ cell's ``metrics.csv``) and writes ``report.md`` with PNG figures beside it, and
 ``report.html`` with the same figures embedded (base64), so it can be mailed as one file:
 
 * accuracy table: final test accuracy of the average model, mean ± std over seeds, per
-  (setting, ε) and algorithm label, and the relative gain of Dyn-D2P over Const-D2P;
+  (setting, ε) and algorithm label, and the relative gain of each compared pair: those the
+  sweep's ``[report] pairs`` declare (:mod:`dpdl.experiments.comparisons`), else Dyn-D2P
+  over Const-D2P (the registry's ``baseline``);
 * privacy: what the CLT-calibrated runs really spend by the certified accountant, and for
   every run the ε of the CLT approximation beside the certified ε;
-* the claims of MATH.md §4 checked against the measured means;
+* the claims of MATH.md §4 checked against the measured means (of the same pairs);
 * runs whose noise was derived from their seed (``noise_entropy = "seed"`` in results.json,
   the reproducible research mode) are named in a note under the introduction, and the
   per-run table has a noise column;
@@ -36,6 +38,7 @@ from dpdl.experiments.report.document import (
 from dpdl.experiments.report.figures import make_figures
 from dpdl.experiments.report.grouping import mean_final_accuracy, relative_gain
 from dpdl.experiments.report.tables import Tables, build_tables
+from dpdl.experiments.sweep.driver import declared_pairs
 
 __all__ = [
     "CellRun",
@@ -43,6 +46,7 @@ __all__ = [
     "build_tables",
     "check_claims",
     "collect_runs",
+    "declared_pairs",
     "make_figures",
     "mean_final_accuracy",
     "read_metrics",

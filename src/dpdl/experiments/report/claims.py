@@ -2,8 +2,9 @@
 
 Each check returns (claim, verdict) pairs, and none when the sweep has nothing to compare
 (a missing rival algorithm, a single ε, a single topology). Who is compared with whom comes
-from the schedule families' registry (``ScheduleFamily.rivals`` and ``baseline``: Dyn-D2P
-against Dyn[C], Dyn[μ] and Const, its gain over Const).
+from the sweep's own declared pairs (its ``[report]`` table: dpdl.experiments.comparisons),
+else from the schedule families' registry (``ScheduleFamily.rivals`` and ``baseline``:
+Dyn-D2P against Dyn[C], Dyn[μ] and Const, its gain over Const).
 """
 
 from __future__ import annotations
@@ -12,15 +13,18 @@ import math
 
 import numpy as np
 
-from dpdl.accounting.schedules import ALGORITHMS, ScheduleFamily
+from dpdl.accounting.schedules import ALGORITHMS
 from dpdl.experiments.intervals import t_interval
 from dpdl.experiments.report.collect import CellRun
 from dpdl.experiments.report.grouping import (
     algorithms_of,
     calibration_rank,
+    display_label,
     epsilons_of,
+    gain_pairs,
     mean_final_accuracy,
     natural_key,
+    pair_name,
     private_algorithms_of,
     relative_gain,
     select,
@@ -34,22 +38,45 @@ ORDERED_CLAIMS = (
 )
 
 
-def check_claims(runs: list[CellRun]) -> list[tuple[str, str]]:
-    """The claims of MATH.md §4 against the measured means: [(claim, verdict)]."""
+def check_claims(runs: list[CellRun], declared: list[tuple[str, str]] | None = None,
+                 ) -> list[tuple[str, str]]:  # fmt: skip
+    """The claims of MATH.md §4 against the measured means: [(claim, verdict)].
+
+    ``declared``: the sweep's own comparison pairs ([report] pairs): for each (A, B) that
+    ran, "A > B at equal ε" and whether the A-vs-B gap grows as ε falls. None: the
+    registry's (each family against its rivals, the gap over its baseline)."""
+    claims = []
+    if declared is not None:
+        for _, a, b in gain_pairs(algorithms_of(runs), declared):
+            claims += _beats(runs, a, b, f"{display_label(a)} > {display_label(b)} at equal ε")
+            claims += _gap_grows(runs, a, b, f"the {pair_name(a, b)} gap grows as ε falls")
+    else:
+        claims += _registry_claims(runs)
+    for key, order, claim in ORDERED_CLAIMS:
+        claims += _accuracy_increases_along(runs, key, order, claim)
+    return claims
+
+
+def _registry_claims(runs: list[CellRun]) -> list[tuple[str, str]]:
+    """Each family with rivals against them, and its gap over its baseline, per calibration."""
     claims = []
     calibrations = sorted({r.calibration for r in runs if r.private}, key=calibration_rank)
     contenders = sorted((f for f in ALGORITHMS.values() if f.rivals or f.baseline),
                         key=lambda f: f.order)  # fmt: skip
     for calibration in calibrations:
         for family in contenders:
-            if _label(family.name, calibration) not in algorithms_of(runs):
+            dyn = _label(family.name, calibration)
+            if dyn not in algorithms_of(runs):
                 continue
             for rival in family.rivals:
-                claims += _dyn_beats(runs, family, rival, calibration)
+                claims += _beats(runs, dyn, _label(rival, calibration),
+                                 f"{family.display} > {rival} at equal ε"
+                                 f"{_calibration_name(calibration)}")  # fmt: skip
             if family.baseline:
-                claims += _gap_grows_as_epsilon_falls(runs, family, calibration)
-    for key, order, claim in ORDERED_CLAIMS:
-        claims += _accuracy_increases_along(runs, key, order, claim)
+                baseline = ALGORITHMS[family.baseline]
+                claims += _gap_grows(runs, dyn, _label(baseline.name, calibration),
+                                     f"the {family.short}-vs-{baseline.short} gap grows as ε "
+                                     f"falls{_calibration_name(calibration)}")  # fmt: skip
     return claims
 
 
@@ -61,18 +88,16 @@ def _calibration_name(calibration: str) -> str:
     return f" ({calibration} calibration)" if calibration else ""
 
 
-def _dyn_beats(runs: list[CellRun], family: ScheduleFamily, rival: str,
-               calibration: str) -> list[tuple[str, str]]:  # fmt: skip
-    """``family`` (Dyn-D2P) against ``rival`` in every (setting, ε), paired by seed: held
-    where the 95 % interval of the per-seed gains lies above 0 everywhere, did not hold where
-    it lies below 0 somewhere; an interval that contains 0 (or one seed) settles nothing."""
-    dyn, other = _label(family.name, calibration), _label(rival, calibration)
-    if other not in algorithms_of(runs):
+def _beats(runs: list[CellRun], a: str, b: str, claim: str) -> list[tuple[str, str]]:
+    """``a`` (Dyn-D2P) against ``b`` in every (setting, ε), paired by seed: held where the
+    95 % interval of the per-seed gains lies above 0 everywhere, did not hold where it lies
+    below 0 somewhere; an interval that contains 0 (or one seed) settles nothing."""
+    if b not in algorithms_of(runs):
         return []
     above = below = unsettled = 0
     for setting in settings_of(runs):
         for eps in epsilons_of(runs):
-            gains = _paired_gains(runs, setting, eps, dyn, other)
+            gains = _paired_gains(runs, setting, eps, a, b)
             if not gains:
                 continue
             _, low, high = t_interval(gains)
@@ -85,7 +110,7 @@ def _dyn_beats(runs: list[CellRun], family: ScheduleFamily, rival: str,
     verdict = ("held" if above == total else "did not hold" if below
                else "inconclusive")  # fmt: skip
     return [(
-        f"{family.display} > {rival} at equal ε{_calibration_name(calibration)}",
+        claim,
         f"{verdict}: paired by seed, the 95 % interval of the gain is above 0 in {above}, "
         f"below 0 in {below} and contains 0 (or has one seed) in {unsettled} of {total} "
         "(setting, ε)",
@@ -101,33 +126,28 @@ def _paired_gains(runs, setting, eps, a: str, b: str) -> list[float]:
     return [of_a[seed] - of_b[seed] for seed in sorted(set(of_a) & set(of_b))]
 
 
-def _gains_by_epsilon(runs, setting, family: ScheduleFamily,
-                      calibration: str) -> list[tuple[float, float]]:  # fmt: skip
-    """(ε, gain over the baseline: Dyn vs Const) of one setting, at every ε where both have
-    runs."""
-    dyn, const = _label(family.name, calibration), _label(family.baseline, calibration)
+def _gains_by_epsilon(runs, setting, a: str, b: str) -> list[tuple[float, float]]:
+    """(ε, relative gain of ``a`` over ``b``: Dyn vs Const) of one setting, at every ε where
+    both have runs."""
     points = []
     for eps in epsilons_of(runs):
         gain = relative_gain(
-            mean_final_accuracy(runs, setting=setting, algorithm=dyn, epsilon=eps)[0],
-            mean_final_accuracy(runs, setting=setting, algorithm=const, epsilon=eps)[0],
+            mean_final_accuracy(runs, setting=setting, algorithm=a, epsilon=eps)[0],
+            mean_final_accuracy(runs, setting=setting, algorithm=b, epsilon=eps)[0],
         )
         if math.isfinite(gain):
             points.append((eps, gain))
     return points
 
 
-def _gap_grows_as_epsilon_falls(runs: list[CellRun], family: ScheduleFamily,
-                                calibration: str) -> list[tuple[str, str]]:  # fmt: skip
-    """The gain of ``family`` over its baseline (Dyn-D2P over Const-D2P) does not shrink as
-    ε falls, in every setting."""
-    baseline = ALGORITHMS[family.baseline]
-    if (_label(baseline.name, calibration) not in algorithms_of(runs)
-            or len(epsilons_of(runs)) < 2):  # fmt: skip
+def _gap_grows(runs: list[CellRun], a: str, b: str, claim: str) -> list[tuple[str, str]]:
+    """The gain of ``a`` over ``b`` (Dyn-D2P over Const-D2P) does not shrink as ε falls, in
+    every setting."""
+    if b not in algorithms_of(runs) or len(epsilons_of(runs)) < 2:
         return []
     verdicts, text = [], ""
     for setting in settings_of(runs):
-        points = _gains_by_epsilon(runs, setting, family, calibration)
+        points = _gains_by_epsilon(runs, setting, a, b)
         if len(points) > 1:
             # ε ascends along points: the gain at a smaller ε must be at least the next one's
             pairs = zip(points, points[1:], strict=False)
@@ -138,8 +158,7 @@ def _gap_grows_as_epsilon_falls(runs: list[CellRun], family: ScheduleFamily,
     held = sum(verdicts)
     return [
         (
-            f"the {family.short}-vs-{baseline.short} gap grows as ε falls"
-            f"{_calibration_name(calibration)}",
+            claim,
             ("held" if held == len(verdicts) else "did not hold")
             + f" in {held} of {len(verdicts)} settings"
             # the gains themselves when there is one setting to show them for

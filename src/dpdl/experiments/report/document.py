@@ -36,6 +36,7 @@ from dpdl.experiments.report.tables import (
     overspend_sentence,
     understatement_sentence,
 )
+from dpdl.experiments.sweep.driver import declared_pairs
 from dpdl.plotting import FORMATS
 from dpdl.training.provenance import PROVENANCE_KEY, provenance_lines
 from dpdl.training.results import sample_std
@@ -49,8 +50,9 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None) -> dict[str, Path
     out_dir = Path(out_dir or sweep_dir / "report")
     out_dir.mkdir(parents=True, exist_ok=True)
     runs = collect_runs(sweep_dir)
-    sections = report_sections(runs, build_tables(runs), make_figures(runs, out_dir),
-                               collect_failures(sweep_dir))
+    declared = declared_pairs(sweep_dir)  # the sweep's [report] pairs; None: the registry's
+    sections = report_sections(runs, build_tables(runs, declared), make_figures(runs, out_dir),
+                               collect_failures(sweep_dir), declared)  # fmt: skip
     title = f"dpdl report — {sweep_dir.name}"
     md_path, html_path = out_dir / "report.md", out_dir / "report.html"
     md_path.write_text(to_markdown(title, sections))
@@ -70,15 +72,18 @@ def write_figures(sweep_dir: Path, out_dir: Path | None = None) -> list[Path]:
 
 
 def report_sections(
-    runs: list[CellRun], tables: Tables, figures: list[Figure], failures: list[FailedCell] = ()
+    runs: list[CellRun], tables: Tables, figures: list[Figure], failures: list[FailedCell] = (),
+    declared: list[tuple[str, str]] | None = None,
 ) -> list[Section]:
-    claims = check_claims(runs)
+    """``declared``: the sweep's comparison pairs (None: the registry's), for the claims and
+    the introduction's gain sentence (``tables`` were built with the same)."""
+    claims = check_claims(runs, declared)
     reproducible = reproducible_noise_note(runs)
     return [
         Section(
             None,
             [
-                Paragraph(_introduction(runs)),
+                Paragraph(_introduction(runs, declared)),
                 *([Paragraph(reproducible, lead="Note:")] if reproducible else []),
                 Table(tables.accuracy_header, tables.accuracy_rows),
             ],
@@ -210,13 +215,13 @@ def failed_cells_section(failures: list[FailedCell]) -> Section:
     )
 
 
-def _introduction(runs: list[CellRun]) -> str:
+def _introduction(runs: list[CellRun], declared: list[tuple[str, str]] | None = None) -> str:
     steps = sorted({int(r.iterations[-1]) for r in runs})
     budget = f"{steps[0]} iterations" if len(steps) == 1 else f"{steps[0]}–{steps[-1]} iterations"
     intro = (
         f"{len(settings_of(runs))} setting(s), {len(runs)} runs, {budget} per run. Final test "
         "accuracy of the network-average model, mean ± std over seeds (%)."
-        + _calibration_sentence(runs) + _gain_sentence(runs)
+        + _calibration_sentence(runs) + _gain_sentence(runs, declared)
     )
     stopped = [f"{r.cell}: {r.algorithm} seed {r.seed} ε {epsilon_text(r.epsilon_target)}"
                for r in runs if r.status != "ok"]  # fmt: skip
@@ -242,9 +247,14 @@ def _calibration_sentence(runs: list[CellRun]) -> str:
     return f" Calibration (a label's suffix): {'; '.join(said)}." if said else ""
 
 
-def _gain_sentence(runs: list[CellRun]) -> str:
-    """The gains the accuracy table states: of each family that ran over the baseline the
-    registry names for it (ScheduleFamily.baseline), both run under one calibration."""
+def _gain_sentence(runs: list[CellRun], declared: list[tuple[str, str]] | None = None) -> str:
+    """The gains the accuracy table states: of each pair the sweep declared, else of each
+    family that ran over the baseline the registry names for it (ScheduleFamily.baseline),
+    both run under one calibration."""
+    if declared is not None:
+        text = "; ".join(f"{display_label(a)} over {display_label(b)}"
+                         for _, a, b in gain_pairs(algorithms_of(runs), declared))  # fmt: skip
+        return f" Gain (the pairs the sweep declared): relative accuracy of {text}." if text else ""
     pairs = sorted({(dyn.partition("@")[0], const.partition("@")[0])
                     for _, dyn, const in gain_pairs(algorithms_of(runs))})  # fmt: skip
     if not pairs:

@@ -14,6 +14,7 @@ from dpdl.accounting.certified import ACCOUNTANTS
 from dpdl.accounting.schedules import ALGORITHMS, algorithm_private
 from dpdl.experiments.report.collect import CellRun
 from dpdl.training.results import sample_std
+from dpdl.training.settings import display_label  # noqa: F401  (the report imports it here)
 
 # Names not registered in this process (read from a sweep's results) come after the others.
 UNKNOWN_RANK = 99
@@ -99,18 +100,6 @@ def key_display(key: str) -> str:
     return KEY_NAMES.get(leaf, leaf)
 
 
-def display_label(label: str) -> str:
-    """An algorithm label as the registries name it: "dyn-d2p@pld" -> "Dyn-D2P (PLD)"; a name
-    not registered in this process stays as it is."""
-    name, _, calibration = label.partition("@")
-    family = ALGORITHMS.get(name)
-    text = family.display if family is not None else name
-    if calibration:
-        accountant = ACCOUNTANTS.get(calibration)
-        text += f" ({accountant.display if accountant is not None else calibration})"
-    return text
-
-
 def setting_display(setting: tuple) -> str:
     """A setting as a reader says it: "topology.name=complete" -> "complete topology",
     "topology.nodes=16" -> "16 nodes", "privacy.rho_c=2" -> "ρ_c = 2"."""
@@ -155,9 +144,16 @@ def mean_final_accuracy(runs, **filters) -> tuple[float, float, int]:
     return float(np.mean(finals)), sample_std(finals), len(chosen)
 
 
-def gain_pairs(algorithms: list[str]) -> list[tuple[str, str, str]]:
-    """(calibration, family label, baseline label) for every calibration and every family
-    with a ``baseline`` (Dyn-D2P: Const-D2P) that has both."""
+def gain_pairs(algorithms: list[str], declared: list[tuple[str, str]] | None = None,
+               ) -> list[tuple[str, str, str]]:  # fmt: skip
+    """(calibration, label A, label B) for every pair the report compares that both ran.
+
+    ``declared``: the sweep's own pairs (its ``[report]`` table), in their order, the
+    calibration being the suffix both share ("" if they differ). Else from the registry:
+    every calibration and every family with a ``baseline`` (Dyn-D2P: Const-D2P)."""
+    if declared is not None:
+        return [(shared_calibration(a, b), a, b) for a, b in declared
+                if a in algorithms and b in algorithms]  # fmt: skip
     pairs = []
     families = sorted((f for f in ALGORITHMS.values() if f.baseline), key=lambda f: f.order)
     for calibration in sorted({a.partition("@")[2] for a in algorithms}, key=calibration_rank):
@@ -167,6 +163,21 @@ def gain_pairs(algorithms: list[str]) -> list[tuple[str, str, str]]:
             if dyn in algorithms and const in algorithms:
                 pairs.append((calibration, dyn, const))
     return pairs
+
+
+def shared_calibration(a: str, b: str) -> str:
+    """The @suffix two labels share, "" when they differ (or neither has one)."""
+    calibration = a.partition("@")[2]
+    return calibration if calibration == b.partition("@")[2] else ""
+
+
+def pair_name(a: str, b: str) -> str:
+    """How a column or claim names a pair: the short names when both share a calibration
+    ("Dyn vs Const (pld)"), else the whole labels ("dyn-d2p@pld vs dyn-d2p@clt")."""
+    if a.partition("@")[2] != b.partition("@")[2]:
+        return f"{a} vs {b}"
+    calibration = shared_calibration(a, b)
+    return f"{short_name(a)} vs {short_name(b)}{f' ({calibration})' if calibration else ''}"
 
 
 def relative_gain(dyn: float, const: float) -> float:

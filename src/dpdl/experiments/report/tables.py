@@ -29,12 +29,12 @@ from dpdl.experiments.report.grouping import (
     gain_pairs,
     mean_final_accuracy,
     natural_key,
+    pair_name,
     private_algorithms_of,
     relative_gain,
     select,
     setting_label,
     settings_of,
-    short_name,
 )
 
 PRIVACY_HEADER = [
@@ -70,11 +70,13 @@ class Tables:
     # certified ε spent / target ε of every run calibrated with the CLT
     clt_overspend: list[float] = field(default_factory=list)
     clt_overspend_by_epsilon: dict[float, list[float]] = field(default_factory=dict)
-    gains: dict[tuple[str, str, float], float] = field(default_factory=dict)
+    # (setting label, label A, label B, ε): the relative gain of A over B
+    gains: dict[tuple[str, str, str, float], float] = field(default_factory=dict)
 
 
-def build_tables(runs: list[CellRun]) -> Tables:
-    accuracy_header, accuracy_rows, gains = _accuracy_table(runs)
+def build_tables(runs: list[CellRun], declared: list[tuple[str, str]] | None = None) -> Tables:
+    """``declared``: the sweep's comparison pairs (None: the registry's, ``gain_pairs``)."""
+    accuracy_header, accuracy_rows, gains = _accuracy_table(runs, declared)
     privacy_rows, understatement, overspend, overspend_by_eps = _privacy_table(runs)
     return Tables(
         accuracy_header,
@@ -90,15 +92,13 @@ def build_tables(runs: list[CellRun]) -> Tables:
     )
 
 
-def _accuracy_table(runs: list[CellRun]) -> tuple[list[str], list[list[str]], dict]:
-    """Header, rows and {(setting label, calibration, ε): gain of a family over its baseline
-    (Dyn-D2P over Const-D2P)}."""
+def _accuracy_table(runs: list[CellRun], declared: list[tuple[str, str]] | None,
+                    ) -> tuple[list[str], list[list[str]], dict]:  # fmt: skip
+    """Header, rows and {(setting label, A, B, ε): gain of A over B} for every compared pair
+    (declared, else a family over its baseline: Dyn-D2P over Const-D2P)."""
     algorithms = algorithms_of(runs)
-    pairs = gain_pairs(algorithms)
-    header = ["setting", "ε", *algorithms] + [
-        f"gain {short_name(dyn)} vs {short_name(const)}{f' ({c})' if c else ''}"
-        for c, dyn, const in pairs
-    ]
+    pairs = gain_pairs(algorithms, declared)
+    header = ["setting", "ε", *algorithms] + [f"gain {pair_name(a, b)}" for _, a, b in pairs]
     rows, gains = [], {}
     for setting in settings_of(runs):
         for eps in epsilons_of(runs) or [math.nan]:
@@ -107,12 +107,12 @@ def _accuracy_table(runs: list[CellRun]) -> tuple[list[str], list[list[str]], di
             for algorithm in algorithms:
                 stats = mean_final_accuracy(runs, algorithm=algorithm, **filters)
                 row.append(_accuracy_text(*stats))
-            for calibration, dyn, const in pairs:
+            for _, a, b in pairs:
                 gain = relative_gain(
-                    mean_final_accuracy(runs, algorithm=dyn, **filters)[0],
-                    mean_final_accuracy(runs, algorithm=const, **filters)[0],
+                    mean_final_accuracy(runs, algorithm=a, **filters)[0],
+                    mean_final_accuracy(runs, algorithm=b, **filters)[0],
                 )
-                gains[(setting_label(setting), calibration, eps)] = gain
+                gains[(setting_label(setting), a, b, eps)] = gain
                 row.append("—" if math.isnan(gain) else f"{100 * gain:+.1f} %")
             rows.append(row)
     return header, rows, gains

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dpdl.errors import DPDLError
+from dpdl.experiments.comparisons import REPORT_TABLE, split_report
 from dpdl.experiments.sweep.contract import CellJob, CellOutcome, partial_dir
 from dpdl.experiments.sweep.executors import make_executor
 from dpdl.experiments.sweep.grid import cell_config, expand_grid, select_cells, split_sweep
@@ -105,6 +106,7 @@ def run_sweep(
     ``workers`` CPUs when None). Either way this process is the only writer of ``sweep_dir``.
     """
     base, sweep = split_sweep(config)
+    base, pairs = split_report(base, sweep)  # the report's, never a cell's
     cells = select_cells(expand_grid(sweep), only or [])
     workers = workers or sweep.get("workers", 1)
     if runner is None:  # else an executor the caller owns (several sweeps, one pool)
@@ -116,6 +118,7 @@ def run_sweep(
     cells_dir.mkdir(parents=True, exist_ok=True)
     (sweep_dir / SWEEP_FILE).write_text(
         json.dumps({"base": base, "sweep": sweep, "cells": [c.cell_id for c in cells],
+                    **({REPORT_TABLE: {"pairs": pairs}} if pairs else {}),
                     PROVENANCE_KEY: provenance(_configured_device(base))}, indent=2)
     )
     todo = [c for c in cells if not is_finished(cells_dir / c.cell_id)]
@@ -192,6 +195,17 @@ def _progress_bar(total: int, initial: int, enabled: bool):
 
     # disable=None: off when stderr is not a terminal (a log file gets no bar redraws)
     return tqdm(total=total, initial=initial, desc="sweep", unit="cell", disable=None)
+
+
+def declared_pairs(sweep_dir: Path) -> list[tuple[str, str]] | None:
+    """The comparison pairs the sweep's ``[report]`` table declared (None: none declared, or a
+    sweep.json written before dpdl kept them): :mod:`dpdl.experiments.comparisons`."""
+    try:
+        record = json.loads((Path(sweep_dir) / SWEEP_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    pairs = (record.get(REPORT_TABLE) or {}).get("pairs") if isinstance(record, dict) else None
+    return [(a, b) for a, b in pairs] if pairs else None
 
 
 def finished_cells(sweep_dir: Path) -> Iterable[tuple[Path, dict]]:

@@ -181,7 +181,8 @@ def parse_linreg_config(config: dict[str, Any] | LinRegConfig) -> LinRegConfig:
 def apply_overrides(config: dict[str, Any], *, seed: int | None = None,
                     steps: int | None = None, device: str | None = None,
                     runtime: str | None = None,
-                    entropy: str | None = None) -> dict[str, Any]:
+                    entropy: str | None = None,
+                    vector_figures: bool | None = None) -> dict[str, Any]:
     """``dpdl run`` flags: ``--seed`` (one seed), ``--steps`` (T) and ``--entropy``. The run is
     numpy on the CPU in one process, so ``--device`` other than cpu and ``--runtime`` other
     than simulator are refused."""
@@ -189,6 +190,8 @@ def apply_overrides(config: dict[str, Any], *, seed: int | None = None,
         raise DPDLError(f"--device {device!r}: the linreg kind runs on the CPU (numpy)")
     if runtime not in (None, "simulator"):
         raise DPDLError(f"--runtime {runtime!r}: the linreg kind has no distributed runtime")
+    if vector_figures:
+        raise DPDLError("--vector-figures not supported for experiment kind 'linreg'")
     out = json.loads(json.dumps(config))
     if entropy is not None:
         out.setdefault("experiment", {})["entropy"] = entropy
