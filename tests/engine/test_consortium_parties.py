@@ -227,4 +227,4 @@ def test_with_its_stream_keys_lost_a_restart_is_refused_and_the_others_name_it(t
         assert statuses[party] != 0
         (error,) = [line for line in _log(tmp_path, party).splitlines() if "error" in line]
         assert "party p2 (127.0.0.1:" in error, error
-        assert "already sent message 0" in error or "down or unreachable" in error, error
+        assert "already left" in error or "down or unreachable" in error, error
