@@ -46,6 +46,8 @@ from dpdl.accounting.gossip import (
     _check_target,
     _mixing_of,
     build_view,
+    min_norm,
+    schedule_view,
 )
 from dpdl.errors import require
 
@@ -224,24 +226,8 @@ def correlated_schedule_view_mu(mixing, *, target: int, observers: Sequence[int]
     the model's correlated part scales with it), each step ``period`` rounds whose first
     carries the contribution and the fresh sources: :func:`dpdl.accounting.gossip.
     schedule_view_mu` with the noise entering through ``model`` (a gradient canary, p = 1)."""
-    sigmas = np.asarray(sigmas, dtype=np.float64)
-    deltas = np.asarray(sensitivities, dtype=np.float64)
-    require(sigmas.ndim == 1 and sigmas.shape == deltas.shape and len(sigmas) >= 1,
-            "sigmas and sensitivities must be equal-length sequences, one per step")
-    for sigma, delta in zip(sigmas, deltas, strict=True):
-        _check_sigma(float(sigma), float(delta))
-    R = _check_period(period)
-    view = build_view(mixing, rounds=len(sigmas) * R, observers=observers)
-    target = _check_target(target, view.n)
-    require(target not in view.observers, f"the target {target} is one of the observers")
-    c = sum(delta * view.column(target, k * R) for k, delta in enumerate(deltas))
-    B = unknown_noise_columns(view, mixing, model, sigmas, R)
-    if B.shape[0] == 0:
-        return 0.0
-    w, *_ = np.linalg.lstsq(B, c, rcond=None)
-    if np.linalg.norm(B @ w - c) > RESIDUAL_RTOL * max(np.linalg.norm(c), 1e-300):
-        return math.inf
-    return float(np.linalg.norm(w))
+    view, c, sigmas, R = schedule_view(mixing, target, observers, sigmas, sensitivities, period)
+    return min_norm(unknown_noise_columns(view, mixing, model, sigmas, R), c)
 
 
 def sec_ldp_noise_factor(mixing, *, rounds: int, factor: float,

@@ -294,6 +294,17 @@ def schedule_view_mu(mixing, *, target: int, observers: Sequence[int] | int,
     C_k and σ_k of a gradient canary, p = 1); steps = len(sigmas), each ``period`` gossip
     rounds whose first carries the contribution and the fresh noise (Muffliato's steps).
     Constant Δ, σ give :func:`view_mu` with ``contribution="every-round"``."""
+    view, c, sigmas, R = schedule_view(mixing, target, observers, sigmas, sensitivities, period)
+    scale = np.repeat(np.repeat(sigmas, R), view.n)
+    fresh = np.arange(view.rounds) % R == 0
+    keep = (fresh[:, None] & ~np.isin(np.arange(view.n), view.observers)[None, :]).ravel()
+    return min_norm(view.matrix[:, keep] * scale[keep], c)
+
+
+def schedule_view(mixing, target: int, observers, sigmas, sensitivities, period: int
+                  ) -> tuple[View, np.ndarray, np.ndarray, int]:  # fmt: skip
+    """(the view over every round, the target's trace Σ_k Δ_k c_{kR}, σ_k as an array, R) of
+    a schedule, every argument checked: :func:`schedule_view_mu`'s and the correlated one's."""
     sigmas = np.asarray(sigmas, dtype=np.float64)
     deltas = np.asarray(sensitivities, dtype=np.float64)
     require(sigmas.ndim == 1 and sigmas.shape == deltas.shape and len(sigmas) >= 1,
@@ -305,10 +316,11 @@ def schedule_view_mu(mixing, *, target: int, observers: Sequence[int] | int,
     view = build_view(mixing, rounds=len(sigmas) * R, observers=observers)
     require(target not in view.observers, f"the target {target} is one of the observers")
     c = sum(delta * view.column(target, k * R) for k, delta in enumerate(deltas))
-    scale = np.repeat(np.repeat(sigmas, R), view.n)
-    fresh = np.arange(view.rounds) % R == 0
-    keep = (fresh[:, None] & ~np.isin(np.arange(view.n), view.observers)[None, :]).ravel()
-    B = view.matrix[:, keep] * scale[keep]
+    return view, c, sigmas, R
+
+
+def min_norm(B: np.ndarray, c: np.ndarray) -> float:
+    """min ‖w‖ with B w = c (∞ when c ∉ col(B); 0 when nothing is seen): a view's μ."""
     if B.shape[0] == 0:
         return 0.0
     w, *_ = np.linalg.lstsq(B, c, rcond=None)
