@@ -187,6 +187,17 @@ class TopologySection(_Section):
     seed: int = 0
     params: dict[str, Any] = Field(default_factory=dict)
 
+    @field_validator("nodes")
+    @classmethod
+    def _nodes(cls, value: int, info) -> int:
+        central = info.data.get("name") == "central"
+        if central and value != 1:
+            raise ValueError(f"topology 'central' is one node holding every record, got {value}")
+        if not central and value < 2:
+            raise ValueError(f"decentralized training needs at least 2 nodes, got {value} "
+                             "(one node holding every record: topology 'central')")
+        return value
+
 
 class RunConfig(_Section):
     kind: Literal["decentralized"] = "decentralized"
