@@ -65,6 +65,7 @@ __all__ = [
     "sec_ldp_noise_factor",
     "unknown_noise_columns",
     "make_noise_model",
+    "undirected_adjacency",
     "undirected_edges",
 ]
 
@@ -90,11 +91,18 @@ class Sources:
         return null_space(np.vstack(known))
 
 
+def undirected_adjacency(P: np.ndarray) -> np.ndarray:
+    """(n, n) bool: i and j talk in a round's graph (P_ij > 0 or P_ji > 0, i != j), so they
+    can share a secret (DECOR's pairs); the engine's and the accounting's one definition."""
+    A = np.asarray(P) > 0
+    A = A | A.T
+    np.fill_diagonal(A, False)
+    return A
+
+
 def undirected_edges(P: np.ndarray) -> list[tuple[int, int]]:
-    """The edges {i, j}, i < j, of a round's graph (P_ij > 0 or P_ji > 0): who can share a
-    secret because they talk (DECOR's pairs)."""
-    A = (np.asarray(P) > 0) | (np.asarray(P) > 0).T
-    i, j = np.nonzero(np.triu(A, k=1))
+    """The edges {i, j}, i < j, of :func:`undirected_adjacency`."""
+    i, j = np.nonzero(np.triu(undirected_adjacency(P), k=1))
     return list(zip(i.tolist(), j.tolist(), strict=True))
 
 
@@ -142,9 +150,7 @@ class NeighbourhoodZeroSumNoise:
 
     def sources(self, P: np.ndarray) -> Sources:
         n = P.shape[0]
-        adjacency = np.zeros((n, n), dtype=bool)
-        for i, j in undirected_edges(P):
-            adjacency[i, j] = adjacency[j, i] = True
+        adjacency = undirected_adjacency(P)
         blocks = [np.concatenate(([k], np.flatnonzero(adjacency[k]))) for k in range(n)]
         starts = np.cumsum([n, *(len(b) for b in blocks)])
         matrix, knowledge = _own(n, int(starts[-1]))
@@ -249,14 +255,11 @@ def sec_ldp_noise_factor(mixing, *, rounds: int, factor: float,
     require(honest.size >= 1, "at least one node must be honest")
     worst, seen = 0.0, set()
     for t in range(rounds):
-        edges = tuple(undirected_edges(P_of(t)))
-        if edges in seen:  # a periodic schedule repeats its graphs
+        adjacency = undirected_adjacency(P_of(t))
+        if adjacency.tobytes() in seen:  # a periodic schedule repeats its graphs
             continue
-        seen.add(edges)
-        A = np.zeros((n, n))
-        for i, j in edges:
-            A[i, j] = A[j, i] = 1.0
-        A = A[np.ix_(honest, honest)]
+        seen.add(adjacency.tobytes())
+        A = adjacency[np.ix_(honest, honest)].astype(np.float64)
         L = np.diag(A.sum(axis=1)) - A
         inverse = np.linalg.inv(np.eye(honest.size) + factor**2 * L)
         worst = max(worst, float(np.max(np.diag(inverse))))

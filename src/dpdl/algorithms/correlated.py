@@ -152,10 +152,10 @@ def make_correlation(name: str, factor: float | None = None) -> NoiseCorrelation
 
 def undirected_neighbours(mixing: np.ndarray, nodes: Sequence[int]) -> tuple[tuple[int, ...], ...]:
     """For each of ``nodes``, its neighbours in the undirected version of the graph of
-    ``mixing`` (P[i, j] > 0 or P[j, i] > 0, j != i), ascending."""
-    adjacency = (np.asarray(mixing) != 0)
-    adjacency = adjacency | adjacency.T
-    np.fill_diagonal(adjacency, False)
+    ``mixing`` (:func:`dpdl.accounting.correlated.undirected_adjacency`), ascending."""
+    from dpdl.accounting.correlated import undirected_adjacency
+
+    adjacency = undirected_adjacency(mixing)
     return tuple(tuple(int(j) for j in np.flatnonzero(adjacency[i])) for i in nodes)
 
 
