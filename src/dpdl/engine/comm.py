@@ -103,9 +103,7 @@ class PointToPointMixer:
         plan = self._plan(k)
         step = k if step is None else step
         self.traffic.record(plan.degrees, message_bytes(params, weights))
-        names = list(params)
-        m = self.hi - self.lo
-        flat = torch.cat([params[name].reshape(m, -1) for name in names], dim=1)
+        flat = flatten_rows(params)
         # Parameters travel in their own dtype, push-sum weights in float64 (as the simulator).
         mixed = plan.local.to(flat.dtype) @ flat
         mixed_w = plan.local @ weights
@@ -135,13 +133,24 @@ class PointToPointMixer:
             index = torch.as_tensor(rows, device=flat.device)
             mixed.index_add_(0, index, buf)
             mixed_w.index_add_(0, index, wbuf)
-        out_params, start = {}, 0
-        for name in names:
-            shape = params[name].shape
-            width = int(np.prod(shape[1:], dtype=np.int64))
-            out_params[name] = mixed[:, start : start + width].reshape(shape)
-            start += width
-        return out_params, mixed_w
+        return unflatten_rows(mixed, params), mixed_w
+
+
+def flatten_rows(params: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The hosted nodes' tensors {name: (m, *shape)} as one (m, d) matrix, names in order:
+    what a mixer multiplies and sends."""
+    m = next(iter(params.values())).shape[0]
+    return torch.cat([p.reshape(m, -1) for p in params.values()], dim=1)
+
+
+def unflatten_rows(flat: torch.Tensor, like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """:func:`flatten_rows` undone: ``flat``'s columns cut into ``like``'s names and shapes."""
+    out, start = {}, 0
+    for name, tensor in like.items():
+        width = int(np.prod(tensor.shape[1:], dtype=np.int64))
+        out[name] = flat[:, start : start + width].reshape(tensor.shape)
+        start += width
+    return out
 
 
 def _peer_failed(rank: int, peer: int | None, step: int, err: Exception) -> DPDLError:

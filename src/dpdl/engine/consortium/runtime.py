@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from dpdl.algorithms.randomness import KEY_BYTES, settings_digest, stream_root
+from dpdl.engine.comm import flatten_rows, unflatten_rows
 from dpdl.engine.consortium.sent_ledger import SentLedger
 from dpdl.engine.consortium.settings import Consortium
 from dpdl.engine.consortium.transport import Credentials, Link, Outbox, serve
@@ -302,20 +303,13 @@ class ConsortiumMixer:
         rt, P, lo, hi = self.runtime, self._matrix(k), self.lo, self.hi
         step = k if step is None else step
         n, rt._mixes = rt._mixes, rt._mixes + 1
-        names = list(params)
-        flat = torch.cat([params[name].reshape(hi - lo, -1) for name in names], dim=1)
+        flat = flatten_rows(params)
         local = torch.as_tensor(P[lo:hi, lo:hi], device=flat.device)
         mixed, mixed_w = local.to(flat.dtype) @ flat, local @ weights
         rt.send(n, step, k, self._outgoing(P, flat, weights, Message(rt.me.name,
                                                                      f"m{n}.k{k}", step, k)))
         self._add_incoming(P, f"m{n}.k{k}", (step, k), mixed, mixed_w)
-        out_params, start = {}, 0
-        for name in names:
-            shape = params[name].shape
-            width = int(np.prod(shape[1:], dtype=np.int64))
-            out_params[name] = mixed[:, start:start + width].reshape(shape)
-            start += width
-        return out_params, mixed_w
+        return unflatten_rows(mixed, params), mixed_w
 
     def _others(self, P: np.ndarray, into_mine: bool):
         """(party, rows) for each other party that this step's graph connects: into its nodes
