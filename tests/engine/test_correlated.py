@@ -16,6 +16,7 @@ from dpdl.algorithms.correlated import (
     INDEPENDENT,
     CorrelatedStep,
     DecorNoise,
+    ZeroSumNoise,
     make_correlation,
     pair_secret,
     undirected_neighbours,
@@ -211,3 +212,121 @@ def test_a_registered_correlation_is_a_setting_of_its_own(monkeypatch):
     assert privacy.noise_correlation.describe() == {"name": "halved"}
     with pytest.raises(DPDLError, match="'halved' is registered already"):
         correlated.register_correlation("halved", lambda correlation_factor: Halved())
+
+
+# ---------------------------------------------------------------- zero-sum shares (Zip-DL)
+
+
+def _one_process_keys(n: int, root=b"z" * 32) -> HostedKeys:
+    keys = HostedKeys(0, n, root=root)
+    keys.learn_publics(keys.own_publics)
+    return keys
+
+
+@pytest.mark.parametrize("name", ["neighbourhood-zero-sum", "pairwise"])
+def test_the_engines_correlated_noise_has_the_accountings_covariance(h, name):
+    """The released noise of one step, S = 0, against σ²·M Mᵀ with M the sources matrix of
+    ``dpdl.accounting.correlated``'s noise model of the same name (its own construction from
+    the model's definition), entry by entry within 5 standard errors."""
+    from dpdl.accounting.correlated import make_noise_model
+
+    n, sigma, factor = 5, 1.0, 1.5
+    P = h.RandomColumnStochastic(n, seed=1).mixing_matrix(0)
+    neighbours = undirected_neighbours(P, range(n))
+    step = CorrelatedStep(2, 2, 0, neighbours, _one_process_keys(n))
+    mechanism = make_correlation(name, factor).at_step(GAUSSIAN_RELEASE, step)
+    noise = _release(mechanism, make_node_generators(n, 3), torch.zeros(n, D), sigma).numpy()
+    M = make_noise_model(name, factor).sources(P).matrix
+    want = sigma**2 * M @ M.T
+    got = noise @ noise.T / D
+    se = np.sqrt((np.outer(np.diag(want), np.diag(want)) + want**2) / D)
+    assert np.all(np.abs(got - want) < 5 * se), (got, want)
+    assert np.abs(want - np.diag(np.diag(want))).max() > 0.3  # the nodes' noise is correlated
+
+
+def test_zero_sum_shares_sum_to_zero_over_each_neighbourhood_and_cancel_in_the_network(h):
+    n, scale = 5, 2.0
+    neighbours = undirected_neighbours(h.RandomColumnStochastic(n, seed=1).mixing_matrix(0),
+                                       range(n))  # fmt: skip
+    step = CorrelatedStep(0, 0, 0, neighbours, _one_process_keys(n))
+    from dpdl.algorithms.correlated import neighbourhood_shares
+
+    for k, peers in enumerate(neighbours):
+        shares = neighbourhood_shares(step, k, 1 + len(peers), 64, scale)
+        assert shares.shape == (1 + len(peers), 64)
+        assert float(shares.sum(0).abs().max()) <= 16 * 2.0**-52 * float(shares.abs().max())
+    sums = make_correlation("neighbourhood-zero-sum", 1.0).at_step(
+        GAUSSIAN_RELEASE, step).correlated_sums(64, scale)
+    assert float(sums.sum(0).abs().max()) <= 64 * 2.0**-52 * float(sums.abs().max())
+    assert float(sums.abs().min()) > 0
+    # a node's own stream: another step, round or node gives other shares
+    other = CorrelatedStep(1, 0, 0, neighbours, step.keys)
+    assert not torch.equal(neighbourhood_shares(other, 0, 3, 64, scale),
+                           neighbourhood_shares(step, 0, 3, 64, scale))
+
+
+class _Threads:
+    """An in-memory :class:`ShareChannel` between processes played by threads: each puts its
+    outgoing shares in one mailbox and takes what it expects once all have put theirs."""
+
+    def __init__(self, parties: int):
+        import threading
+
+        self.mailbox: dict = {}
+        self.barrier = threading.Barrier(parties)
+
+    def exchange(self, outgoing, expected, step):
+        self.mailbox.update({pair: share.clone() for pair, share in outgoing.items()})
+        self.barrier.wait()
+        got = {pair: self.mailbox[pair] for pair in expected}
+        self.barrier.wait()
+        return got
+
+
+def test_zero_sum_sums_do_not_depend_on_which_process_hosts_a_node(h):
+    """Blocks 0-1 and 2-4 (threads exchanging the shares that cross) hold bitwise what one
+    process hosting all five does; the shares that cross are exactly the cross edges'."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    n = 5
+    neighbours = undirected_neighbours(h.RandomColumnStochastic(n, seed=1).mixing_matrix(0),
+                                       range(n))  # fmt: skip
+    whole = ZeroSumNoise(2.0).at_step(GAUSSIAN_RELEASE, CorrelatedStep(
+        3, 3, 0, neighbours, _keys(n, blocks=((0, n),), root=b"r" * 32)[0]))
+    want = whole.correlated_sums(64, 1.5)
+    channel = _Threads(2)
+    parts = [ZeroSumNoise(2.0).at_step(GAUSSIAN_RELEASE, CorrelatedStep(
+        3, 3, keys.first, neighbours[keys.first:keys.first + len(keys.pairs)], keys, channel))
+        for keys in _keys(n, root=b"r" * 32)]  # fmt: skip
+    with ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(lambda part: part.correlated_sums(64, 1.5), parts))
+    assert torch.equal(torch.cat(got), want)
+    crossing = {(k, i) for i in range(n) for k in neighbours[i] if (k < 2) != (i < 2)}
+    assert set(channel.mailbox) == crossing and crossing
+    lonely = ZeroSumNoise(2.0).at_step(GAUSSIAN_RELEASE, CorrelatedStep(
+        3, 3, 0, neighbours[:2], _keys(n, root=b"r" * 32)[0]))
+    with pytest.raises(DPDLError, match="need a channel"):
+        lonely.correlated_sums(64, 1.5)
+
+
+def test_a_seeded_zero_sum_run_is_reproducible_and_keeps_the_network_sum(h):
+    runs = [_run(_sim(h, ZeroSumNoise(2.0)), 1) for _ in range(2)]
+    independent = _run(_sim(h), 1)
+    for name in independent:
+        assert torch.equal(runs[0][name], runs[1][name])
+        assert float((runs[0][name] - independent[name]).abs().max()) > 0.05
+        # the shares are off the release's grid (their mean is subtracted), so each node's
+        # release may round to the neighbouring cell: one grid step (2^-11 at σ = 0.5) times
+        # γ/b = 0.1 per node at most, plus float32 arithmetic
+        total = runs[0][name].double().sum(0) - independent[name].double().sum(0)
+        assert float(total.abs().max()) < 6 * 2.0**-11 * 0.1 * (1 + 1e-6) + 2e-5
+
+
+def test_zero_sum_noise_is_refused_where_it_cannot_be_carried_or_audited(h):
+    from dpdl.audit.trials import AuditDesign
+
+    with pytest.raises(DPDLError, match="neighbourhood-zero-sum noise needs .* got -1"):
+        make_correlation("neighbourhood-zero-sum", -1)
+    with pytest.raises(DPDLError, match="draw independent or pairwise .* not 'neighbourhood"):
+        AuditDesign(threat="observer", correlation="neighbourhood-zero-sum",
+                    correlation_factor=1.0).validate()

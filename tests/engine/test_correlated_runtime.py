@@ -1,6 +1,7 @@
-"""DECOR in the distributed runtime (issue 41): two processes, each holding its own nodes'
-X25519 private keys, exchange only public keys at start-up and release the same messages as
-the simulator (seeded), which differ from independent noise's."""
+"""Correlated noise in the distributed runtime (issue 41): two processes, each holding its own
+nodes' X25519 private keys, exchange only public keys at start-up (and, for zero-sum noise,
+the shares of the edges that cross them, point to point) and release the same messages as the
+simulator (seeded), which differ from independent noise's."""
 
 import subprocess
 import sys
@@ -14,16 +15,26 @@ from dpdl.experiments.runner import run_experiment
 
 pytestmark = pytest.mark.xdist_group("multi-process")
 
-DECOR = CONFIG + 'correlation = "pairwise"\ncorrelation_factor = 2.0\n'
+
+def correlated_config(correlation: str = "pairwise", factor: float = 2.0) -> str:
+    """The runtime tests' config with the nodes' noise correlated."""
+    return CONFIG + f'correlation = "{correlation}"\ncorrelation_factor = {factor}\n'
 
 
-@pytest.mark.slow  # 90 s; test_correlated's blocks test covers the block-independence fast
-def test_distributed_decor_equals_the_simulator_and_differs_from_independent(tmp_path):
-    run_experiment(tomllib.loads(DECOR), tmp_path / "sim", progress=False)
+DECOR = correlated_config()
+
+
+@pytest.mark.slow  # 90 s each; the blocks tests of test_correlated and test_p2p_mixer cover
+# the hosting-independence of both correlations fast
+@pytest.mark.parametrize("correlation", ["pairwise", "neighbourhood-zero-sum"])
+def test_distributed_correlated_noise_equals_the_simulator_and_differs_from_independent(
+        tmp_path, correlation):  # fmt: skip
+    correlated = correlated_config(correlation)
+    run_experiment(tomllib.loads(correlated), tmp_path / "sim", progress=False)
     run_experiment(tomllib.loads(CONFIG), tmp_path / "independent", progress=False)
     simulator, independent = _metrics(tmp_path / "sim"), _metrics(tmp_path / "independent")
     config = tmp_path / "decor.toml"
-    config.write_text(DECOR)
+    config.write_text(correlated)
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "dpdl", "run", str(config), "--output", str(out),
            "--no-progress", "--runtime", "distributed", "--procs", "2"]  # fmt: skip

@@ -118,3 +118,44 @@ def test_block_bounds_cover_all_nodes_contiguously():
             assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
     with pytest.raises(DPDLError, match="at least one node"):
         block_bounds(3, 4, 0)
+
+
+def _share_worker(rank, world, port, n, out_dir):
+    from dpdl.algorithms.correlated import CorrelatedStep, ZeroSumNoise, undirected_neighbours
+    from dpdl.algorithms.dyn_d2p import GAUSSIAN_RELEASE
+    from dpdl.algorithms.pairwise import HostedKeys
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    lo, hi = block_bounds(n, world, rank)
+    keys = HostedKeys(lo, hi - lo, root=b"r" * 32)  # seeded: every rank knows the publics
+    keys.learn_publics(HostedKeys(0, n, root=b"r" * 32).own_publics)
+    mixer = PointToPointMixer(_Shift(n), n, rank, world, torch.device("cpu"))
+    neighbours = undirected_neighbours(_Shift(n).mixing_matrix(1), range(lo, hi))
+    step = CorrelatedStep(3, 1, lo, neighbours, keys, mixer)
+    sums = ZeroSumNoise(2.0).at_step(GAUSSIAN_RELEASE, step).correlated_sums(16, 1.5)
+    torch.save({"sums": sums, "bytes": mixer.bytes_sent}, os.path.join(out_dir, f"{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def test_zero_sum_shares_cross_processes_point_to_point_and_match_one_process(tmp_path):
+    """Three processes hand each other only the shares of the edges that cross them (one
+    message per rank pair that the round's undirected graph connects) and hold bitwise the
+    sums one process computes for all seven nodes."""
+    from dpdl.algorithms.correlated import CorrelatedStep, ZeroSumNoise, undirected_neighbours
+    from dpdl.algorithms.dyn_d2p import GAUSSIAN_RELEASE
+    from dpdl.algorithms.pairwise import HostedKeys
+
+    n, world = 7, 3
+    mp.start_processes(_share_worker, args=(world, _free_port(), n, str(tmp_path)),
+                       nprocs=world, start_method="spawn")  # fmt: skip
+    parts = [torch.load(tmp_path / f"{r}.pt") for r in range(world)]
+    keys = HostedKeys(0, n, root=b"r" * 32)
+    keys.learn_publics(keys.own_publics)
+    neighbours = undirected_neighbours(_Shift(n).mixing_matrix(1), range(n))
+    whole = ZeroSumNoise(2.0).at_step(GAUSSIAN_RELEASE, CorrelatedStep(3, 1, 0, neighbours, keys))
+    assert torch.equal(torch.cat([p["sums"] for p in parts]), whole.correlated_sums(16, 1.5))
+    bounds = [block_bounds(n, world, r) for r in range(world)]
+    crossing = sum(1 for i in range(n) for k in neighbours[i]
+                   if not any(lo <= i < hi and lo <= k < hi for lo, hi in bounds))  # fmt: skip
+    assert sum(p["bytes"] for p in parts) == crossing * 16 * 8 > 0  # float64 rows, no more

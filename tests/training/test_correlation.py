@@ -124,3 +124,24 @@ def test_an_os_entropy_decor_run_resumes_with_its_checkpointed_pairwise_keys(tmp
     assert [row["iteration"] for row in resumed.history] == [0, 2, 4, 6]
     assert float(first[2]["test_loss"]) == resumed.history[2]["test_loss"]  # step 4 replayed
     assert not (tmp_path / "r" / "checkpoints" / "run.pt").exists()  # the keys do not outlive it
+
+
+def test_zero_sum_noise_trains_and_is_refused_where_the_runtime_cannot_carry_shares():
+    from dpdl.engine.runtime import LocalRuntime
+
+    run = trainer(correlation="neighbourhood-zero-sum", correlation_factor=1.0)
+    described = run.describe()["privacy"]
+    assert described["correlation"] == "neighbourhood-zero-sum"
+    assert run.fit().history  # one process: the shares stay in memory
+
+    class Broadcasting(LocalRuntime):  # a runtime whose transport carries broadcast rows only
+        name, carries_private_shares = "broadcasting", False
+
+    with pytest.raises(DPDLError) as err:
+        trainer(correlation="neighbourhood-zero-sum", correlation_factor=1.0,
+                runtime=Broadcasting()).fit()
+    assert "the broadcasting runtime cannot carry them" in one_line(err)
+    with pytest.raises(DPDLError) as err:
+        validate_config(PrivacySection, {"correlation": "neighbourhood-zero-sum",
+                                         "correlation_factor": 1.0, "trust_model": "sec-ldp"})
+    assert "needs correlation 'pairwise'" in one_line(err)

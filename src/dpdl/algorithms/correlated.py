@@ -16,6 +16,14 @@ correlation changes is the centre.  :data:`CORRELATIONS` names them (``privacy.c
   The centre is summed in float64 and released by the exact float64 release: no float32
   intermediate.  (``dpdl.accounting.correlated`` calls the same noise model "pairwise".)
 
+* ``"neighbourhood-zero-sum"`` (Zip-DL's zero-sum noise, Biswas et al. 2025): centre_i = S_i +
+  Σ_{k ∈ N_k[i]} share_ki over the closed neighbourhoods i belongs to; node k draws ζ_k, one
+  standard Gaussian per member of N[k] and coordinate, from a stream only it can read (a key
+  HKDF-derived from its X25519 private scalar) and hands member i the share f·σ_k·(ζ_ki − mean
+  ζ_k): a neighbourhood's shares sum to zero.  A share crosses to another process only as a
+  point-to-point message to the process hosting its receiver (the mixer's ``exchange``).  The
+  same law and knowledge as ``dpdl.accounting.correlated``'s "neighbourhood-zero-sum".
+
 Whom it protects is the run's ``privacy.trust_model``: by default the ledger accounts σ_k,
 the independent part, alone, which is what protects a record against *curious neighbours*
 who know the secrets they share ("curious-neighbours"); with "sec-ldp" it records DECOR's
@@ -40,9 +48,15 @@ from dpdl.errors import require
 __all__ = [
     "CORRELATIONS",
     "INDEPENDENT",
+    "CorrelatedDraw",
+    "CorrelatedRelease",
     "CorrelatedStep",
     "DecorNoise",
     "DecorRelease",
+    "ShareChannel",
+    "ZeroSumNoise",
+    "ZeroSumRelease",
+    "neighbourhood_shares",
     "IndependentNoise",
     "NoiseCorrelation",
     "correlation_names",
@@ -54,17 +68,29 @@ __all__ = [
 
 Params = dict  # {name: (m, *shape) tensor}: stacked parameters of the hosted nodes
 
+class ShareChannel(Protocol):
+    """Private point-to-point delivery of per-edge tensors (a mixer that can carry them, e.g.
+    :class:`dpdl.engine.comm.PointToPointMixer`): ``outgoing`` {(sender, receiver): (d,)
+    tensor} goes to each receiver's process only; returns {(sender, receiver): tensor} for
+    every pair in ``expected`` (receivers hosted here).  Every process calls it at the same
+    point of a step."""
+
+    def exchange(self, outgoing: dict, expected: Sequence[tuple[int, int]], step: int) -> dict: ...
+
+
 @dataclass(frozen=True)
 class CorrelatedStep:
     """What a correlation needs of step ``step`` (gossip round ``round``): the hosted nodes
     (``first_node`` and the count of ``neighbours``), each one's neighbours in the undirected
-    graph of the round (ascending, itself excluded) and the hosted nodes' pairwise keys."""
+    graph of the round (ascending, itself excluded), the hosted nodes' keys, and a channel to
+    the other processes' nodes (None in one process)."""
 
     step: int
     round: int
     first_node: int
     neighbours: tuple[tuple[int, ...], ...]
     keys: HostedKeys | None = None
+    channel: ShareChannel | None = None
 
 
 class NoiseCorrelation(Protocol):
@@ -74,6 +100,7 @@ class NoiseCorrelation(Protocol):
     name: str
     correlation_factor: float | None  # σ_pair / σ_k (None: no pairwise part)
     pairwise_keys: bool  # whether the engine must give the hosted nodes pairwise keys
+    needs_channel: bool  # whether shares travel to other processes' nodes (a ShareChannel)
 
     def at_step(self, mechanism, step: CorrelatedStep): ...
 
@@ -83,7 +110,7 @@ class NoiseCorrelation(Protocol):
 class IndependentNoise:
     """Every node's noise its own: the engine's mechanism, unchanged."""
 
-    name, pairwise_keys = "independent", False
+    name, pairwise_keys, needs_channel = "independent", False, False
     correlation_factor = None
 
     def at_step(self, mechanism, step: CorrelatedStep):
@@ -96,20 +123,40 @@ class IndependentNoise:
 class DecorNoise:
     """DECOR's pairwise-cancelling noise of scale ``correlation_factor``·σ_k (the module doc)."""
 
-    name, pairwise_keys = "pairwise", True
+    name, pairwise_keys, needs_channel = "pairwise", True, False
 
     def __init__(self, factor: float | None):
-        ok = isinstance(factor, int | float) and not isinstance(factor, bool)
-        require(ok and math.isfinite(factor) and factor > 0,
-                f"pairwise noise needs privacy.correlation_factor (σ_pair / σ) finite and > 0, "
-                f"got {factor!r}")  # fmt: skip
-        self.correlation_factor = float(factor)
+        self.correlation_factor = _factor(self.name, factor)
 
     def at_step(self, mechanism, step: CorrelatedStep):
         return DecorRelease(step, self.correlation_factor)
 
     def describe(self) -> dict:
         return {"name": self.name, "correlation_factor": self.correlation_factor}
+
+
+class ZeroSumNoise:
+    """Zero-sum shares over each closed neighbourhood, of scale ``correlation_factor``·σ_k (the
+    module doc)."""
+
+    name, pairwise_keys, needs_channel = "neighbourhood-zero-sum", True, True
+
+    def __init__(self, factor: float | None):
+        self.correlation_factor = _factor(self.name, factor)
+
+    def at_step(self, mechanism, step: CorrelatedStep):
+        return ZeroSumRelease(step, self.correlation_factor)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "correlation_factor": self.correlation_factor}
+
+
+def _factor(name: str, factor: float | None) -> float:
+    ok = isinstance(factor, int | float) and not isinstance(factor, bool)
+    require(ok and math.isfinite(factor) and factor > 0,
+            f"{name} noise needs privacy.correlation_factor (its scale over σ) finite and > 0, "
+            f"got {factor!r}")  # fmt: skip
+    return float(factor)
 
 
 def _independent(factor: float | None) -> IndependentNoise:
@@ -123,6 +170,7 @@ INDEPENDENT = IndependentNoise()
 CORRELATIONS: dict[str, Callable[[float | None], NoiseCorrelation]] = {
     "independent": _independent,
     "pairwise": DecorNoise,
+    "neighbourhood-zero-sum": ZeroSumNoise,
 }
 
 
@@ -160,30 +208,69 @@ def undirected_neighbours(mixing: np.ndarray, nodes: Sequence[int]) -> tuple[tup
 
 
 @dataclass
-class DecorDraw:
-    """A DECOR step's data-free half: the independent noise's draw (``independent``) and each
-    hosted node's sum of pairwise secrets (``pairs``, (m, d) float64)."""
+class CorrelatedDraw:
+    """A correlated step's data-free half: the independent noise's draw (``independent``) and
+    what each hosted node adds to its centre (``correlated``, (m, d) float64)."""
 
     independent: object
-    pairs: torch.Tensor | None
+    correlated: torch.Tensor | None
 
 
-class DecorRelease:
-    """The mechanism of one DECOR step: node i releases round_g(S_i + Σ_j s_ij + σ X_i),
-    exactly in law for the centre S_i + Σ_j s_ij (float64), X_i from its own stream."""
+class CorrelatedRelease:
+    """The mechanism of one correlated step: node i releases round_g(S_i + c_i + σ X_i), exactly
+    in law for the centre S_i + c_i (float64), X_i from its own stream; c_i, the correlated
+    part, is the subclass's (:meth:`correlated_sums`)."""
 
     name = "exact-gaussian-grid"
     certified = True
 
     def __init__(self, step: CorrelatedStep, correlation_factor: float):
-        require(step.keys is not None, "DECOR needs the hosted nodes' pairwise keys")
+        require(step.keys is not None, "correlated noise needs the hosted nodes' keys")
         self.step, self.correlation_factor = step, float(correlation_factor)
 
-    def start(self, generators, d: int, sigma: float, *, device=None, reuse=None) -> DecorDraw:
+    def correlated_sums(self, d: int, scale: float, device=None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def start(self, generators, d: int, sigma: float, *, device=None, reuse=None) -> CorrelatedDraw:
         require(len(generators) == len(self.step.neighbours),
                 f"{len(generators)} streams for {len(self.step.neighbours)} hosted nodes")
         independent = draw(generators, d, sigma, "gaussian", device=device, reuse=reuse)
-        return DecorDraw(independent, self.pair_sums(d, sigma * self.correlation_factor, device))
+        return CorrelatedDraw(independent,
+                              self.correlated_sums(d, sigma * self.correlation_factor, device))
+
+    def _cells(self, noise: CorrelatedDraw, sums: Params) -> torch.Tensor:
+        """j (float64, integer-valued) with j·g the release of S + c + σX.  The centre is
+        formed in the draw's correlated sums (no second (m, d) float64 buffer): a draw is
+        released once."""
+        centre, m = noise.correlated, noise.correlated.shape[0]
+        for (lo, hi), s in zip(_columns(sums), sums.values(), strict=True):
+            centre[:, lo:hi].add_(s.reshape(m, -1))  # float32 widened exactly, one rounding
+        noise.correlated = None  # consumed
+        return release(noise.independent, centre)
+
+    def noisy_sums(self, noise: CorrelatedDraw, sums: Params) -> Params:
+        cells, grid = self._cells(noise, sums), noise.independent.grid
+        for (lo, hi), tensor in zip(_columns(sums), sums.values(), strict=True):
+            flat = tensor.view(tensor.shape[0], -1)
+            flat.copy_(cells[:, lo:hi].mul(grid))  # exact: g = 2^e; rounded to the sums' dtype
+        return sums
+
+    def noisy_step(self, noise: CorrelatedDraw, x: Params, sums: Params, step_size: float,
+                   out: Params) -> Params:  # fmt: skip
+        """out = x - step_size·G, computed from the released G alone (``out`` may be sums)."""
+        cells, grid = self._cells(noise, sums), noise.independent.grid
+        for (lo, hi), name in zip(_columns(sums), sums, strict=True):
+            flat = out[name].view(out[name].shape[0], -1)
+            torch.add(x[name].reshape(flat.shape), cells[:, lo:hi].to(flat.dtype),
+                      alpha=-step_size * grid, out=flat)  # fmt: skip
+        return out
+
+
+class DecorRelease(CorrelatedRelease):
+    """DECOR: c_i = Σ_{j ∈ N(i)} s_ij, the pairwise secrets (the module doc)."""
+
+    def correlated_sums(self, d: int, scale: float, device=None) -> torch.Tensor:
+        return self.pair_sums(d, scale, device)
 
     def pair_sums(self, d: int, pair_sigma: float, device=None) -> torch.Tensor:
         """Σ_{j ∈ N(i)} s_ij for every hosted node i, (m, d) float64, neighbours in ascending
@@ -208,32 +295,55 @@ class DecorRelease:
                     drawn[edge] = value
         return sums
 
-    def _cells(self, noise: DecorDraw, sums: Params) -> torch.Tensor:
-        """j (float64, integer-valued) with j·g the release of S + pair sums + σX.  The centre
-        is formed in the draw's pair sums (no second (m, d) float64 buffer): a draw is
-        released once."""
-        centre, m = noise.pairs, noise.pairs.shape[0]
-        for (lo, hi), s in zip(_columns(sums), sums.values(), strict=True):
-            centre[:, lo:hi].add_(s.reshape(m, -1))  # float32 widened exactly, one rounding
-        noise.pairs = None  # consumed
-        return release(noise.independent, centre)
 
-    def noisy_sums(self, noise: DecorDraw, sums: Params) -> Params:
-        cells, grid = self._cells(noise, sums), noise.independent.grid
-        for (lo, hi), tensor in zip(_columns(sums), sums.values(), strict=True):
-            flat = tensor.view(tensor.shape[0], -1)
-            flat.copy_(cells[:, lo:hi].mul(grid))  # exact: g = 2^e; rounded to the sums' dtype
+class ZeroSumRelease(CorrelatedRelease):
+    """Zero-sum shares over each closed neighbourhood: c_i = Σ_{k ∈ N[i]} share_ki (the module
+    doc).  Node k draws ζ_k, (|N[k]|, d), from its own stream (members in the order k, then its
+    neighbours ascending) and hands member i the share f·σ·(ζ_ki − mean ζ_k); the shares of a
+    neighbourhood sum to zero.  Shares to nodes hosted elsewhere travel through the step's
+    ``channel`` (point to point, to that node's process only); each node sums the shares it
+    holds in ascending order of their senders, wherever they were drawn (the same bits in
+    every hosting)."""
+
+    def correlated_sums(self, d: int, scale: float, device=None) -> torch.Tensor:
+        step = self.step
+        first, m = step.first_node, len(step.neighbours)
+        hosted = range(first, first + m)
+        held: list[dict[int, torch.Tensor]] = [{} for _ in range(m)]  # i -> {k: share_ki}
+        outgoing: dict[tuple[int, int], torch.Tensor] = {}
+        for row, peers in enumerate(step.neighbours):
+            k = first + row
+            members = (k, *peers)
+            for member, share in zip(members, neighbourhood_shares(step, k, len(members), d,
+                                                                   scale, device)):  # fmt: skip
+                if member in hosted:
+                    held[member - first][k] = share
+                else:
+                    outgoing[k, member] = share
+        expected = [(k, first + row) for row, peers in enumerate(step.neighbours)
+                    for k in peers if k not in hosted]  # fmt: skip
+        if outgoing or expected:
+            require(step.channel is not None,
+                    "zero-sum shares for nodes hosted elsewhere need a channel to them")
+            for (k, i), share in step.channel.exchange(outgoing, expected, step.step).items():
+                held[i - first][k] = share
+        sums = torch.zeros((m, d), dtype=torch.float64, device=device)
+        for row, shares in enumerate(held):
+            for k in sorted(shares):
+                sums[row].add_(shares[k].to(sums.device))
         return sums
 
-    def noisy_step(self, noise: DecorDraw, x: Params, sums: Params, step_size: float,
-                   out: Params) -> Params:  # fmt: skip
-        """out = x - step_size·G, computed from the released G alone (``out`` may be sums)."""
-        cells, grid = self._cells(noise, sums), noise.independent.grid
-        for (lo, hi), name in zip(_columns(sums), sums, strict=True):
-            flat = out[name].view(out[name].shape[0], -1)
-            torch.add(x[name].reshape(flat.shape), cells[:, lo:hi].to(flat.dtype),
-                      alpha=-step_size * grid, out=flat)  # fmt: skip
-        return out
+
+def neighbourhood_shares(step: CorrelatedStep, node: int, size: int, d: int, scale: float,
+                         device=None) -> torch.Tensor:  # fmt: skip
+    """Node ``node``'s shares of step ``step``: scale·(ζ − mean ζ), (size, d) float64, ζ standard
+    Gaussians released on the grid of ``scale`` from the node's own stream (rows sum to 0 up
+    to float64 rounding)."""
+    zero = torch.zeros((1, size * d), dtype=torch.float64, device=device)
+    source = draw([step.keys.own_stream(node, step.step, step.round)], size * d, scale,
+                  "gaussian", device=device)  # fmt: skip
+    zeta = release(source, zero).mul_(source.grid).reshape(size, d)  # exact: grid multiples
+    return zeta.sub_(zeta.mean(dim=0, keepdim=True))
 
 
 def pair_secret(keys: HostedKeys, node: int, peer: int, step: CorrelatedStep, pair_sigma: float,

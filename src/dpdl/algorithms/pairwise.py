@@ -14,6 +14,10 @@ process group in the distributed runtime).  Then, for an edge {i, j}:
   k | r) (:class:`~dpdl.algorithms.randomness.SecretStream`): both endpoints read the same
   keystream, and no two (step, round) pairs share one.
 
+A node's zero-sum shares (``privacy.correlation = "neighbourhood-zero-sum"``) come from a key
+only the node itself can compute: HKDF-SHA256(its private scalar, info = label | node |
+purpose), read per (step, round) the same way (:meth:`HostedKeys.own_stream`).
+
 Keys: a node's private key is 32 bytes of ``os.urandom`` (``entropy = "os"``, the default),
 or, in the labelled research mode ``entropy = "seed"``, derived from the run's stream root,
 the node's index and its data's fingerprint (:func:`~dpdl.algorithms.randomness.derive_key`):
@@ -36,6 +40,7 @@ from dpdl.errors import DPDLError, require
 
 __all__ = [
     "DECOR_PURPOSE",
+    "ZERO_SUM_PURPOSE",
     "HostedKeys",
     "NodeKeyPair",
     "edge_info",
@@ -45,7 +50,10 @@ __all__ = [
 
 #: What the edge keys of DECOR's pairwise-cancelling noise are for (HKDF's info).
 DECOR_PURPOSE = "decor pairwise noise"
+#: What a node's own key for its zero-sum shares is for (HKDF's info).
+ZERO_SUM_PURPOSE = "neighbourhood zero-sum shares"
 _EDGE_LABEL = b"dpdl pairwise edge key v1"
+_OWN_LABEL = b"dpdl node own key v1"
 _ROUND_LABEL = b"dpdl pairwise round stream v1"
 _RAW = serialization.Encoding.Raw
 
@@ -111,10 +119,23 @@ class NodeKeyPair:
         return HKDF(hashes.SHA256(), KEY_BYTES, salt=None,
                     info=edge_info(self.node, peer, purpose)).derive(shared)  # fmt: skip
 
+    def own_key(self, purpose: str) -> bytes:
+        """A 256-bit key only this node can compute: HKDF-SHA256 of its private scalar, named
+        by the node and ``purpose`` (so it is no edge key, and no other purpose's key)."""
+        return HKDF(hashes.SHA256(), KEY_BYTES, salt=None,
+                    info=own_info(self.node, purpose)).derive(self.private_bytes())
+
+
+def own_info(node: int, purpose: str) -> bytes:
+    """HKDF's info of a node's own key for ``purpose``: the label, the node, the purpose."""
+    text = purpose.encode()
+    return _OWN_LABEL + _u64(node, "a node index") + _u64(len(text), "a purpose's length") + text
+
 
 def round_stream(edge_key: bytes, step: int, round_: int) -> SecretStream:
-    """The ChaCha20 stream of one edge at step ``step``, gossip round ``round_``: under the
-    key HKDF-Expand(edge key, round_info(step, round_)), read from its start."""
+    """The ChaCha20 stream of one edge (or one node's own key) at step ``step``, gossip round
+    ``round_``: under the key HKDF-Expand(key, round_info(step, round_)), read from its
+    start."""
     key = HKDFExpand(hashes.SHA256(), KEY_BYTES, info=round_info(step, round_)).derive(edge_key)
     return SecretStream(key)
 
@@ -180,6 +201,14 @@ class HostedKeys:
     def stream(self, node: int, peer: int, step: int, round_: int) -> SecretStream:
         """Edge {node, peer}'s stream of (step, round), as hosted ``node`` computes it."""
         return round_stream(self.edge_key(node, peer), step, round_)
+
+    def own_stream(self, node: int, step: int, round_: int,
+                   purpose: str = ZERO_SUM_PURPOSE) -> SecretStream:  # fmt: skip
+        """Hosted ``node``'s own stream of (step, round) for ``purpose``: what no other node
+        can read (its zero-sum shares are drawn from it)."""
+        local = node - self.first
+        require(0 <= local < len(self.pairs), f"node {node} is not hosted here")
+        return round_stream(self.pairs[local].own_key(purpose), step, round_)
 
     # ------------------------------------------------------------------ checkpoints
     def state(self) -> list[bytes]:

@@ -129,6 +129,9 @@ class AuditDesign:
         from dpdl.algorithms.correlated import make_correlation
 
         make_correlation(self.correlation, self.correlation_factor)  # one line if unknown
+        require(self.correlation in ("independent", "pairwise"),
+                f"the audit's trials draw independent or pairwise (DECOR) noise, not "
+                f"{self.correlation!r}")  # fmt: skip
         require(self.correlation == "independent" or self.threat == "observer",
                 f"correlated noise ({self.correlation}) is audited under the 'observer' "
                 f"threat, not {self.threat!r}")  # fmt: skip

@@ -136,6 +136,50 @@ class PointToPointMixer:
         return unflatten_rows(mixed, params), mixed_w
 
 
+    def rank_of(self, node: int) -> int:
+        """The rank hosting ``node``."""
+        for r, (lo, hi) in enumerate(self.bounds):
+            if lo <= node < hi:
+                return r
+        raise DPDLError(f"node {node} is hosted by no rank (nodes 0..{self.n - 1})")
+
+    def exchange(self, outgoing: dict[tuple[int, int], torch.Tensor],
+                 expected: list[tuple[int, int]], step: int) -> dict[tuple[int, int], torch.Tensor]:
+        """Per-edge private tensors (:class:`dpdl.algorithms.correlated.ShareChannel`): each
+        {(sender, receiver): (d,) tensor} goes only to the rank hosting its receiver, one
+        message per rank pair, rows in (sender, receiver) order on both sides; returns the
+        tensors of ``expected`` (receivers hosted here, senders elsewhere)."""
+        sends: dict[int, list[tuple[int, int]]] = {}
+        for pair in sorted(outgoing):
+            sends.setdefault(self.rank_of(pair[1]), []).append(pair)
+        recvs: dict[int, list[tuple[int, int]]] = {}
+        for pair in sorted(expected):
+            recvs.setdefault(self.rank_of(pair[0]), []).append(pair)
+        like = next(iter(outgoing.values()), None)
+        requests, inbox = [], []
+        try:
+            for r, pairs in recvs.items():
+                width = like.shape[0] if like is not None else None
+                require(width is not None, f"rank {self.rank}: shares expected from rank {r} at "
+                        f"step {step}, but none of this rank's own to size them")  # fmt: skip
+                buf = torch.empty(len(pairs), width, dtype=like.dtype, device=like.device)
+                requests.append((r, dist.irecv(buf, src=r)))
+                inbox.append((pairs, buf))
+            for r, pairs in sends.items():
+                rows = torch.stack([outgoing[pair] for pair in pairs]).contiguous()
+                requests.append((r, dist.isend(rows, dst=r)))
+                self.bytes_sent += rows.numel() * rows.element_size()
+                self.messages_sent += 1
+        except RuntimeError as err:
+            raise _peer_failed(self.rank, None, step, err) from None
+        for peer, request in requests:
+            try:
+                request.wait()
+            except RuntimeError as err:
+                raise _peer_failed(self.rank, peer, step, err) from None
+        return {pair: buf[row] for pairs, buf in inbox for row, pair in enumerate(pairs)}
+
+
 def flatten_rows(params: dict[str, torch.Tensor]) -> torch.Tensor:
     """The hosted nodes' tensors {name: (m, *shape)} as one (m, d) matrix, names in order:
     what a mixer multiplies and sends."""

@@ -122,6 +122,7 @@ class TorchDistributedRuntime:
 
     name = "distributed"
     holds_every_record = False
+    carries_private_shares = True  # PointToPointMixer.exchange
 
     @property
     def rank(self) -> int:

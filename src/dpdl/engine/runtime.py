@@ -49,6 +49,8 @@ class Runtime(Protocol):
 
     name: str  # recorded in trainer.json ("runtime")
     holds_every_record: bool  # one process holds every node's records
+    # its mixer can hand a node's private per-edge shares to its neighbours (zero-sum noise)
+    carries_private_shares: bool
 
     @property
     def rank(self) -> int:
@@ -113,6 +115,7 @@ class LocalRuntime:
 
     name = "simulator"
     holds_every_record = True
+    carries_private_shares = True  # in memory
     rank = 0
 
     def local_device(self, device: torch.device) -> torch.device:

@@ -326,6 +326,11 @@ class Simulator:
             self._exchange_public_keys()
         self.iteration = 0
         self.mixer = self.runtime.mixer(topology, self._block, self.device)
+        require(not getattr(self.correlation, "needs_channel", False) or count == self.n
+                or callable(getattr(self.mixer, "exchange", None)),
+                f"noise correlation {self.correlation.name!r} hands private shares to the nodes "
+                f"of other processes; this runtime's mixer ({type(self.mixer).__name__}) cannot "
+                "carry them (the simulator and the distributed runtime can)")  # fmt: skip
         self._noise_buffer: NoiseDraw | None = None  # the noise's buffers, refilled each step
         self._work: Params | None = None  # the step's update, then x^{k+1/2}; never exposed
         self.use_algorithm(None, None)  # Algorithm 1's step, until a registered one is given
@@ -347,8 +352,9 @@ class Simulator:
         first, count = self.node_block
         neighbours = undirected_neighbours(self.topology.mixing_matrix(round_k),
                                            range(first, first + count))  # fmt: skip
+        channel = self.mixer if count < self.n else None
         return self.correlation.at_step(self.noise_mechanism, CorrelatedStep(
-            k, round_k, first, neighbours, self.pairwise))
+            k, round_k, first, neighbours, self.pairwise, channel))
 
     @property
     def node_block(self) -> tuple[int, int]:

@@ -476,9 +476,16 @@ class DecentralizedTrainer:
                 SmallNodeWarning, stacklevel=3)  # fmt: skip
 
     def _check_trust_model(self) -> None:
-        """Sec-LDP needs every honest pair's secret unknown to the eavesdropper: refused where
+        """Zero-sum shares need a runtime whose mixer carries them.  Sec-LDP needs every honest
+        pair's secret unknown to the eavesdropper: refused where
         the edge keys follow from a seed, or where the public keys cross processes without
         end-to-end authentication (a relay or a man in the middle could substitute its own)."""
+        correlation = self.privacy.noise_correlation
+        require(not getattr(correlation, "needs_channel", False)
+                or getattr(self.runtime, "carries_private_shares", False),
+                f"privacy.correlation = {correlation.name!r} hands each neighbour a private share; "
+                f"the {self.runtime.name} runtime cannot carry them (the simulator and the "
+                "distributed runtime can)")  # fmt: skip
         if self.privacy.trust_model != "sec-ldp":
             return
         require(self.entropy == "os",

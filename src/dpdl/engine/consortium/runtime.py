@@ -80,6 +80,7 @@ class ConsortiumRuntime:
 
     name = "consortium"
     holds_every_record = False
+    carries_private_shares = False  # the transport carries each party's broadcast rows only
 
     def __init__(self, consortium: Consortium | None = None, party: str | None = None,
                  links: dict[str, frozenset] | None = None,
