@@ -44,3 +44,32 @@ def test_distributed_correlated_noise_equals_the_simulator_and_differs_from_inde
     losses = [[float(row["test_loss"]) for row in rows] for rows in (simulator, independent)]
     assert not np.allclose(*losses, rtol=1e-3)
     assert not any("pairwise" in p.name for p in out.rglob("*"))
+
+
+@pytest.mark.slow  # 60 s; the simulator side is test_correlation's muffliato test
+@pytest.mark.parametrize("correlation", ["independent", "neighbourhood-zero-sum"])
+def test_distributed_noise_once_then_r_rounds_equals_the_simulator(tmp_path, monkeypatch,
+                                                                    correlation):  # fmt: skip
+    """Muffliato (noise once, then R = 3 rounds: the example plugin) in two processes, with
+    independent and with zero-sum noise, releases what the simulator does (seeded)."""
+    from pathlib import Path
+
+    from dpdl.algorithms import registry
+
+    plugin = Path(__file__).resolve().parents[2] / "examples" / "plugins" / "muffliato.py"
+    monkeypatch.setenv(registry.PLUGINS_VARIABLE, str(plugin))
+    registry.load_plugins()
+    text = CONFIG.replace('algorithms = ["dyn-d2p"]', 'algorithms = ["muffliato(rounds=3)"]')
+    assert "muffliato" in text
+    if correlation != "independent":
+        text += f'correlation = "{correlation}"\ncorrelation_factor = 2.0\n'
+    run_experiment(tomllib.loads(text), tmp_path / "sim", progress=False)
+    config = tmp_path / "muffliato.toml"
+    config.write_text(text)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "dpdl", "run", str(config), "--output", str(out),
+           "--no-progress", "--runtime", "distributed", "--procs", "2"]  # fmt: skip
+    env = _env() | {registry.PLUGINS_VARIABLE: str(plugin)}
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    _assert_same(_metrics(out), _metrics(tmp_path / "sim"))
