@@ -4,6 +4,10 @@ acc(local); the fraction is mean(d)/mean(D), with 95 % t-intervals on mean(d) an
 seed-paired bootstrap interval on the fraction (10 000 resamples of the seeds).
 
     python examples/gap_closed.py TUNE_DIR [--local local] [--central central] [--csv F]
+        [--graph-suffix=-ring]
+
+An arm whose name ends with a ``--graph-suffix`` (e.g. ``decor-sec-ldp-ring``) ran on another
+graph and is compared with that graph's local DP (``local-ring``); central DP has no graph.
 """
 
 import argparse
@@ -35,6 +39,8 @@ def main() -> None:
     parser.add_argument("--central", default="central")
     parser.add_argument("--metric", default="test_accuracy")
     parser.add_argument("--csv", type=Path, help="write every (ε, arm, seed, metric) here")
+    parser.add_argument("--graph-suffix", action="append", default=[],
+                        help="arms ending with it are compared with local + it (repeatable)")
     args = parser.parse_args()
     arms: dict[tuple[str, str], dict[int, float]] = {}
     for folder in sorted((args.tune_dir / "test").iterdir()):
@@ -49,21 +55,25 @@ def main() -> None:
           "gap closed d/D [95 % bootstrap] |")
     print("|---|---|---|---|---|---|")
     for eps in sorted({e for _, e in arms}, key=float):
-        local, central = arms[args.local, eps], arms[args.central, eps]
-        seeds = sorted(local)
+        central = arms[args.central, eps]
         for arm in sorted({a for a, e in arms if e == eps}):
-            acc = arms[arm, eps]
-            d = np.array([acc[s] - local[s] for s in seeds])
-            D = np.array([central[s] - local[s] for s in seeds])
-            boot = rng.integers(0, len(seeds), size=(10000, len(seeds)))
-            ratios = d[boot].mean(axis=1) / D[boot].mean(axis=1)
-            lo, hi = np.percentile(ratios, [2.5, 97.5])
-            m, dl, dh = _interval(d)
-            M, Dl, Dh = _interval(D)
-            print(f"| {eps} | {arm} | {np.mean([acc[s] for s in seeds]):.3f} | {m:+.3f} "
-                  f"[{dl:+.3f}, {dh:+.3f}] | {M:+.3f} [{Dl:+.3f}, {Dh:+.3f}] | "
-                  f"{m / M:+.2f} [{lo:+.2f}, {hi:+.2f}] |")
+            suffix = next((x for x in args.graph_suffix if arm.endswith(x)), "")
+            local = arms[args.local + suffix, eps]
+            seeds = sorted(set(local) & set(central) & set(arms[arm, eps]))
+            _row(eps, arm, arms[arm, eps], local, central, seeds, rng)
 
+
+def _row(eps, arm, acc, local, central, seeds, rng) -> None:
+    d = np.array([acc[s] - local[s] for s in seeds])
+    D = np.array([central[s] - local[s] for s in seeds])
+    boot = rng.integers(0, len(seeds), size=(10000, len(seeds)))
+    ratios = d[boot].mean(axis=1) / D[boot].mean(axis=1)
+    lo, hi = np.percentile(ratios, [2.5, 97.5])
+    m, dl, dh = _interval(d)
+    M, Dl, Dh = _interval(D)
+    print(f"| {eps} | {arm} | {np.mean([acc[s] for s in seeds]):.3f} | {m:+.3f} "
+          f"[{dl:+.3f}, {dh:+.3f}] | {M:+.3f} [{Dl:+.3f}, {Dh:+.3f}] | "
+          f"{m / M:+.2f} [{lo:+.2f}, {hi:+.2f}] |")
 
 if __name__ == "__main__":
     main()
