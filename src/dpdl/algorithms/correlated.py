@@ -47,20 +47,21 @@ from dpdl.errors import require
 
 __all__ = [
     "CORRELATIONS",
-    "INDEPENDENT",
     "CorrelatedDraw",
     "CorrelatedRelease",
     "CorrelatedStep",
     "DecorNoise",
     "DecorRelease",
+    "INDEPENDENT",
+    "IndependentNoise",
+    "NoiseCorrelation",
+    "ScaledCorrelation",
     "ShareChannel",
     "ZeroSumNoise",
     "ZeroSumRelease",
-    "neighbourhood_shares",
-    "IndependentNoise",
-    "NoiseCorrelation",
     "correlation_names",
     "make_correlation",
+    "neighbourhood_shares",
     "pair_secret",
     "register_correlation",
     "undirected_neighbours",
@@ -105,106 +106,6 @@ class NoiseCorrelation(Protocol):
     def at_step(self, mechanism, step: CorrelatedStep): ...
 
     def describe(self) -> dict: ...
-
-
-class IndependentNoise:
-    """Every node's noise its own: the engine's mechanism, unchanged."""
-
-    name, pairwise_keys, needs_channel = "independent", False, False
-    correlation_factor = None
-
-    def at_step(self, mechanism, step: CorrelatedStep):
-        return mechanism
-
-    def describe(self) -> dict:
-        return {"name": self.name}
-
-
-class DecorNoise:
-    """DECOR's pairwise-cancelling noise of scale ``correlation_factor``·σ_k (the module doc)."""
-
-    name, pairwise_keys, needs_channel = "pairwise", True, False
-
-    def __init__(self, factor: float | None):
-        self.correlation_factor = _factor(self.name, factor)
-
-    def at_step(self, mechanism, step: CorrelatedStep):
-        return DecorRelease(step, self.correlation_factor)
-
-    def describe(self) -> dict:
-        return {"name": self.name, "correlation_factor": self.correlation_factor}
-
-
-class ZeroSumNoise:
-    """Zero-sum shares over each closed neighbourhood, of scale ``correlation_factor``·σ_k (the
-    module doc)."""
-
-    name, pairwise_keys, needs_channel = "neighbourhood-zero-sum", True, True
-
-    def __init__(self, factor: float | None):
-        self.correlation_factor = _factor(self.name, factor)
-
-    def at_step(self, mechanism, step: CorrelatedStep):
-        return ZeroSumRelease(step, self.correlation_factor)
-
-    def describe(self) -> dict:
-        return {"name": self.name, "correlation_factor": self.correlation_factor}
-
-
-def _factor(name: str, factor: float | None) -> float:
-    ok = isinstance(factor, int | float) and not isinstance(factor, bool)
-    require(ok and math.isfinite(factor) and factor > 0,
-            f"{name} noise needs privacy.correlation_factor (its scale over σ) finite and > 0, "
-            f"got {factor!r}")  # fmt: skip
-    return float(factor)
-
-
-def _independent(factor: float | None) -> IndependentNoise:
-    require(factor is None, f"privacy.correlation_factor ({factor!r}) scales correlated noise: "
-            "independent noise has none")  # fmt: skip
-    return INDEPENDENT
-
-
-INDEPENDENT = IndependentNoise()
-#: name -> the correlation of that name with a given correlation_factor (checked)
-CORRELATIONS: dict[str, Callable[[float | None], NoiseCorrelation]] = {
-    "independent": _independent,
-    "pairwise": DecorNoise,
-    "neighbourhood-zero-sum": ZeroSumNoise,
-}
-
-
-def correlation_names() -> tuple[str, ...]:
-    return tuple(CORRELATIONS)
-
-
-def register_correlation(name: str, factory: Callable[[float | None], NoiseCorrelation], *,
-                         replace: bool = False) -> None:  # fmt: skip
-    """Make ``privacy.correlation = name`` mean ``factory(privacy.correlation_factor)`` (which
-    checks its argument and returns a :class:`NoiseCorrelation`); a name taken needs
-    ``replace``."""
-    require(isinstance(name, str) and name and callable(factory),
-            f"a correlation needs a name and a factory, got {name!r}, {factory!r}")
-    require(replace or name not in CORRELATIONS,
-            f"noise correlation {name!r} is registered already (replace=True to replace it)")
-    CORRELATIONS[name] = factory
-
-
-def make_correlation(name: str, factor: float | None = None) -> NoiseCorrelation:
-    """The correlation ``name`` (of :data:`CORRELATIONS`) with ``factor`` (the setting
-    ``privacy.correlation_factor``), checked."""
-    require(name in CORRELATIONS, f"unknown noise correlation {name!r}; choose one of "
-            f"{', '.join(CORRELATIONS)}")  # fmt: skip
-    return CORRELATIONS[name](factor)
-
-
-def undirected_neighbours(mixing: np.ndarray, nodes: Sequence[int]) -> tuple[tuple[int, ...], ...]:
-    """For each of ``nodes``, its neighbours in the undirected version of the graph of
-    ``mixing`` (:func:`dpdl.accounting.correlated.undirected_adjacency`), ascending."""
-    from dpdl.accounting.correlated import undirected_adjacency
-
-    adjacency = undirected_adjacency(mixing)
-    return tuple(tuple(int(j) for j in np.flatnonzero(adjacency[i])) for i in nodes)
 
 
 @dataclass
@@ -314,8 +215,8 @@ class ZeroSumRelease(CorrelatedRelease):
         for row, peers in enumerate(step.neighbours):
             k = first + row
             members = (k, *peers)
-            for member, share in zip(members, neighbourhood_shares(step, k, len(members), d,
-                                                                   scale, device)):  # fmt: skip
+            shares = neighbourhood_shares(step, k, len(members), d, scale, device)
+            for member, share in zip(members, shares, strict=True):
                 if member in hosted:
                     held[member - first][k] = share
                 else:
@@ -354,6 +255,105 @@ def pair_secret(keys: HostedKeys, node: int, peer: int, step: CorrelatedStep, pa
                 "gaussian", device=zero.device)  # fmt: skip
     value = release(pair, zero).mul_(pair.grid)  # exact: integers times a power of two
     return value if node < peer else value.neg_()
+
+
+class IndependentNoise:
+    """Every node's noise its own: the engine's mechanism, unchanged."""
+
+    name, pairwise_keys, needs_channel = "independent", False, False
+    correlation_factor = None
+
+    def at_step(self, mechanism, step: CorrelatedStep):
+        return mechanism
+
+    def describe(self) -> dict:
+        return {"name": self.name}
+
+
+class ScaledCorrelation:
+    """A correlation of scale ``correlation_factor``·σ_k whose step is its ``release``."""
+
+    name: str
+    release: type[CorrelatedRelease]
+    pairwise_keys = True
+
+    def __init__(self, factor: float | None):
+        self.correlation_factor = _factor(self.name, factor)
+
+    def at_step(self, mechanism, step: CorrelatedStep):
+        return self.release(step, self.correlation_factor)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "correlation_factor": self.correlation_factor}
+
+
+class DecorNoise(ScaledCorrelation):
+    """DECOR's pairwise-cancelling noise of scale ``correlation_factor``·σ_k (the module doc)."""
+
+    name, needs_channel, release = "pairwise", False, DecorRelease
+
+
+class ZeroSumNoise(ScaledCorrelation):
+    """Zero-sum shares over each closed neighbourhood, of scale ``correlation_factor``·σ_k (the
+    module doc)."""
+
+    name, needs_channel, release = "neighbourhood-zero-sum", True, ZeroSumRelease
+
+
+def _factor(name: str, factor: float | None) -> float:
+    ok = isinstance(factor, int | float) and not isinstance(factor, bool)
+    require(ok and math.isfinite(factor) and factor > 0,
+            f"{name} noise needs privacy.correlation_factor (its scale over σ) finite and > 0, "
+            f"got {factor!r}")  # fmt: skip
+    return float(factor)
+
+
+def _independent(factor: float | None) -> IndependentNoise:
+    require(factor is None, f"privacy.correlation_factor ({factor!r}) scales correlated noise: "
+            "independent noise has none")  # fmt: skip
+    return INDEPENDENT
+
+
+INDEPENDENT = IndependentNoise()
+#: name -> the correlation of that name with a given correlation_factor (checked)
+CORRELATIONS: dict[str, Callable[[float | None], NoiseCorrelation]] = {
+    "independent": _independent,
+    "pairwise": DecorNoise,
+    "neighbourhood-zero-sum": ZeroSumNoise,
+}
+
+
+def correlation_names() -> tuple[str, ...]:
+    return tuple(CORRELATIONS)
+
+
+def register_correlation(name: str, factory: Callable[[float | None], NoiseCorrelation], *,
+                         replace: bool = False) -> None:  # fmt: skip
+    """Make ``privacy.correlation = name`` mean ``factory(privacy.correlation_factor)`` (which
+    checks its argument and returns a :class:`NoiseCorrelation`); a name taken needs
+    ``replace``."""
+    require(isinstance(name, str) and name and callable(factory),
+            f"a correlation needs a name and a factory, got {name!r}, {factory!r}")
+    require(replace or name not in CORRELATIONS,
+            f"noise correlation {name!r} is registered already (replace=True to replace it)")
+    CORRELATIONS[name] = factory
+
+
+def make_correlation(name: str, factor: float | None = None) -> NoiseCorrelation:
+    """The correlation ``name`` (of :data:`CORRELATIONS`) with ``factor`` (the setting
+    ``privacy.correlation_factor``), checked."""
+    require(name in CORRELATIONS, f"unknown noise correlation {name!r}; choose one of "
+            f"{', '.join(CORRELATIONS)}")  # fmt: skip
+    return CORRELATIONS[name](factor)
+
+
+def undirected_neighbours(mixing: np.ndarray, nodes: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+    """For each of ``nodes``, its neighbours in the undirected version of the graph of
+    ``mixing`` (:func:`dpdl.accounting.correlated.undirected_adjacency`), ascending."""
+    from dpdl.accounting.correlated import undirected_adjacency
+
+    adjacency = undirected_adjacency(mixing)
+    return tuple(tuple(int(j) for j in np.flatnonzero(adjacency[i])) for i in nodes)
 
 
 def _columns(sums: Params):
