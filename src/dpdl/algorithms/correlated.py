@@ -83,8 +83,9 @@ class ShareChannel(Protocol):
 class CorrelatedStep:
     """What a correlation needs of step ``step`` (gossip round ``round``): the hosted nodes
     (``first_node`` and the count of ``neighbours``), each one's neighbours in the undirected
-    graph of the round (ascending, itself excluded), the hosted nodes' keys, and a channel to
-    the other processes' nodes (None in one process)."""
+    graph of the round (ascending, itself excluded), the hosted nodes' keys, a channel to the
+    other processes' nodes (None in one process) and the mixer's count of what each node
+    sends (``Traffic``; None: not counted)."""
 
     step: int
     round: int
@@ -92,6 +93,7 @@ class CorrelatedStep:
     neighbours: tuple[tuple[int, ...], ...]
     keys: HostedKeys | None = None
     channel: ShareChannel | None = None
+    traffic: object | None = None  # the mixer's Traffic: shares sent are messages too
 
 
 class NoiseCorrelation(Protocol):
@@ -228,6 +230,8 @@ class ZeroSumRelease(CorrelatedRelease):
                     "zero-sum shares for nodes hosted elsewhere need a channel to them")
             for (k, i), share in step.channel.exchange(outgoing, expected, step.step).items():
                 held[i - first][k] = share
+        if step.traffic is not None:  # each share to a neighbour: one float64 message
+            step.traffic.record(np.array([len(p) for p in step.neighbours], dtype=np.int64), d * 8)
         sums = torch.zeros((m, d), dtype=torch.float64, device=device)
         for row, shares in enumerate(held):
             for k in sorted(shares):

@@ -354,7 +354,7 @@ class Simulator:
                                            range(first, first + count))  # fmt: skip
         channel = self.mixer if count < self.n else None
         return self.correlation.at_step(self.noise_mechanism, CorrelatedStep(
-            k, round_k, first, neighbours, self.pairwise, channel))
+            k, round_k, first, neighbours, self.pairwise, channel, self._traffic))
 
     @property
     def node_block(self) -> tuple[int, int]:
