@@ -127,9 +127,8 @@ def test_an_os_entropy_decor_run_resumes_with_its_checkpointed_pairwise_keys(tmp
 
 
 def test_zero_sum_noise_trains_and_is_refused_where_the_runtime_cannot_carry_shares():
-    from dpdl.engine.runtime import LocalRuntime
-
     from dpdl.algorithms.correlated import undirected_neighbours
+    from dpdl.engine.runtime import LocalRuntime
 
     run = trainer(correlation="neighbourhood-zero-sum", correlation_factor=1.0)
     described = run.describe()["privacy"]
