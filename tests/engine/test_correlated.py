@@ -163,13 +163,14 @@ def test_the_independent_path_is_the_engines_mechanism_untouched(h):
     assert sim._step_mechanism(0, None) is GAUSSIAN_RELEASE
 
 
-def test_a_resume_keeps_the_pairwise_keys_in_the_processs_own_checkpoint(h):
-    first = _sim(h, DecorNoise(2.0), seed=None)  # OS keys: nothing to rebuild them from
+@pytest.mark.parametrize("correlation", [DecorNoise, ZeroSumNoise])
+def test_a_resume_keeps_the_pairwise_keys_in_the_processs_own_checkpoint(h, correlation):
+    first = _sim(h, correlation(2.0), seed=None)  # OS keys: nothing to rebuild them from
     _run(first, 1)
     saved = first.state_dict()
     assert len(saved["pairwise_keys"]) == 6
     assert saved["pairwise_keys"][0].dtype == torch.uint8
-    second = _sim(h, DecorNoise(2.0), seed=None)
+    second = _sim(h, correlation(2.0), seed=None)
     second.load_state_dict(saved)
     assert all(torch.equal(a, b) for a, b in zip(_run(first, 2).values(),
                                                  _run(second, 2).values(), strict=True))
