@@ -212,3 +212,26 @@ def test_the_tail_quantiles_meet_their_error_model(law, rng):
             t = float(min(p, 1 - p))
             bound = 2.0**-44 * abs(float(exact)) + 2.0**-62 / t
             assert float(abs(mpmath.mpf(x_hat) - exact)) < bound / 2**7
+
+
+@pytest.mark.parametrize("centre", [2.0**50, -(2.0**55) + 3.0])
+def test_the_exact_path_decides_cells_beyond_2_to_the_53(centre):
+    """A centre 2^61 grid steps out (a correlated centre far above σ): the boundaries j ± 1/2
+    must be exact, not float64 (which made the search alternate between two cells forever).
+    The reference: the cell of both ends of P's 64-bit interval at 256 bits in mpmath."""
+    scale, grid = 1.0, 2.0**-11
+    rng = np.random.default_rng(5)
+
+    def more(count):
+        raise AssertionError("P's first 64 bits already decide the cell")
+
+    for word in rng.integers(0, 2**63, size=4, dtype=np.uint64).tolist():
+        got = noise.exact_cell(centre, scale, grid, "gaussian", word, more)
+        with mpmath.workprec(256):
+            k = int(word) ^ (1 << 63)
+            ends = [mpmath.mpf(k + e) / mpmath.mpf(2) ** 64 for e in (0, 1)]
+            cells = {int(mpmath.floor((mpmath.mpf(centre) + scale * mpmath.sqrt(2)
+                                       * mpmath.erfinv(2 * p - 1)) / grid + mpmath.mpf(0.5)))
+                     for p in ends}  # fmt: skip
+        assert cells == {got}
+        assert abs(got) > 2**53

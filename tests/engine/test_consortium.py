@@ -508,3 +508,22 @@ def test_secret_stream_roots_are_kept_on_the_partys_disk_for_its_restart(tmp_pat
     again = ConsortiumRuntime(consortium, "p0", links, ledger)
     with pytest.raises(DPDLError, match="already left .* is gone: refusing to draw fresh"):
         again.stream_root("os", 3, {"lr": 0.1})
+
+
+def test_zero_sum_noise_is_refused_before_the_party_listens(tmp_path, capsys):
+    """Its shares travel point to point, which the consortium's transport cannot carry: the
+    party says so in one line before it listens, talks or writes anything."""
+    from tests.engine.test_runtime import CONFIG
+
+    from dpdl.cli import main
+
+    path = write_consortium(tmp_path, parties=2)
+    config = tmp_path / "zero-sum.toml"
+    config.write_text(CONFIG + 'correlation = "neighbourhood-zero-sum"\ncorrelation_factor = 1.0\n')
+    argv = ["run", str(config), "--output", str(tmp_path / "out"), "--consortium", str(path),
+            "--party", "p0"]  # fmt: skip
+    assert main(argv) != 0
+    err = capsys.readouterr().err
+    refusal = [line for line in err.splitlines() if not line.startswith("warning: entropy")]
+    assert len(refusal) == 1 and "the consortium runtime cannot carry them" in refusal[0], err
+    assert not (tmp_path / "out").exists()

@@ -100,7 +100,8 @@ def test_decor_cancels_in_the_network_sum_and_adds_deg_pair_variance_per_node(h)
     assert len({len(peers) for peers in neighbours}) > 1  # degrees differ
     keys = HostedKeys(0, n, root=b"k" * 32)
     keys.learn_publics(keys.own_publics)
-    decor = DecorNoise(factor).at_step(GAUSSIAN_RELEASE, CorrelatedStep(0, 0, 0, neighbours, keys))
+    decor = DecorNoise(factor).at_step(GAUSSIAN_RELEASE,
+                                       CorrelatedStep(0, 0, 0, neighbours, keys, clip=1.0))
     sums = torch.randn(n, D, generator=torch.Generator().manual_seed(0)) * 4  # any S_i
     plain = _release(GAUSSIAN_RELEASE, make_node_generators(n, 7), sums, sigma)
     correlated = _release(decor, make_node_generators(n, 7), sums, sigma)
@@ -180,8 +181,11 @@ def test_a_resume_keeps_the_pairwise_keys_in_the_processs_own_checkpoint(h, corr
 
 
 def test_bad_correlations_are_refused_in_one_line(h):
-    with pytest.raises(DPDLError, match="correlation_factor .* finite and > 0, got 0"):
+    with pytest.raises(DPDLError, match=r"correlation_factor .* in \(0, 100\], got 0"):
         make_correlation("pairwise", 0)
+    for name in ("pairwise", "neighbourhood-zero-sum"):  # far above σ_k, the centre's
+        with pytest.raises(DPDLError, match=r"in \(0, 100\], got 101"):  # rounding grows
+            make_correlation(name, 101)
     with pytest.raises(DPDLError, match="got None"):
         make_correlation("pairwise")
     with pytest.raises(DPDLError, match=r"correlation_factor \(2.0\) scales correlated noise"):
@@ -234,7 +238,7 @@ def test_the_engines_correlated_noise_has_the_accountings_covariance(h, name):
     n, sigma, factor = 5, 1.0, 1.5
     P = h.RandomColumnStochastic(n, seed=1).mixing_matrix(0)
     neighbours = undirected_neighbours(P, range(n))
-    step = CorrelatedStep(2, 2, 0, neighbours, _one_process_keys(n))
+    step = CorrelatedStep(2, 2, 0, neighbours, _one_process_keys(n), clip=1.0)
     mechanism = make_correlation(name, factor).at_step(GAUSSIAN_RELEASE, step)
     noise = _release(mechanism, make_node_generators(n, 3), torch.zeros(n, D), sigma).numpy()
     M = make_noise_model(name, factor).sources(P).matrix
@@ -331,3 +335,28 @@ def test_zero_sum_noise_is_refused_where_it_cannot_be_carried_or_audited(h):
     with pytest.raises(DPDLError, match="draw independent or pairwise .* not 'neighbourhood"):
         AuditDesign(threat="observer", correlation="neighbourhood-zero-sum",
                     correlation_factor=1.0).validate()
+
+
+@pytest.mark.parametrize("name", ["pairwise", "neighbourhood-zero-sum"])
+def test_a_centre_beyond_the_rounding_margin_is_refused_before_anything_is_released(h, name):
+    """‖S_i + c_i‖ ≤ 2.7e11 C (MATH §10.6): here the correlated part (std 100·σ, σ = 1) over
+    20 000 coordinates has norm ~3e4, and C = 1e-8 puts the bound at 2.7e3."""
+    n = 5
+    neighbours = undirected_neighbours(h.RandomColumnStochastic(n, seed=1).mixing_matrix(0),
+                                       range(n))  # fmt: skip
+    sums = torch.zeros(n, D)
+    for clip, refused in ((1e-8, True), (1.0, False)):
+        step = CorrelatedStep(0, 0, 0, neighbours, _one_process_keys(n), clip=clip)
+        mechanism = make_correlation(name, 100.0).at_step(GAUSSIAN_RELEASE, step)
+        noise = mechanism.start(make_node_generators(n, 3), D, 1.0)
+        if refused:
+            with pytest.raises(DPDLError, match=r"correlated centre has norm .* C, above "
+                                                r"2.7e\+11 C: .* nothing is released"):
+                mechanism.noisy_sums(noise, {"w": sums.clone()})
+        else:
+            assert mechanism.noisy_sums(noise, {"w": sums.clone()})["w"].abs().max() > 0
+    without = CorrelatedStep(0, 0, 0, neighbours, _one_process_keys(n))  # no clip: refused
+    mechanism = make_correlation(name, 1.0).at_step(GAUSSIAN_RELEASE, without)
+    with pytest.raises(DPDLError, match="needs the step's clip bound, got None"):
+        mechanism.noisy_sums(mechanism.start(make_node_generators(n, 3), 8, 1.0),
+                             {"w": torch.zeros(n, 8)})

@@ -61,7 +61,8 @@ def test_the_trust_factor_is_decors_per_step_gaussian():
 def test_sec_ldp_is_refused_where_its_secrets_would_not_stay_secret_or_would_not_hide():
     # f beyond 100: the secrets' grid f·σ·2^-10 is coarse enough to read σ_k's noise off
     # the message modulo it (an attacker's finding): refused
-    with pytest.raises((DPDLError, ValueError), match="correlation_factor <= 100, got 500"):
+    with pytest.raises((DPDLError, ValueError),
+                       match=r"correlation_factor \(its scale over σ\) in \(0, 100\], got 500"):
         _train(correlation="pairwise", correlation_factor=500.0, trust_model="sec-ldp")
     # seeded edge keys follow from the seed: refused before anything is drawn
     import torch

@@ -19,7 +19,8 @@ correlation changes is the centre.  :data:`CORRELATIONS` names them (``privacy.c
 * ``"neighbourhood-zero-sum"`` (Zip-DL's zero-sum noise, Biswas et al. 2025): centre_i = S_i +
   Σ_{k ∈ N_k[i]} share_ki over the closed neighbourhoods i belongs to; node k draws ζ_k, one
   standard Gaussian per member of N[k] and coordinate, from a stream only it can read (a key
-  HKDF-derived from its X25519 private scalar) and hands member i the share f·σ_k·(ζ_ki − mean
+  HKDF-derived from its X25519 private scalar; with ``entropy = "seed"`` anyone with the seed
+  rebuilds it, as every seeded stream) and hands member i the share f·σ_k·(ζ_ki − mean
   ζ_k): a neighbourhood's shares sum to zero.  A share crosses to another process only as a
   point-to-point message to the process hosting its receiver (the mixer's ``exchange``).  The
   same law and knowledge as ``dpdl.accounting.correlated``'s "neighbourhood-zero-sum".
@@ -46,6 +47,7 @@ from dpdl.algorithms.pairwise import HostedKeys
 from dpdl.errors import require
 
 __all__ = [
+    "CENTRE_NORM_BOUND",
     "CORRELATIONS",
     "CorrelatedDraw",
     "CorrelatedRelease",
@@ -54,6 +56,7 @@ __all__ = [
     "DecorRelease",
     "INDEPENDENT",
     "IndependentNoise",
+    "MAX_CORRELATION_FACTOR",
     "NoiseCorrelation",
     "ScaledCorrelation",
     "ShareChannel",
@@ -68,6 +71,15 @@ __all__ = [
 ]
 
 Params = dict  # {name: (m, *shape) tensor}: stacked parameters of the hosted nodes
+
+#: The largest correlation_factor accepted: correlated parts far above σ_k make the centre's
+#: float64 rounding (and the exact path's cells) grow with them (MATH.md §10.6), and a Sec-LDP
+#: claim needs the secrets' grid f·σ_k·2^-10 far below σ_k (MATH.md §9.4: the aliasing term
+#: exp(-π² 2^20 / (2 f²)) < e^-500).
+MAX_CORRELATION_FACTOR = 100.0
+#: ‖S_i + c_i‖ above this many C would let the centre's one float64 rounding (2^-52 of its
+#: norm between two neighbouring centres) leave §10.3's clipping margin of 1.2e-4 C.
+CENTRE_NORM_BOUND = 2.7e11
 
 class ShareChannel(Protocol):
     """Private point-to-point delivery of per-edge tensors (a mixer that can carry them, e.g.
@@ -94,6 +106,7 @@ class CorrelatedStep:
     keys: HostedKeys | None = None
     channel: ShareChannel | None = None
     traffic: object | None = None  # the mixer's Traffic: shares sent are messages too
+    clip: float | None = None  # the step's clip bound C: the centre's norm is held to it
 
 
 class NoiseCorrelation(Protocol):
@@ -149,6 +162,15 @@ class CorrelatedRelease:
         for (lo, hi), s in zip(_columns(sums), sums.values(), strict=True):
             centre[:, lo:hi].add_(s.reshape(m, -1))  # float32 widened exactly, one rounding
         noise.correlated = None  # consumed
+        clip = self.step.clip
+        require(clip is not None and math.isfinite(clip) and clip > 0,
+                f"a correlated release needs the step's clip bound, got {clip!r}")
+        norms = torch.linalg.vector_norm(centre, dim=1)
+        worst = int(torch.argmax(norms))
+        require(float(norms[worst]) <= CENTRE_NORM_BOUND * clip,
+                f"node {self.step.first_node + worst}'s correlated centre has norm "
+                f"{float(norms[worst]) / clip:.3g} C, above {CENTRE_NORM_BOUND:.2g} C: its float64 "
+                "rounding would leave the clipping margin (MATH.md §10.6); nothing is released")
         return release(noise.independent, centre)
 
     def noisy_sums(self, noise: CorrelatedDraw, sums: Params) -> Params:
@@ -306,9 +328,9 @@ class ZeroSumNoise(ScaledCorrelation):
 
 def _factor(name: str, factor: float | None) -> float:
     ok = isinstance(factor, int | float) and not isinstance(factor, bool)
-    require(ok and math.isfinite(factor) and factor > 0,
-            f"{name} noise needs privacy.correlation_factor (its scale over σ) finite and > 0, "
-            f"got {factor!r}")  # fmt: skip
+    require(ok and math.isfinite(factor) and 0 < factor <= MAX_CORRELATION_FACTOR,
+            f"{name} noise needs privacy.correlation_factor (its scale over σ) in (0, "
+            f"{MAX_CORRELATION_FACTOR:g}], got {factor!r}")  # fmt: skip
     return float(factor)
 
 

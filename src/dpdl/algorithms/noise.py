@@ -467,10 +467,13 @@ def _guess(law, centre, scale, grid, numerator) -> int:
 def _side_of_cell(law, c, s, g, j, numerator, bits, prec):
     """0 if all of P's interval maps into cell j, -1 / +1 if all of it maps below / above
     cell j's lower / upper boundary, None if it straddles one of them."""
-    below = _compare(law, ((j - 0.5) * g - c) / s, numerator, bits, prec)
+    import mpmath
+
+    # the boundaries in mpmath from the integer j: a float j ± 0.5 is not exact past 2^53
+    below = _compare(law, ((mpmath.mpf(j) - 0.5) * g - c) / s, numerator, bits, prec)
     if below == -1:
         return -1
-    above = _compare(law, ((j + 0.5) * g - c) / s, numerator, bits, prec)
+    above = _compare(law, ((mpmath.mpf(j) + 0.5) * g - c) / s, numerator, bits, prec)
     if above == 1:
         return 1
     if below == 1 and above == -1:

@@ -281,7 +281,8 @@ def run_trials(
     for k in range(schedule.steps):
         if pairs is not None and pairs.correlated:
             step_of = pairs.at_step(mechanism, topology, k, design.rounds_per_step, n,
-                                    (float(schedule.sigma[k]) * factors[0] * noise_scale, d))
+                                    (float(schedule.sigma[k]) * factors[0] * noise_scale, d),
+                                    float(schedule.clip[k]))  # fmt: skip
             spec = replace(spec, mechanism=step_of.mechanism)
         clip, sigma = float(schedule.clip[k]), float(schedule.sigma[k]) * factors[0]
         before = params["linear.weight"][canary_rows, 0, 0].double()
@@ -387,16 +388,16 @@ class _TrialPairs:
             self.keys.learn_publics(self.keys.own_publics)
 
     def at_step(self, mechanism, topology, k: int, rounds_per_step: int, n: int,
-                noise: tuple[float, int]):  # fmt: skip
+                noise: tuple[float, int], clip: float):  # fmt: skip
         """Step k's mechanism, and what the observers hold of it; ``noise`` (σ the engine
-        adds, the model's width d)."""
+        adds, the model's width d), ``clip`` the step's bound."""
         from dpdl.algorithms.correlated import CorrelatedStep, undirected_neighbours
 
         local = undirected_neighbours(topology.mixing_matrix(k * rounds_per_step), range(n))
         trials = len(self.keys.pairs) // n
         neighbours = tuple(tuple(t * n + j for j in local[i])
                            for t in range(trials) for i in range(n))  # fmt: skip
-        step = CorrelatedStep(k, k * rounds_per_step, 0, neighbours, self.keys)
+        step = CorrelatedStep(k, k * rounds_per_step, 0, neighbours, self.keys, clip=clip)
         return _PairStep(self.correlation.at_step(mechanism, step), step, local,
                          self.correlation.correlation_factor * noise[0], noise[1])
 

@@ -75,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "--edgelist)")
     parser.add_argument("--records", type=int, default=8, help="ordinary records per node (8)")
     parser.add_argument("--correlation", help="the noise's correlation across nodes: "
-                        "independent (default) or pairwise (DECOR; --threat observer)")
+                        "independent (default) or pairwise (DECOR; --threat observer only)")
     parser.add_argument("--correlation-factor", type=float, metavar="F",
                         help="pairwise noise std over the independent noise's")
     parser.add_argument(
@@ -231,7 +231,23 @@ def _print(result, plot_path) -> None:
         print(f"plot: {plot_path}")
 
 
+def _correlation_asked(args) -> str:
+    """The noise correlation the command line or the config asks for (independent if none)."""
+    if args.correlation:
+        return args.correlation
+    if getattr(args, "config", None):
+        from dpdl.experiments.registry import load_config_file
+
+        correlation = load_config_file(args.config).get("privacy", {}).get("correlation")
+        return correlation or "independent"
+    return "independent"
+
+
 def run(args) -> int:
+    correlation = _correlation_asked(args)
+    require(correlation == "independent" or args.threat == "observer",
+            f"correlated noise ({correlation}) is audited under --threat observer; --threat "
+            f"{args.threat} plays independent noise")  # fmt: skip
     if args.threat == "reconstruct":
         return audit_reconstruct.run(args)
     if args.threat == "implementation":

@@ -37,6 +37,21 @@ def run(args) -> int:
     return 0
 
 
+def _refuse_private_shares(config: dict) -> None:
+    """A correlation whose shares travel point to point (zero-sum) is refused before this party
+    listens or talks to anyone: its transport carries broadcast rows only."""
+    from dpdl.algorithms.correlated import make_correlation
+    from dpdl.engine.consortium.runtime import ConsortiumRuntime
+
+    privacy = config.get("privacy", {})
+    correlation = make_correlation(privacy.get("correlation", "independent"),
+                                   privacy.get("correlation_factor"))  # fmt: skip
+    require(not correlation.needs_channel or ConsortiumRuntime.carries_private_shares,
+            f"privacy.correlation = {correlation.name!r} hands each neighbour a private share; "
+            "the consortium runtime cannot carry them (the simulator and the distributed "
+            "runtime can)")  # fmt: skip
+
+
 def run_party(args, load, overrides: dict, print_summary) -> int:
     """Train as party ``args.party``: its identity, nodes, address and neighbours from the
     consortium file and the config's topology, whatever order the parties start in."""
@@ -60,6 +75,7 @@ def run_party(args, load, overrides: dict, print_summary) -> int:
     require(kind_of(config).distributed, f"a consortium runs the decentralized kind, not "
                                          f"{config.get('kind')!r}")  # fmt: skip
     warn_if_reproducible(config)
+    _refuse_private_shares(config)
     links, digest = _links_and_digest(config, consortium)
     ledger = Path(args.output) / "consortium" / f"{args.party}-{digest}.sent.jsonl"
     check_no_unfinished_run(ledger.parent, args.party, ledger)

@@ -343,9 +343,10 @@ class Simulator:
         every = self._gather_nodes(own).cpu()
         self.pairwise.learn_publics([bytes(row.tolist()) for row in every])
 
-    def _step_mechanism(self, k: int, mixing_round: int | None):
+    def _step_mechanism(self, k: int, mixing_round: int | None, clip: float | None = None):
         """The noise mechanism of step ``k``: the engine's, as the correlation makes it for
-        that step (its pairs: the undirected graph of the step's gossip round)."""
+        that step (its pairs: the undirected graph of the step's gossip round; ``clip``, the
+        step's bound, which a correlated centre's norm is held to)."""
         if self.pairwise is None:
             return self.correlation.at_step(self.noise_mechanism, None)
         round_k = k if mixing_round is None else mixing_round
@@ -354,7 +355,7 @@ class Simulator:
                                            range(first, first + count))  # fmt: skip
         channel = self.mixer if count < self.n else None
         return self.correlation.at_step(self.noise_mechanism, CorrelatedStep(
-            k, round_k, first, neighbours, self.pairwise, channel, self._traffic))
+            k, round_k, first, neighbours, self.pairwise, channel, self._traffic, clip))
 
     @property
     def node_block(self) -> tuple[int, int]:
@@ -417,7 +418,7 @@ class Simulator:
             self._noise_buffer = NoiseDraw.empty(len(self.generators), d, self.device)
         if self._work is None:
             self._work = {name: torch.empty_like(p) for name, p in self.params.items()}
-        spec = self._local_step(self._step_mechanism(k, args.mixing_round))
+        spec = self._local_step(self._step_mechanism(k, args.mixing_round, args.clip))
         records = NodeRecords(self.data.inputs, self.data.targets, self.data.mask,
                               self.generators, self.hosted_sample_rates,
                               first_node=self.node_block[0])  # fmt: skip

@@ -289,11 +289,6 @@ class TrainingSection(_Section):
         return self
 
 
-# The largest pairwise noise factor a Sec-LDP claim takes: its secrets' grid f·σ_k·2^-10 must
-# stay far below σ_k (MATH.md §9.4: the aliasing term exp(-π² 2^20 / (2 f²)) < e^-500).
-SEC_LDP_MAX_FACTOR = 100.0
-
-
 class PrivacySection(_Section):
     epsilon: float | list[float] = 1.0
     delta: float = Field(1e-4, gt=0, lt=1)
@@ -361,11 +356,6 @@ class PrivacySection(_Section):
                 f"trust_model 'sec-ldp' needs correlation 'pairwise' (got {self.correlation!r}): "
                 "only DECOR's pairwise secrets protect against the eavesdropper beyond local "
                 "DP, which 'curious-neighbours' states")
-        if self.trust_model == "sec-ldp" and self.correlation_factor > SEC_LDP_MAX_FACTOR:
-            raise ValueError(
-                f"trust_model 'sec-ldp' takes correlation_factor <= {SEC_LDP_MAX_FACTOR:g}, got "
-                f"{self.correlation_factor:g}: the pairwise secrets lie on the grid of f·σ_k, "
-                "which beyond that no longer hides below σ_k (MATH.md §9.4)")
         return self
 
     @property
