@@ -8,6 +8,11 @@ seed-paired bootstrap interval on the fraction (10 000 resamples of the seeds).
 
 An arm whose name ends with a ``--graph-suffix`` (e.g. ``decor-sec-ldp-ring``) ran on another
 graph and is compared with that graph's local DP (``local-ring``); central DP has no graph.
+
+``--extension DIR``: a second `dpdl tune` folder that continued some arms' grids (candidate
+``ARM-wide``, e.g. where a pick sat on the grid's edge).  Each arm is then tuned over the union
+of its points: per ε, the better mean validation score of the two folders' picks (their
+`tune.json`) decides whose test runs count; the picks are printed first.
 """
 
 import argparse
@@ -39,6 +44,7 @@ def main() -> None:
     parser.add_argument("--central", default="central")
     parser.add_argument("--metric", default="test_accuracy")
     parser.add_argument("--csv", type=Path, help="write every (ε, arm, seed, metric) here")
+    parser.add_argument("--extension", type=Path, help="a tune folder continuing some grids")
     parser.add_argument("--graph-suffix", action="append", default=[],
                         help="arms ending with it are compared with local + it (repeatable)")
     args = parser.parse_args()
@@ -46,6 +52,8 @@ def main() -> None:
     for folder in sorted((args.tune_dir / "test").iterdir()):
         arm, eps = re.fullmatch(r"(.+)-eps(.+)", folder.name).groups()
         arms[arm, eps] = _accuracies(folder, args.metric)
+    if args.extension is not None:
+        _extend(arms, args.tune_dir, args.extension, args.metric)
     if args.csv:
         rows = [f"{eps},{arm},{seed},{value}" for (arm, eps), acc in sorted(arms.items())
                 for seed, value in sorted(acc.items())]  # fmt: skip
@@ -61,6 +69,33 @@ def main() -> None:
             local = arms[args.local + suffix, eps]
             seeds = sorted(set(local) & set(central) & set(arms[arm, eps]))
             _row(eps, arm, arms[arm, eps], local, central, seeds, rng)
+
+
+def _picks(tune_dir: Path) -> dict[tuple[str, str], tuple[dict, float]]:
+    """(arm, ε) -> (pick, its mean validation score) from a tune folder's tune.json."""
+    out = {}
+    for arm, candidate in json.loads((tune_dir / "tune.json").read_text())["candidates"].items():
+        for eps, selection in candidate["by_epsilon"].items():
+            if selection["pick"] is not None:
+                mean = max(row["mean"] for row in selection["table"] if row["complete"])
+                out[arm, f"{float(eps):g}"] = (selection["pick"], mean)
+    return out
+
+
+def _extend(arms: dict, main: Path, extension: Path, metric: str) -> None:
+    """Each ARM tuned over the union of its grid and ARM-wide's: the better pick's tests."""
+    first, second = _picks(main), _picks(extension)
+    print("| arm | ε | main grid's pick (val) | extension's pick (val) | counted |")
+    print("|---|---|---|---|---|")
+    for (arm, eps), (pick, mean) in sorted(first.items()):
+        wide = second.get((arm + "-wide", eps))
+        use = wide is not None and wide[1] > mean
+        shown = "—" if wide is None else f"{wide[0]} ({wide[1]:.4f})"
+        print(f"| {arm} | {eps} | {pick} ({mean:.4f}) | {shown} | "
+              f"{'extension' if use else 'main'} |")
+        if use:
+            arms[arm, eps] = _accuracies(extension / "test" / f"{arm}-wide-eps{eps}", metric)
+    print()
 
 
 def _row(eps, arm, acc, local, central, seeds, rng) -> None:
