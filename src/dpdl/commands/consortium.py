@@ -42,14 +42,12 @@ def _refuse_private_shares(config: dict) -> None:
     listens or talks to anyone: its transport carries broadcast rows only."""
     from dpdl.algorithms.correlated import make_correlation
     from dpdl.engine.consortium.runtime import ConsortiumRuntime
+    from dpdl.engine.runtime import require_share_carrier
 
     privacy = config.get("privacy", {})
-    correlation = make_correlation(privacy.get("correlation", "independent"),
-                                   privacy.get("correlation_factor"))  # fmt: skip
-    require(not correlation.needs_channel or ConsortiumRuntime.carries_private_shares,
-            f"privacy.correlation = {correlation.name!r} hands each neighbour a private share; "
-            "the consortium runtime cannot carry them (the simulator and the distributed "
-            "runtime can)")  # fmt: skip
+    require_share_carrier(make_correlation(privacy.get("correlation", "independent"),
+                                           privacy.get("correlation_factor")),
+                          ConsortiumRuntime)  # fmt: skip
 
 
 def run_party(args, load, overrides: dict, print_summary) -> int:

@@ -155,14 +155,13 @@ class PointToPointMixer:
         recvs: dict[int, list[tuple[int, int]]] = {}
         for pair in sorted(expected):
             recvs.setdefault(self.rank_of(pair[0]), []).append(pair)
-        like = next(iter(outgoing.values()), None)
+        like = next(iter(outgoing.values()), None)  # the received rows' width, dtype, device
+        require(like is not None or not recvs, f"rank {self.rank}: shares expected at step "
+                f"{step}, but none of this rank's own to size them")  # fmt: skip
         requests, inbox = [], []
         try:
             for r, pairs in recvs.items():
-                width = like.shape[0] if like is not None else None
-                require(width is not None, f"rank {self.rank}: shares expected from rank {r} at "
-                        f"step {step}, but none of this rank's own to size them")  # fmt: skip
-                buf = torch.empty(len(pairs), width, dtype=like.dtype, device=like.device)
+                buf = torch.empty(len(pairs), like.shape[0], dtype=like.dtype, device=like.device)
                 requests.append((r, dist.irecv(buf, src=r)))
                 inbox.append((pairs, buf))
             for r, pairs in sends.items():

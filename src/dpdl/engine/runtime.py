@@ -40,7 +40,8 @@ import torch
 from dpdl.engine.mixing import InMemoryMixer, Mixer
 from dpdl.errors import DPDLError, require
 
-__all__ = ["RUNTIMES", "LocalRuntime", "Runtime", "make_runtime", "register_runtime"]
+__all__ = ["RUNTIMES", "LocalRuntime", "Runtime", "make_runtime", "register_runtime",
+           "require_share_carrier"]
 
 
 @runtime_checkable
@@ -169,6 +170,16 @@ RUNTIMES: dict[str, str] = {
     # one party of a consortium (started by `dpdl run --consortium FILE --party NAME`)
     "consortium": "dpdl.engine.consortium.runtime:ConsortiumRuntime",
 }
+
+
+def require_share_carrier(correlation, runtime) -> None:
+    """Refuse, in one line, a noise correlation whose shares travel point to point (zero-sum)
+    on a runtime (an instance or its class) whose mixer cannot carry them."""
+    require(not getattr(correlation, "needs_channel", False)
+            or getattr(runtime, "carries_private_shares", False),
+            f"privacy.correlation = {correlation.name!r} hands each neighbour a private share; "
+            f"the {runtime.name} runtime cannot carry them (the simulator and the distributed "
+            "runtime can)")  # fmt: skip
 
 
 def register_runtime(name: str, target: str | type) -> None:

@@ -49,6 +49,7 @@ from dpdl.algorithms.randomness import settings_digest
 from dpdl.algorithms.registry import algorithm_digest
 from dpdl.algorithms.transforms import sgd
 from dpdl.engine import checkpoint as checkpoints
+from dpdl.engine.runtime import require_share_carrier
 from dpdl.engine.simulator import NodeData, Sampling, Simulator, StepOptions
 from dpdl.errors import DPDLError, require
 from dpdl.training import inputs
@@ -480,12 +481,7 @@ class DecentralizedTrainer:
         pair's secret unknown to the eavesdropper: refused where
         the edge keys follow from a seed, or where the public keys cross processes without
         end-to-end authentication (a relay or a man in the middle could substitute its own)."""
-        correlation = self.privacy.noise_correlation
-        require(not getattr(correlation, "needs_channel", False)
-                or getattr(self.runtime, "carries_private_shares", False),
-                f"privacy.correlation = {correlation.name!r} hands each neighbour a private share; "
-                f"the {self.runtime.name} runtime cannot carry them (the simulator and the "
-                "distributed runtime can)")  # fmt: skip
+        require_share_carrier(self.privacy.noise_correlation, self.runtime)
         if self.privacy.trust_model != "sec-ldp":
             return
         require(self.entropy == "os",
